@@ -1,0 +1,78 @@
+"""The FastAPI application: lifespan (settings, backend, sessions) and error mapping."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kernelgw import __version__
+from kernelgw.backend import Backend, create_backend
+from kernelgw.config import Settings
+from kernelgw.errors import KernelGWError
+from kernelgw.manager import SessionManager
+
+log = logging.getLogger(__name__)
+
+
+def error_response(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{loc or 'body'}: {err.get('msg')}")
+    return "Invalid request: " + "; ".join(parts)
+
+
+def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        cfg = settings or Settings()
+        be = backend or create_backend(cfg)
+        manager = SessionManager(cfg, be)
+        app.state.settings = cfg
+        app.state.backend = be
+        app.state.manager = manager
+        try:
+            await manager.start()
+        except KernelGWError as exc:
+            log.error("could not clean up after a previous gateway: %s", exc.message)
+        try:
+            yield
+        finally:
+            await manager.shutdown()
+            await be.close()
+
+    app = FastAPI(
+        title="kernelgw",
+        version=__version__,
+        description="Stateful, sandboxed IPython kernels for AI agents.",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(KernelGWError)
+    async def _gw_error(request: Request, exc: KernelGWError) -> JSONResponse:
+        return error_response(exc.status_code, exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(422, "invalid_request", _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, code, str(exc.detail))
+
+    from kernelgw.api import routes, ws
+
+    app.include_router(routes.router)
+    app.include_router(ws.router)
+    return app

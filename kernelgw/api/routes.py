@@ -1,0 +1,116 @@
+"""REST endpoints. Thin: validation at the edge, work in the session manager."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from kernelgw.api.models import (
+    CreateSession,
+    ErrorResponse,
+    ExecuteRequest,
+    ExecuteResponse,
+    Health,
+    InterruptResponse,
+    SessionInfo,
+    SessionList,
+)
+from kernelgw.errors import PayloadTooLarge
+from kernelgw.manager import SessionManager, SessionOptions
+
+_errors: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 422, 429, 503)
+}
+router = APIRouter(responses=_errors)
+
+
+def _manager(request: Request) -> SessionManager:
+    return request.app.state.manager  # type: ignore[no-any-return]
+
+
+def check_code_size(request: Request, code: str) -> None:
+    limit = request.app.state.settings.max_code_bytes
+    if len(code.encode("utf-8", "surrogatepass")) > limit:
+        raise PayloadTooLarge(f"code is larger than the gateway's limit of {limit} bytes")
+
+
+@router.get("/healthz", response_model=Health, tags=["gateway"])
+async def healthz(request: Request) -> Response:
+    """Engine reachable and kernel image present: 200, else 503."""
+    settings = request.app.state.settings
+    health = await request.app.state.backend.health(settings.image)
+    ok = health.engine and health.image
+    body = Health(
+        status="ok" if ok else "degraded",
+        engine=health.engine,
+        image=health.image,
+        image_name=settings.image,
+        runtime=settings.runtime,
+        sessions=len(_manager(request)),
+        detail=health.detail,
+    )
+    return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+
+@router.post("/v1/sessions", status_code=201, response_model=SessionInfo, tags=["sessions"])
+async def create_session(body: CreateSession, request: Request) -> dict[str, Any]:
+    """Start a kernel in a new network-less container (a warm one when pooled)."""
+    opts = SessionOptions(
+        memory_mb=body.memory_mb, cpus=body.cpus, timeout=body.timeout, image=body.image, env=body.env
+    )
+    session = await _manager(request).create(opts)
+    return session.info()
+
+
+@router.get("/v1/sessions", response_model=SessionList, tags=["sessions"])
+async def list_sessions(request: Request) -> dict[str, Any]:
+    return {"sessions": [s.info() for s in _manager(request).list()]}
+
+
+@router.get("/v1/sessions/{session_id}", response_model=SessionInfo, tags=["sessions"])
+async def get_session(session_id: str, request: Request) -> dict[str, Any]:
+    return _manager(request).get(session_id).info()
+
+
+@router.delete("/v1/sessions/{session_id}", status_code=204, tags=["sessions"])
+async def delete_session(session_id: str, request: Request) -> Response:
+    """Stop the kernel and remove its container and connection directory."""
+    await _manager(request).delete(session_id)
+    return Response(status_code=204)
+
+
+@router.post("/v1/sessions/{session_id}/execute", response_model=ExecuteResponse, tags=["execution"])
+async def execute(session_id: str, body: ExecuteRequest, request: Request) -> Response:
+    """Run a cell and wait for it; returns the same events the WebSocket streams."""
+    check_code_size(request, body.code)
+    session = _manager(request).get(session_id)
+    rec = session.submit(body.code, execution_id=body.execution_id, timeout=body.timeout)
+    done = await rec.done
+    # Events were serialised once when published; splice them instead of re-encoding.
+    head = ExecuteResponse(
+        execution_id=rec.execution_id,
+        status=done.status,
+        execution_count=done.execution_count,
+        duration_ms=done.duration_ms,
+        events=[],
+    ).model_dump_json()
+    text = head[: -len("[]}")] + "[" + ",".join(p.json for p in rec.published) + "]}"
+    return Response(text, media_type="application/json")
+
+
+@router.post(
+    "/v1/sessions/{session_id}/interrupt", status_code=202, response_model=InterruptResponse, tags=["execution"]
+)
+async def interrupt(session_id: str, request: Request) -> dict[str, bool]:
+    """Send SIGINT to the kernel if a cell is running."""
+    return {"interrupted": await _manager(request).get(session_id).interrupt()}
+
+
+@router.post("/v1/sessions/{session_id}/restart", response_model=SessionInfo, tags=["sessions"])
+async def restart(session_id: str, request: Request) -> dict[str, Any]:
+    """Replace the kernel with a fresh one; all variables are lost."""
+    session = _manager(request).get(session_id)
+    await session.restart()
+    return session.info()

@@ -1,0 +1,24 @@
+"""Kernel backends: where kernel containers run. Chosen by name, imported lazily."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kernelgw.backend.base import Backend, EngineHealth, KernelHandle, KernelSpec, KernelState
+
+if TYPE_CHECKING:
+    from kernelgw.config import Settings
+
+__all__ = ["Backend", "EngineHealth", "KernelHandle", "KernelSpec", "KernelState", "create_backend"]
+
+
+def create_backend(settings: "Settings") -> Backend:
+    """The Docker backend for these settings (the only one so far)."""
+    from kernelgw.backend.docker import DockerBackend
+
+    return DockerBackend(
+        gateway_name=settings.gateway_name,
+        runtime_dir=settings.runtime_dir,
+        kernel_uid=settings.kernel_uid,
+        kernel_gid=settings.kernel_gid,
+    )

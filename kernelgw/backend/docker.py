@@ -1,0 +1,271 @@
+"""Docker implementation of :class:`~kernelgw.backend.base.Backend`.
+
+One container per kernel: no network, read-only root, explicit tmpfs sizes, no
+capabilities, no new privileges, a non-root user, pids/memory/CPU limits, and
+Docker's init (tini) as PID 1 so signals reach the kernel and zombies are reaped.
+The kernel's ZMQ sockets are unix sockets in a per-kernel directory bind-mounted
+at ``/conn``; that directory is the only thing the host shares with it.
+
+The Docker SDK is blocking, so every call runs on a private thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+
+from kernelgw.backend.base import EngineHealth, KernelHandle, KernelSpec, KernelState
+from kernelgw.errors import EngineUnavailable, ImageNotFound, KernelStartFailed
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+LABEL_GATEWAY = "kernelgw.gateway"
+LABEL_SESSION = "kernelgw.session"
+LABEL_KERNEL = "kernelgw.kernel"
+CONTAINER_CONN_DIR = "/conn"
+CONTAINER_WORKDIR = "/workspace"
+KERNEL_COMMAND = ["/opt/kernelgw/start-kernel", f"{CONTAINER_CONN_DIR}/kernel.json"]
+# sun_path is 108 bytes including the terminating NUL
+MAX_SOCKET_PATH = 107
+_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+
+
+def connection_info(ip: str, key: str) -> dict[str, Any]:
+    """A jupyter connection dict for ipc transport: sockets are ``{ip}-{port}``."""
+    return {
+        "transport": "ipc",
+        "ip": ip,
+        **_PORTS,
+        "key": key,
+        "signature_scheme": "hmac-sha256",
+        "kernel_name": "python3",
+    }
+
+
+class DockerBackend:
+    def __init__(
+        self,
+        *,
+        gateway_name: str,
+        runtime_dir: Path,
+        kernel_uid: int = 1000,
+        kernel_gid: int = 1000,
+        max_workers: int = 32,
+        client_factory: Callable[[], docker.DockerClient] | None = None,
+    ) -> None:
+        self.gateway_name = gateway_name
+        self.base_dir = Path(runtime_dir) / gateway_name
+        if os.geteuid() == 0:
+            self.uid, self.gid = kernel_uid, kernel_gid
+        else:
+            # Without root we cannot chown the connection directory to another uid,
+            # so the kernel runs as the gateway's own (still unprivileged) user.
+            self.uid, self.gid = os.geteuid(), os.getegid()
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="docker")
+        self._client_factory = client_factory or partial(
+            docker.from_env, max_pool_size=max_workers, timeout=60
+        )
+        self._docker: docker.DockerClient | None = None
+        longest = self.base_dir / ("x" * 12) / "k-5"
+        if len(str(longest).encode()) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"socket paths under {self.base_dir} would exceed {MAX_SOCKET_PATH} bytes; "
+                "choose a shorter runtime_dir or gateway_name"
+            )
+
+    # ------------------------------------------------------------------ helpers
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, partial(fn, *args, **kwargs))
+
+    def _client(self) -> docker.DockerClient:
+        if self._docker is None:
+            try:
+                self._docker = self._client_factory()
+            except docker.errors.DockerException as exc:
+                raise EngineUnavailable(
+                    f"The Docker engine does not answer ({exc}). Start it (for example "
+                    "scripts/ensure-docker.sh) and try again."
+                ) from exc
+        return self._docker
+
+    def _labels(self, spec: KernelSpec, kernel_id: str) -> dict[str, str]:
+        return {
+            LABEL_GATEWAY: self.gateway_name,
+            LABEL_SESSION: spec.session_id,
+            LABEL_KERNEL: kernel_id,
+        }
+
+    def _make_conn_dir(self, kernel_id: str, key: str) -> Path:
+        self.base_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+        conn_dir = self.base_dir / kernel_id
+        conn_dir.mkdir(mode=0o700)
+        conn_file = conn_dir / "kernel.json"
+        fd = os.open(conn_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(connection_info(f"{CONTAINER_CONN_DIR}/k", key), f)
+        if os.geteuid() == 0:
+            os.chown(conn_file, self.uid, self.gid)
+            os.chown(conn_dir, self.uid, self.gid)
+        return conn_dir
+
+    # ---------------------------------------------------------------- protocol
+    async def start(self, spec: KernelSpec) -> KernelHandle:
+        return await self._run(self._start_sync, spec)
+
+    def _start_sync(self, spec: KernelSpec) -> KernelHandle:
+        client = self._client()
+        kernel_id = secrets.token_hex(6)
+        key = secrets.token_hex(32)
+        conn_dir = self._make_conn_dir(kernel_id, key)
+        try:
+            container = client.containers.run(
+                spec.image,
+                command=KERNEL_COMMAND,
+                name=f"kernelgw-{self.gateway_name}-{kernel_id}",
+                detach=True,
+                labels=self._labels(spec, kernel_id),
+                network_mode="none",
+                read_only=True,
+                tmpfs={
+                    "/tmp": f"rw,nosuid,nodev,size={spec.tmp_size_mb}m,mode=1777",
+                    CONTAINER_WORKDIR: (
+                        f"rw,nosuid,nodev,size={spec.workspace_size_mb}m,"
+                        f"uid={self.uid},gid={self.gid},mode=0700"
+                    ),
+                },
+                shm_size=f"{spec.shm_size_mb}m",
+                volumes={str(conn_dir): {"bind": CONTAINER_CONN_DIR, "mode": "rw"}},
+                working_dir=CONTAINER_WORKDIR,
+                user=f"{self.uid}:{self.gid}",
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                pids_limit=spec.pids_limit,
+                mem_limit=f"{spec.memory_mb}m",
+                memswap_limit=f"{spec.memory_mb}m",
+                nano_cpus=int(spec.cpus * 1e9),
+                init=True,
+                hostname="sandbox",
+                environment=dict(spec.env),
+                runtime=spec.runtime,
+            )
+        except docker.errors.ImageNotFound as exc:
+            shutil.rmtree(conn_dir, ignore_errors=True)
+            raise ImageNotFound(
+                f"Kernel image {spec.image!r} is not present. Build it with "
+                "`kernelgw image build`."
+            ) from exc
+        except docker.errors.APIError as exc:
+            shutil.rmtree(conn_dir, ignore_errors=True)
+            self._remove_by_label(LABEL_KERNEL, kernel_id)
+            raise KernelStartFailed(f"Could not start a kernel container: {exc.explanation or exc}") from exc
+        except docker.errors.DockerException as exc:
+            shutil.rmtree(conn_dir, ignore_errors=True)
+            raise EngineUnavailable(f"The Docker engine failed: {exc}") from exc
+        return KernelHandle(
+            kernel_id=kernel_id,
+            session_id=spec.session_id,
+            container_id=container.id,
+            conn_dir=conn_dir,
+            connection=connection_info(str(conn_dir / "k"), key),
+        )
+
+    def _remove_by_label(self, label: str, value: str) -> None:
+        try:
+            for c in self._client().containers.list(all=True, filters={"label": f"{label}={value}"}):
+                c.remove(force=True)
+        except docker.errors.DockerException:
+            log.warning("could not remove containers with %s=%s", label, value, exc_info=True)
+
+    async def stop(self, handle: KernelHandle) -> None:
+        await self._run(self._stop_sync, handle)
+
+    def _stop_sync(self, handle: KernelHandle) -> None:
+        try:
+            self._client().api.remove_container(handle.container_id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: removal already in progress
+                log.warning("removing container %s failed: %s", handle.container_id[:12], exc)
+        shutil.rmtree(handle.conn_dir, ignore_errors=True)
+
+    async def signal(self, handle: KernelHandle, signum: int) -> None:
+        try:
+            await self._run(self._client().api.kill, handle.container_id, signal=signum)
+        except docker.errors.APIError as exc:
+            # 409: not running. Nothing to interrupt; the state poll reports death.
+            log.info("signal %s to %s failed: %s", signum, handle.container_id[:12], exc)
+
+    async def state(self, handle: KernelHandle) -> KernelState:
+        try:
+            info = await self._run(self._client().api.inspect_container, handle.container_id)
+        except docker.errors.NotFound:
+            return KernelState(status="missing")
+        except docker.errors.DockerException as exc:
+            # Engine hiccup: do not declare the kernel dead on a failed question.
+            return KernelState(status="running", error=str(exc))
+        st = info.get("State", {})
+        if st.get("Running"):
+            return KernelState(status="running", oom_killed=bool(st.get("OOMKilled")))
+        return KernelState(
+            status="exited",
+            oom_killed=bool(st.get("OOMKilled")),
+            exit_code=st.get("ExitCode"),
+            error=st.get("Error") or None,
+        )
+
+    async def reap_orphans(self) -> list[str]:
+        return await self._run(self._reap_sync)
+
+    def _reap_sync(self) -> list[str]:
+        removed: list[str] = []
+        containers: list[Container] = self._client().containers.list(
+            all=True, filters={"label": f"{LABEL_GATEWAY}={self.gateway_name}"}
+        )
+        for c in containers:
+            try:
+                c.remove(force=True)
+                removed.append(c.name)
+            except docker.errors.NotFound:
+                pass
+        if self.base_dir.exists():
+            for d in self.base_dir.iterdir():
+                shutil.rmtree(d, ignore_errors=True)
+        if removed:
+            log.warning("removed %d container(s) left by a previous gateway: %s", len(removed), removed)
+        return removed
+
+    async def health(self, image: str) -> EngineHealth:
+        def check() -> EngineHealth:
+            try:
+                client = self._client()
+                client.ping()
+            except Exception as exc:  # any failure means "engine not usable"
+                return EngineHealth(engine=False, image=False, detail=str(exc))
+            try:
+                client.images.get(image)
+            except docker.errors.ImageNotFound:
+                return EngineHealth(engine=True, image=False, detail=f"image {image} missing")
+            return EngineHealth(engine=True, image=True)
+
+        return await self._run(check)
+
+    async def close(self) -> None:
+        if self._docker is not None:
+            await self._run(self._docker.close)
+        self._pool.shutdown(wait=False, cancel_futures=True)

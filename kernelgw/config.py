@@ -1,0 +1,108 @@
+"""Gateway settings, from ``KERNELGW_*`` environment variables or a config file.
+
+Created once in the app's lifespan and kept on ``app.state``; nothing reads the
+environment at import time.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_IMAGE = "kernelgw/python:latest"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KERNELGW_", extra="forbid")
+
+    # --- network of the gateway itself
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    # --- identity: containers carry this name as a label; a gateway removes the
+    # containers of its own name left by a crashed predecessor when it starts.
+    gateway_name: str = "default"
+
+    # --- kernels
+    image: str = DEFAULT_IMAGE
+    allowed_images: list[str] = Field(default_factory=list)
+    """Images a session may ask for besides ``image``; empty means only ``image``."""
+    runtime: Literal["runc", "runsc"] = "runc"
+    runtime_dir: Path = Path("/tmp/kernelgw")
+    """Per-session connection directories live here; keep the path short (unix
+    socket paths must stay under 107 bytes)."""
+    kernel_uid: int = 1000
+    kernel_gid: int = 1000
+
+    # --- limits: defaults for a session, and the most a session may ask for
+    memory_mb: int = 1024
+    max_memory_mb: int = 4096
+    cpus: float = 1.0
+    max_cpus: float = 2.0
+    pids_limit: int = 256
+    tmp_size_mb: int = 128
+    workspace_size_mb: int = 512
+    shm_size_mb: int = 64
+
+    # --- sessions
+    max_sessions: int = 50
+    idle_timeout_s: float = 1800.0
+    reap_interval_s: float = 30.0
+    kernel_start_timeout_s: float = 60.0
+
+    # --- executions
+    exec_timeout_s: float = 300.0
+    max_exec_timeout_s: float = 3600.0
+    interrupt_grace_s: float = 5.0
+    """After a timeout interrupt, how long the kernel has to become idle before it
+    is restarted (and its state lost)."""
+    max_output_bytes: int = 16 * 1024 * 1024
+    """Per execution; output past it is dropped behind a ``truncated`` event."""
+    max_code_bytes: int = 1024 * 1024
+    replay_buffer: int = 2000
+    """Events kept per session for WebSocket clients that resume."""
+    subscriber_queue: int = 10000
+    """Events buffered for one slow WebSocket client before it is dropped."""
+    state_poll_s: float = 0.5
+    """How often a busy session asks the engine whether its container still runs."""
+
+    @field_validator("runtime_dir")
+    @classmethod
+    def _short_runtime_dir(cls, v: Path) -> Path:
+        # <runtime_dir>/<12-char id>/k-<port> must fit in sun_path (108 bytes incl. NUL)
+        if len(str(v)) > 80:
+            raise ValueError(
+                f"runtime_dir {str(v)!r} is too long for unix socket paths; "
+                "use a path of at most 80 characters"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _defaults_within_maximums(self) -> "Settings":
+        if self.memory_mb > self.max_memory_mb:
+            raise ValueError("memory_mb must not exceed max_memory_mb")
+        if self.cpus > self.max_cpus:
+            raise ValueError("cpus must not exceed max_cpus")
+        if self.exec_timeout_s > self.max_exec_timeout_s:
+            raise ValueError("exec_timeout_s must not exceed max_exec_timeout_s")
+        return self
+
+    @classmethod
+    def load(cls, config_file: Path | None = None, **overrides: Any) -> "Settings":
+        """Settings from a JSON/TOML file, then env vars, then explicit overrides."""
+        data: dict[str, Any] = {}
+        if config_file is not None:
+            text = config_file.read_text()
+            if config_file.suffix == ".toml":
+                import tomllib
+
+                data = tomllib.loads(text)
+            else:
+                data = json.loads(text)
+        env = cls()  # reads KERNELGW_* env vars
+        merged = {**data, **env.model_dump(exclude_unset=True), **overrides}
+        return cls(**merged)

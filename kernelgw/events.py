@@ -1,0 +1,161 @@
+"""The wire events: kernelgw's public contract, defined once.
+
+REST (`POST /execute`), the WebSocket and the SDK all speak these shapes. One
+execution produces, in order::
+
+    queued -> status(busy) -> (stream | display | update_display | result
+              | clear_output | error | truncated)* -> done
+
+`done` is always the last event of an execution and is sent exactly once. Every
+event that belongs to an execution names its ``execution_id``; every event a
+session publishes carries a per-session ``seq`` (monotonic, starting at 1) so a
+WebSocket client can resume after a reconnect. ``gap`` and ``protocol_error``
+belong to a connection, not to an execution.
+
+The kernel-output shapes map one to one onto nbformat v4 output types
+(stream, display_data, execute_result, error), which keeps notebook export exact.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+MimeBundle = dict[str, Any]
+"""MIME type -> data, exactly as the kernel sent it (``image/png`` stays base64)."""
+
+DoneStatus = Literal["ok", "error", "timeout", "interrupted", "dead"]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seq: int | None = None
+    """Per-session sequence number, set when the session publishes the event."""
+    execution_id: str | None = None
+
+
+class Queued(_Event):
+    """The gateway accepted an execution; lets every watcher show the code."""
+
+    type: Literal["queued"] = "queued"
+    code: str
+    position: int = 0
+    """How many executions are ahead of this one in the session's queue."""
+
+
+class Status(_Event):
+    type: Literal["status"] = "status"
+    state: Literal["busy", "idle"]
+
+
+class Stream(_Event):
+    type: Literal["stream"] = "stream"
+    name: Literal["stdout", "stderr"]
+    text: str
+
+
+class Display(_Event):
+    type: Literal["display"] = "display"
+    data: MimeBundle
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    display_id: str | None = None
+
+
+class UpdateDisplay(_Event):
+    """Replaces the data of an earlier display with the same ``display_id``."""
+
+    type: Literal["update_display"] = "update_display"
+    data: MimeBundle
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    display_id: str
+
+
+class Result(_Event):
+    """The value of the cell's last expression (nbformat ``execute_result``)."""
+
+    type: Literal["result"] = "result"
+    execution_count: int | None = None
+    data: MimeBundle
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class ClearOutput(_Event):
+    type: Literal["clear_output"] = "clear_output"
+    wait: bool = False
+
+
+class Error(_Event):
+    """An exception raised by user code."""
+
+    type: Literal["error"] = "error"
+    ename: str
+    evalue: str
+    traceback: list[str]
+    """Traceback lines as the kernel sent them, with ANSI colour codes."""
+    traceback_text: list[str]
+    """The same lines with ANSI codes removed, for models and logs."""
+
+
+class Truncated(_Event):
+    """Output past the per-execution cap was dropped; the kernel kept running."""
+
+    type: Literal["truncated"] = "truncated"
+    limit_bytes: int
+    message: str
+
+
+class Done(_Event):
+    type: Literal["done"] = "done"
+    status: DoneStatus
+    execution_count: int | None = None
+    duration_ms: float
+    reason: str | None = None
+    """Why the status is not ``ok``, in words a person or a model can act on."""
+    state_lost: bool = False
+    """True when the kernel was restarted, so earlier variables are gone."""
+
+
+class Gap(_Event):
+    """A resuming client asked for events older than the replay buffer holds."""
+
+    type: Literal["gap"] = "gap"
+    first_missing: int
+    last_missing: int
+
+
+class ProtocolError(_Event):
+    """A client message could not be handled; the connection stays open."""
+
+    type: Literal["protocol_error"] = "protocol_error"
+    message: str
+
+
+Event = Annotated[
+    Union[
+        Queued,
+        Status,
+        Stream,
+        Display,
+        UpdateDisplay,
+        Result,
+        ClearOutput,
+        Error,
+        Truncated,
+        Done,
+        Gap,
+        ProtocolError,
+    ],
+    Field(discriminator="type"),
+]
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+EVENT_LIST_ADAPTER: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
+
+
+def parse_event(data: str | bytes | dict[str, Any]) -> Event:
+    """Parse one event from JSON text or a decoded dict (used by the SDK)."""
+    if isinstance(data, dict):
+        return EVENT_ADAPTER.validate_python(data)
+    return EVENT_ADAPTER.validate_json(data)

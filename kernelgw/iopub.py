@@ -1,0 +1,83 @@
+"""Map Jupyter iopub messages to kernelgw events. Pure: no I/O, no state.
+
+Messages the product does not expose (execute_input, comm_*, debug_event, ...)
+map to ``None``. Payloads (MIME bundles) are passed through untouched: a base64
+PNG is never decoded here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kernelgw import events as ev
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def to_event(msg: dict[str, Any], execution_id: str) -> ev.Event | None:
+    """One iopub message (as jupyter_client deserialises it) -> one event or None."""
+    msg_type = msg["header"]["msg_type"]
+    content: dict[str, Any] = msg.get("content") or {}
+    if msg_type == "stream":
+        name = content.get("name")
+        if name not in ("stdout", "stderr"):
+            return None
+        return ev.Stream(execution_id=execution_id, name=name, text=str(content.get("text", "")))
+    if msg_type == "display_data":
+        transient = content.get("transient") or {}
+        return ev.Display(
+            execution_id=execution_id,
+            data=content.get("data") or {},
+            metadata=content.get("metadata") or {},
+            display_id=transient.get("display_id"),
+        )
+    if msg_type == "update_display_data":
+        display_id = (content.get("transient") or {}).get("display_id")
+        if not display_id:
+            return None
+        return ev.UpdateDisplay(
+            execution_id=execution_id,
+            data=content.get("data") or {},
+            metadata=content.get("metadata") or {},
+            display_id=display_id,
+        )
+    if msg_type == "execute_result":
+        return ev.Result(
+            execution_id=execution_id,
+            execution_count=content.get("execution_count"),
+            data=content.get("data") or {},
+            metadata=content.get("metadata") or {},
+        )
+    if msg_type == "clear_output":
+        return ev.ClearOutput(execution_id=execution_id, wait=bool(content.get("wait", False)))
+    if msg_type == "error":
+        traceback = [str(line) for line in content.get("traceback") or []]
+        return ev.Error(
+            execution_id=execution_id,
+            ename=str(content.get("ename", "")),
+            evalue=str(content.get("evalue", "")),
+            traceback=traceback,
+            traceback_text=[strip_ansi(line) for line in traceback],
+        )
+    if msg_type == "status":
+        state = content.get("execution_state")
+        if state in ("busy", "idle"):
+            return ev.Status(execution_id=execution_id, state=state)
+        return None
+    return None
+
+
+def payload_size(event: ev.Event) -> int:
+    """Approximate bytes of user-visible output an event carries (for output caps)."""
+    if isinstance(event, ev.Stream):
+        return len(event.text)
+    if isinstance(event, (ev.Display, ev.UpdateDisplay, ev.Result)):
+        return sum(len(v) if isinstance(v, str) else len(str(v)) for v in event.data.values())
+    if isinstance(event, ev.Error):
+        return sum(len(line) for line in event.traceback) + len(event.evalue)
+    return 0

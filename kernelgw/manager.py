@@ -1,0 +1,164 @@
+"""All sessions of one gateway: creation within limits, lookup, idle reaping.
+
+Like jupyter_server's MultiKernelManager plus its culler, but each kernel lives in
+its own container and the manager also removes containers a crashed predecessor
+left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from kernelgw.backend.base import Backend, KernelSpec
+from kernelgw.config import Settings
+from kernelgw.errors import LimitExceeded, SessionLimitReached, SessionNotFound
+from kernelgw.session import KernelSession, SessionConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """What a client may choose for a new session; ``None`` means the default."""
+
+    memory_mb: int | None = None
+    cpus: float | None = None
+    timeout: float | None = None
+    image: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class SessionManager:
+    def __init__(self, settings: Settings, backend: Backend) -> None:
+        self.settings = settings
+        self.backend = backend
+        self._sessions: dict[str, KernelSession] = {}
+        self._starting = 0
+        self._reaper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Remove what a previous gateway of this name left, then start reaping."""
+        await self.backend.reap_orphans()
+        self._reaper = asyncio.create_task(self._reap_loop(), name="idle-reaper")
+
+    async def shutdown(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            try:
+                await self._reaper
+            except BaseException:
+                pass
+        await asyncio.gather(*(s.close() for s in list(self._sessions.values())), return_exceptions=True)
+        self._sessions.clear()
+
+    # ------------------------------------------------------------------ CRUD
+    def _spec(self, session_id: str, opts: SessionOptions) -> KernelSpec:
+        s = self.settings
+        memory = opts.memory_mb if opts.memory_mb is not None else s.memory_mb
+        cpus = opts.cpus if opts.cpus is not None else s.cpus
+        if not 64 <= memory <= s.max_memory_mb:
+            raise LimitExceeded(f"memory_mb must be between 64 and {s.max_memory_mb}; got {memory}")
+        if not 0.05 <= cpus <= s.max_cpus:
+            raise LimitExceeded(f"cpus must be between 0.05 and {s.max_cpus:g}; got {cpus:g}")
+        if opts.timeout is not None and not 0 < opts.timeout <= s.max_exec_timeout_s:
+            raise LimitExceeded(
+                f"timeout must be greater than 0 and at most {s.max_exec_timeout_s:g} seconds"
+            )
+        image = opts.image or s.image
+        allowed = {s.image, *s.allowed_images}
+        if image not in allowed:
+            raise LimitExceeded(f"image {image!r} is not allowed; allowed images: {sorted(allowed)}")
+        return KernelSpec(
+            session_id=session_id,
+            image=image,
+            memory_mb=memory,
+            cpus=cpus,
+            pids_limit=s.pids_limit,
+            tmp_size_mb=s.tmp_size_mb,
+            workspace_size_mb=s.workspace_size_mb,
+            shm_size_mb=s.shm_size_mb,
+            runtime=s.runtime,
+            env=dict(opts.env),
+        )
+
+    def _session_config(self, opts: SessionOptions) -> SessionConfig:
+        s = self.settings
+        return SessionConfig(
+            exec_timeout_s=opts.timeout if opts.timeout is not None else s.exec_timeout_s,
+            max_exec_timeout_s=s.max_exec_timeout_s,
+            interrupt_grace_s=s.interrupt_grace_s,
+            kernel_start_timeout_s=s.kernel_start_timeout_s,
+            max_output_bytes=s.max_output_bytes,
+            replay_buffer=s.replay_buffer,
+            subscriber_queue=s.subscriber_queue,
+            state_poll_s=s.state_poll_s,
+        )
+
+    async def create(self, opts: SessionOptions | None = None) -> KernelSession:
+        opts = opts or SessionOptions()
+        session_id = uuid.uuid4().hex
+        spec = self._spec(session_id, opts)
+        if len(self._sessions) + self._starting >= self.settings.max_sessions:
+            raise SessionLimitReached(
+                f"The gateway already runs its maximum of {self.settings.max_sessions} sessions. "
+                "Delete a session you no longer need, or retry later."
+            )
+        self._starting += 1
+        try:
+            session = KernelSession(session_id, spec, self.backend, self._session_config(opts))
+            await session.start()
+        finally:
+            self._starting -= 1
+        self._sessions[session_id] = session
+        log.info("session %s created", session_id)
+        return session
+
+    def get(self, session_id: str) -> KernelSession:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise SessionNotFound(session_id) from None
+
+    def list(self) -> list[KernelSession]:
+        return list(self._sessions.values())
+
+    async def delete(self, session_id: str) -> None:
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise SessionNotFound(session_id)
+        await session.close()
+        log.info("session %s deleted", session_id)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    # ------------------------------------------------------------------ reaping
+    async def reap_idle(self) -> list[str]:
+        """Delete sessions idle longer than the timeout with nobody watching."""
+        now = time.monotonic()
+        idle = [
+            s.id
+            for s in self._sessions.values()
+            if s.queue_length == 0
+            and s.subscriber_count == 0
+            and now - s.last_activity > self.settings.idle_timeout_s
+        ]
+        for session_id in idle:
+            try:
+                await self.delete(session_id)
+                log.info("session %s reaped after %.0fs idle", session_id, self.settings.idle_timeout_s)
+            except SessionNotFound:
+                pass
+        return idle
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reap_interval_s)
+            try:
+                await self.reap_idle()
+            except Exception:
+                log.exception("idle reaping failed")

@@ -1,0 +1,563 @@
+"""One kernel session: a kernel client, its execution queue, and event fan-out.
+
+The kernel runs one cell at a time, so each session has a FIFO queue served by a
+single worker task. Everything the kernel says on iopub is mapped to events,
+numbered with a per-session ``seq``, serialised once, kept in a bounded replay
+buffer and handed to every subscriber's bounded queue. A subscriber that falls
+too far behind is dropped (it can resume from its last ``seq``); it never slows
+the kernel or the other subscribers.
+
+Only messages whose parent is a request this session sent are accepted: the
+kernel holds the HMAC key, so a valid signature proves nothing about honesty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from jupyter_client.asynchronous import AsyncKernelClient
+
+from kernelgw import events as ev
+from kernelgw.backend.base import Backend, KernelHandle, KernelSpec, KernelState
+from kernelgw.errors import BadRequest, KernelStartFailed
+from kernelgw.iopub import payload_size, to_event
+
+log = logging.getLogger(__name__)
+
+SessionState = Literal["starting", "idle", "busy", "dead", "closed"]
+_OUTPUT_EVENTS = (ev.Stream, ev.Display, ev.UpdateDisplay, ev.Result)
+
+
+@dataclass(frozen=True)
+class Published:
+    """An event as sent: its number, the model, and its JSON text (made once)."""
+
+    seq: int
+    event: ev.Event
+    json: str
+
+
+@dataclass
+class Execution:
+    """One execution's progress inside the session (not the SDK's result object)."""
+
+    execution_id: str
+    code: str
+    timeout: float
+    published: list[Published] = field(default_factory=list)
+    done: asyncio.Future[ev.Done] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    msg_id: str | None = None
+    started: float = 0.0
+    output_bytes: int = 0
+    truncated: bool = False
+    interrupted: bool = False
+    reply: dict[str, Any] | None = None
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    idle_seen: bool = False
+    abort_reason: str | None = None
+
+
+class Subscription:
+    """A bounded queue of JSON texts for one WebSocket client."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize)
+        self.overflowed = False
+        self.closed = False
+
+    def offer(self, text: str) -> None:
+        if self.closed:
+            return
+        try:
+            self.queue.put_nowait(text)
+        except asyncio.QueueFull:
+            self.overflowed = True
+            self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.queue.put_nowait(None)
+        except asyncio.QueueFull:
+            # make room for the end marker: the client is dropped anyway
+            self.queue.get_nowait()
+            self.queue.put_nowait(None)
+
+
+@dataclass
+class SessionConfig:
+    exec_timeout_s: float
+    max_exec_timeout_s: float
+    interrupt_grace_s: float
+    kernel_start_timeout_s: float
+    max_output_bytes: int
+    replay_buffer: int
+    subscriber_queue: int
+    state_poll_s: float
+
+
+class KernelSession:
+    def __init__(self, session_id: str, spec: KernelSpec, backend: Backend, config: SessionConfig) -> None:
+        self.id = session_id
+        self.spec = spec
+        self.backend = backend
+        self.config = config
+        self.state: SessionState = "starting"
+        self.created_at = datetime.now(timezone.utc)
+        self.last_activity = time.monotonic()
+        self.last_activity_at = self.created_at
+        self.execution_count = 0
+        self.dead_reason: str | None = None
+        self.kernel_info: dict[str, Any] = {}
+        self._handle: KernelHandle | None = None
+        self._kc: AsyncKernelClient | None = None
+        self._readers: list[asyncio.Task[None]] = []
+        self._queue: asyncio.Queue[Execution] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+        self._current: Execution | None = None
+        self._by_msg_id: dict[str, Execution] = {}
+        self._recent_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._seq = 0
+        self._replay: collections.deque[Published] = collections.deque(maxlen=config.replay_buffer)
+        self._subscribers: set[Subscription] = set()
+        self._lifecycle = asyncio.Lock()
+
+    # ------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        async with self._lifecycle:
+            await self._start_kernel()
+        self._worker = asyncio.create_task(self._work(), name=f"session-{self.id}")
+
+    async def _start_kernel(self) -> None:
+        self.state = "starting"
+        self._handle = await self.backend.start(self.spec)
+        try:
+            kc = AsyncKernelClient()
+            kc.load_connection_info(self._handle.connection)
+            kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
+            self._kc = kc
+            self.kernel_info = await self._wait_ready(kc)
+        except BaseException:
+            await self._stop_kernel()
+            raise
+        self._readers = [
+            asyncio.create_task(self._read_iopub(self._kc), name=f"iopub-{self.id}"),
+            asyncio.create_task(self._read_shell(self._kc), name=f"shell-{self.id}"),
+        ]
+        self.state = "idle"
+        self.dead_reason = None
+
+    async def _wait_ready(self, kc: AsyncKernelClient) -> dict[str, Any]:
+        """Repeat kernel_info until a shell reply and an iopub message both arrive,
+        so the first execution cannot lose output to a not-yet-joined SUB socket."""
+        assert self._handle is not None
+        deadline = time.monotonic() + self.config.kernel_start_timeout_s
+        info: dict[str, Any] | None = None
+        iopub_seen = False
+        while time.monotonic() < deadline:
+            msg_id = kc.kernel_info()
+            end = time.monotonic() + 0.5
+            while info is None and time.monotonic() < end:
+                try:
+                    reply = await kc.get_shell_msg(timeout=max(0.01, end - time.monotonic()))
+                except Exception:  # queue.Empty on timeout
+                    break
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    info = reply["content"]
+            while not iopub_seen:
+                try:
+                    await kc.get_iopub_msg(timeout=0.2 if info is not None else 0.01)
+                    iopub_seen = True
+                except Exception:
+                    break
+            if info is not None and iopub_seen:
+                # drain what is left of the handshake so it does not linger
+                while True:
+                    try:
+                        await kc.get_iopub_msg(timeout=0.05)
+                    except Exception:
+                        break
+                return info
+            state = await self.backend.state(self._handle)
+            if not state.alive:
+                raise KernelStartFailed(f"The kernel container stopped while starting: {state.describe()}")
+        raise KernelStartFailed(
+            f"The kernel did not answer within {self.config.kernel_start_timeout_s:.0f}s of starting."
+        )
+
+    async def _stop_kernel(self) -> None:
+        for task in self._readers:
+            task.cancel()
+        for task in self._readers:
+            try:
+                await task
+            except BaseException:
+                pass
+        self._readers = []
+        if self._kc is not None:
+            self._kc.stop_channels()
+            self._kc = None
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            await self.backend.stop(handle)
+
+    async def restart(self, reason: str = "the session was restarted") -> None:
+        """A fresh kernel in place of the old one; all variables are lost."""
+        async with self._lifecycle:
+            if self.state == "closed":
+                return
+            current = self._current
+            if current is not None and not current.finished.is_set():
+                current.abort_reason = reason
+                current.finished.set()
+            await self._stop_kernel()
+            try:
+                await self._start_kernel()
+            except BaseException as exc:
+                self.state = "dead"
+                self.dead_reason = f"restart failed: {exc}"
+                raise
+            self.execution_count = 0
+
+    async def close(self) -> None:
+        async with self._lifecycle:
+            if self.state == "closed":
+                return
+            self.state = "closed"
+            if self._current is not None and not self._current.finished.is_set():
+                self._current.abort_reason = "the session was deleted"
+                self._current.finished.set()
+            if self._worker is not None:
+                # let the running execution publish its done event, then stop
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._drain_current()), 2)
+                except (asyncio.TimeoutError, Exception):
+                    pass
+                self._worker.cancel()
+                try:
+                    await self._worker
+                except BaseException:
+                    pass
+            while not self._queue.empty():
+                rec = self._queue.get_nowait()
+                self._finish(rec, "dead", "the session was deleted before this execution ran")
+            await self._stop_kernel()
+            for sub in list(self._subscribers):
+                sub.close()
+            self._subscribers.clear()
+
+    async def _drain_current(self) -> None:
+        while self._current is not None:
+            await asyncio.sleep(0.01)
+
+    # ------------------------------------------------------------- pub/sub
+    def _publish(self, event: ev.Event, rec: Execution | None = None) -> Published:
+        self._seq += 1
+        event = event.model_copy(update={"seq": self._seq})
+        pub = Published(self._seq, event, event.model_dump_json())
+        self._replay.append(pub)
+        if rec is not None:
+            rec.published.append(pub)
+        for sub in list(self._subscribers):
+            sub.offer(pub.json)
+            if sub.closed:
+                self._subscribers.discard(sub)
+        return pub
+
+    def subscribe(self, last_seq: int | None = None) -> Subscription:
+        """A live subscription; with ``last_seq``, first the events after it.
+
+        Replay and registration happen without an await in between, so no event
+        is missed or delivered twice.
+        """
+        sub = Subscription(self.config.subscriber_queue)
+        if last_seq is not None and last_seq < self._seq:
+            oldest = self._replay[0].seq if self._replay else self._seq + 1
+            if oldest > last_seq + 1:
+                gap = ev.Gap(first_missing=last_seq + 1, last_missing=oldest - 1)
+                sub.offer(gap.model_dump_json())
+            for pub in self._replay:
+                if pub.seq > last_seq:
+                    sub.offer(pub.json)
+        if self.state == "closed":
+            sub.close()
+        else:
+            self._subscribers.add(sub)
+        self.touch()
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self._subscribers.discard(sub)
+        sub.close()
+        self.touch()
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+        self.last_activity_at = datetime.now(timezone.utc)
+
+    # ------------------------------------------------------------- executing
+    @property
+    def queue_length(self) -> int:
+        return self._queue.qsize() + (1 if self._current is not None else 0)
+
+    def submit(self, code: str, execution_id: str | None = None, timeout: float | None = None) -> Execution:
+        """Queue a cell; returns at once. Await ``execution.done`` for the end."""
+        if self.state == "closed":
+            raise BadRequest("The session is being deleted.")
+        if timeout is None:
+            timeout = self.config.exec_timeout_s
+        if not 0 < timeout <= self.config.max_exec_timeout_s:
+            raise BadRequest(
+                f"timeout must be greater than 0 and at most {self.config.max_exec_timeout_s:g} seconds"
+            )
+        execution_id = execution_id or uuid.uuid4().hex
+        if execution_id in self._recent_ids:
+            raise BadRequest(f"execution_id {execution_id!r} was already used in this session")
+        self._recent_ids[execution_id] = None
+        while len(self._recent_ids) > 10000:
+            self._recent_ids.popitem(last=False)
+        rec = Execution(execution_id=execution_id, code=code, timeout=timeout)
+        self._publish(ev.Queued(execution_id=execution_id, code=code, position=self.queue_length), rec)
+        self._queue.put_nowait(rec)
+        self.touch()
+        return rec
+
+    async def interrupt(self) -> bool:
+        """SIGINT to the kernel if a cell is running; True if one was."""
+        rec = self._current
+        if rec is None or self._handle is None or rec.finished.is_set():
+            return False
+        rec.interrupted = True
+        await self.backend.signal(self._handle, signal.SIGINT)
+        return True
+
+    async def _work(self) -> None:
+        while True:
+            rec = await self._queue.get()
+            self._current = rec
+            try:
+                await self._execute(rec)
+            except asyncio.CancelledError:
+                self._finish(rec, "dead", rec.abort_reason or "the session was deleted")
+                raise
+            except Exception as exc:  # never let one execution kill the worker
+                log.exception("execution %s failed inside the gateway", rec.execution_id)
+                self._finish(rec, "dead", f"gateway error: {exc}")
+            finally:
+                self._current = None
+                self.touch()
+
+    async def _execute(self, rec: Execution) -> None:
+        rec.started = time.monotonic()
+        if self.state == "closed":
+            self._finish(rec, "dead", "the session was deleted before this execution ran")
+            return
+        if self.state == "dead" or self._kc is None:
+            self._finish(rec, "dead", self.dead_reason or "the kernel is not running; restart the session")
+            return
+        self.state = "busy"
+        rec.msg_id = self._kc.execute(
+            rec.code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False
+        )
+        self._by_msg_id[rec.msg_id] = rec
+        try:
+            outcome = await self._wait(rec, rec.timeout)
+            if outcome == "timeout":
+                await self._on_timeout(rec)
+            elif isinstance(outcome, KernelState):
+                self._on_death(rec, outcome)
+            elif rec.abort_reason is not None:
+                self._finish(rec, "dead", rec.abort_reason, state_lost=True)
+            else:
+                self._finish_from_reply(rec)
+        finally:
+            self._by_msg_id.pop(rec.msg_id, None)
+            if self.state == "busy":
+                self.state = "idle"
+
+    async def _wait(self, rec: Execution, timeout: float) -> Literal["finished", "timeout"] | KernelState:
+        """Wait for reply + idle, polling the container so a dead kernel is noticed."""
+        assert self._handle is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            try:
+                await asyncio.wait_for(rec.finished.wait(), min(remaining, self.config.state_poll_s))
+                return "finished"
+            except asyncio.TimeoutError:
+                pass
+            handle = self._handle
+            if handle is None:
+                return "finished" if rec.abort_reason else KernelState(status="missing")
+            state = await self.backend.state(handle)
+            if not state.alive:
+                return state
+
+    async def _on_timeout(self, rec: Execution) -> None:
+        assert self._handle is not None
+        await self.backend.signal(self._handle, signal.SIGINT)
+        outcome = await self._wait(rec, self.config.interrupt_grace_s)
+        if outcome == "finished" and rec.abort_reason is None:
+            self._finish(
+                rec,
+                "timeout",
+                f"the execution exceeded its timeout of {rec.timeout:g}s and was interrupted; "
+                "variables defined before are kept",
+            )
+            return
+        if isinstance(outcome, KernelState):
+            self._on_death(rec, outcome)
+            return
+        reason = (
+            f"the execution exceeded its timeout of {rec.timeout:g}s and did not stop within "
+            f"{self.config.interrupt_grace_s:g}s of an interrupt; the kernel was restarted and "
+            "all variables are lost"
+        )
+        self._finish(rec, "timeout", reason, state_lost=True)
+        await self._restart_in_worker(reason)
+
+    def _on_death(self, rec: Execution, state: KernelState) -> None:
+        self.state = "dead"
+        self.dead_reason = state.describe()
+        self._finish(rec, "dead", self.dead_reason + "; restart the session to continue", state_lost=True)
+
+    async def _restart_in_worker(self, reason: str) -> None:
+        async with self._lifecycle:
+            if self.state == "closed":
+                return
+            await self._stop_kernel()
+            try:
+                await self._start_kernel()
+                self.execution_count = 0
+            except Exception as exc:
+                self.state = "dead"
+                self.dead_reason = f"{reason}; restarting the kernel failed: {exc}"
+
+    def _finish_from_reply(self, rec: Execution) -> None:
+        reply = rec.reply or {}
+        count = reply.get("execution_count")
+        if isinstance(count, int):
+            self.execution_count = count
+        status = reply.get("status")
+        if status == "ok":
+            self._finish(rec, "ok", None, execution_count=count)
+        elif rec.interrupted and reply.get("ename") == "KeyboardInterrupt":
+            self._finish(rec, "interrupted", "interrupted on request; variables are kept", execution_count=count)
+        else:
+            reason = f"{reply.get('ename', 'Error')}: {reply.get('evalue', '')}" if status == "error" else None
+            self._finish(rec, "error", reason or f"the kernel replied {status!r}", execution_count=count)
+
+    def _finish(
+        self,
+        rec: Execution,
+        status: ev.DoneStatus,
+        reason: str | None,
+        *,
+        execution_count: int | None = None,
+        state_lost: bool = False,
+    ) -> None:
+        if rec.done.done():
+            return
+        started = rec.started or time.monotonic()
+        done = ev.Done(
+            execution_id=rec.execution_id,
+            status=status,
+            execution_count=execution_count,
+            duration_ms=round((time.monotonic() - started) * 1000, 3),
+            reason=reason,
+            state_lost=state_lost,
+        )
+        pub = self._publish(done, rec)
+        assert isinstance(pub.event, ev.Done)
+        rec.done.set_result(pub.event)
+
+    # ------------------------------------------------------------- readers
+    async def _read_iopub(self, kc: AsyncKernelClient) -> None:
+        while True:
+            msg = await kc.get_iopub_msg()
+            parent = (msg.get("parent_header") or {}).get("msg_id")
+            rec = self._by_msg_id.get(parent) if parent else None
+            if rec is None or rec.finished.is_set():
+                continue  # not a request we sent, or already over: ignore
+            event = to_event(msg, rec.execution_id)
+            if event is None:
+                continue
+            if isinstance(event, ev.Status):
+                if event.state == "idle":
+                    rec.idle_seen = True
+                    self._check_finished(rec)
+                # forward busy only; idle is implied by done
+                if event.state == "busy":
+                    self._publish(event, rec)
+                continue
+            if isinstance(event, _OUTPUT_EVENTS):
+                if rec.truncated:
+                    continue
+                rec.output_bytes += payload_size(event)
+                if rec.output_bytes > self.config.max_output_bytes:
+                    rec.truncated = True
+                    self._publish(
+                        ev.Truncated(
+                            execution_id=rec.execution_id,
+                            limit_bytes=self.config.max_output_bytes,
+                            message=(
+                                f"output exceeded {self.config.max_output_bytes} bytes; the rest of "
+                                "this execution's output was dropped (the code kept running)"
+                            ),
+                        ),
+                        rec,
+                    )
+                    continue
+            self._publish(event, rec)
+
+    async def _read_shell(self, kc: AsyncKernelClient) -> None:
+        while True:
+            msg = await kc.get_shell_msg()
+            parent = (msg.get("parent_header") or {}).get("msg_id")
+            rec = self._by_msg_id.get(parent) if parent else None
+            if rec is None or msg["header"]["msg_type"] != "execute_reply":
+                continue
+            rec.reply = msg.get("content") or {}
+            self._check_finished(rec)
+
+    def _check_finished(self, rec: Execution) -> None:
+        if rec.reply is not None and rec.idle_seen:
+            rec.finished.set()
+
+    # ------------------------------------------------------------- info
+    def info(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "image": self.spec.image,
+            "runtime": self.spec.runtime,
+            "memory_mb": self.spec.memory_mb,
+            "cpus": self.spec.cpus,
+            "created_at": self.created_at,
+            "last_activity": self.last_activity_at,
+            "execution_count": self.execution_count,
+            "queue_length": self.queue_length,
+            "subscribers": self.subscriber_count,
+            "last_seq": self._seq,
+            "dead_reason": self.dead_reason,
+        }

@@ -1,0 +1,137 @@
+"""A real gateway on a real Docker engine, shared by the integration tests.
+
+The gateway runs in this process on its own thread and event loop (uvicorn), so
+tests talk to it exactly as clients do: HTTP and WebSocket over loopback.
+Integration tests are never skipped for lack of an engine: they fail, and the
+message says how to start one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import docker
+import httpx
+import pytest
+import uvicorn
+
+from kernelgw.api import create_app
+from kernelgw.config import Settings
+
+IMAGE = os.environ.get("KERNELGW_IMAGE", "kernelgw/python:latest")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def gateway_settings(**overrides: Any) -> Settings:
+    base: dict[str, Any] = dict(
+        gateway_name=f"t{os.getpid()}",
+        runtime_dir="/tmp/kgwt",
+        image=IMAGE,
+        memory_mb=512,
+        max_memory_mb=2048,
+        max_sessions=40,
+        exec_timeout_s=60,
+        interrupt_grace_s=3,
+        idle_timeout_s=3600,
+    )
+    base.update(overrides)
+    return Settings(**base)
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    settings: Settings
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    @property
+    def ws_url(self) -> str:
+        return "ws" + self.url[len("http") :]
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+
+
+def start_gateway(settings: Settings) -> RunningGateway:
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(settings), host="127.0.0.1", port=port, log_level="warning", ws="websockets-sansio"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test gateway did not start")
+        time.sleep(0.02)
+    return RunningGateway(f"http://127.0.0.1:{port}", settings, server, thread)
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        pytest.fail(f"No Docker engine answers ({exc}); run scripts/ensure-docker.sh", pytrace=False)
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"Kernel image {IMAGE} missing; run `kernelgw image build`", pytrace=False)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def gateway(docker_client: docker.DockerClient) -> Iterator[RunningGateway]:
+    gw = start_gateway(gateway_settings())
+    yield gw
+    gw.stop()
+    left = docker_client.containers.list(all=True, filters={"label": f"kernelgw.gateway={gw.settings.gateway_name}"})
+    assert not left, f"containers left behind after gateway shutdown: {[c.name for c in left]}"
+
+
+@pytest.fixture(scope="session")
+def gateway_url(gateway: RunningGateway) -> str:
+    return gateway.url
+
+
+@pytest.fixture(scope="session")
+def http(gateway: RunningGateway) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture
+def session_id(http: httpx.Client) -> Iterator[str]:
+    """A fresh session, deleted after the test."""
+    resp = http.post("/v1/sessions", json={})
+    assert resp.status_code == 201, resp.text
+    sid = resp.json()["id"]
+    yield sid
+    http.delete(f"/v1/sessions/{sid}")
+
+
+def run(http: httpx.Client, sid: str, code: str, **extra: Any) -> dict[str, Any]:
+    """Blocking execute; returns the JSON body (status, events, ...)."""
+    resp = http.post(f"/v1/sessions/{sid}/execute", json={"code": code, **extra})
+    assert resp.status_code == 200, resp.text
+    return resp.json()  # type: ignore[no-any-return]
+
+
+def stdout(result: dict[str, Any]) -> str:
+    return "".join(e["text"] for e in result["events"] if e["type"] == "stream" and e["name"] == "stdout")
