@@ -1,0 +1,3 @@
+from kernelgw.cli import main
+
+main()

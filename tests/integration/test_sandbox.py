@@ -1,0 +1,177 @@
+"""The container is the boundary: no network, read-only root, resource limits."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import docker
+import httpx
+import pytest
+
+from tests.integration.conftest import RunningGateway, run, stdout
+
+pytestmark = pytest.mark.integration
+
+
+def test_dns_lookup_fails(http: httpx.Client, session_id: str) -> None:
+    code = (
+        "import socket\n"
+        "try:\n"
+        "    socket.getaddrinfo('pypi.org', 443)\n"
+        "    print('RESOLVED')\n"
+        "except OSError as e:\n"
+        "    print('FAILED', type(e).__name__)\n"
+    )
+    assert stdout(run(http, session_id, code)).startswith("FAILED")
+
+
+def test_tcp_connect_to_an_ip_fails_and_only_loopback_exists(http: httpx.Client, session_id: str) -> None:
+    # 192.0.2.1 is TEST-NET-1 (RFC 5737): never routed, so even a broken sandbox
+    # would send nothing anywhere. ENETUNREACH proves there is no route at all.
+    code = (
+        "import errno, os, socket\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+        "s.settimeout(3)\n"
+        "try:\n"
+        "    s.connect(('192.0.2.1', 80))\n"
+        "    print('CONNECTED')\n"
+        "except OSError as e:\n"
+        "    print('FAILED', errno.errorcode.get(e.errno, e.errno))\n"
+        "print(sorted(os.listdir('/sys/class/net')))\n"
+    )
+    out = stdout(run(http, session_id, code)).splitlines()
+    assert out[0] == "FAILED ENETUNREACH"
+    assert out[1] == "['lo']"
+
+
+def test_host_loopback_service_is_unreachable(http: httpx.Client, session_id: str) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    accepted: list[object] = []
+    listener.settimeout(5)
+    t = threading.Thread(target=lambda: accepted.append(_accept(listener)))
+    t.start()
+    code = (
+        "import socket\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+        "    print('CONNECTED')\n"
+        "except OSError as e:\n"
+        "    print('FAILED')\n"
+    )
+    try:
+        assert stdout(run(http, session_id, code)) == "FAILED\n"
+    finally:
+        t.join()
+        listener.close()
+    assert accepted == [None]
+
+
+def _accept(listener: socket.socket) -> object:
+    try:
+        conn, _ = listener.accept()
+        conn.close()
+        return "accepted"
+    except OSError:
+        return None
+
+
+def test_root_filesystem_is_read_only_and_user_is_not_root(http: httpx.Client, session_id: str) -> None:
+    code = (
+        "import os\n"
+        "for path in ('/evil', '/usr/evil', '/opt/kernel/evil'):\n"
+        "    try:\n"
+        "        open(path, 'w').write('x')\n"
+        "        print('WROTE', path)\n"
+        "    except OSError as e:\n"
+        "        print('DENIED', path)\n"
+        "open('/workspace/ok.txt', 'w').write('fine')\n"
+        "open('/tmp/ok.txt', 'w').write('fine')\n"
+        "print(os.getuid(), os.getcwd())\n"
+        "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
+    )
+    out = stdout(run(http, session_id, code)).splitlines()
+    assert out[:3] == ["DENIED /evil", "DENIED /usr/evil", "DENIED /opt/kernel/evil"]
+    assert out[3] == "1000 /workspace"
+    assert out[4] == "0000000000000000"  # no capabilities at all
+
+
+def test_container_configuration(docker_client: docker.DockerClient, gateway: RunningGateway,
+                                 http: httpx.Client, session_id: str) -> None:
+    (container,) = docker_client.containers.list(filters={"label": f"kernelgw.session={session_id}"})
+    host = container.attrs["HostConfig"]
+    assert host["NetworkMode"] == "none"
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"]
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["PidsLimit"] == gateway.settings.pids_limit
+    assert host["Memory"] == host["MemorySwap"] == 512 * 1024 * 1024
+    assert host["NanoCpus"] == int(gateway.settings.cpus * 1e9)
+    assert host["Init"] is True
+    assert all("size=" in opts for opts in host["Tmpfs"].values())
+    assert container.attrs["Config"]["User"] == "1000:1000"
+    assert container.labels["kernelgw.gateway"] == gateway.settings.gateway_name
+    # the connection directory is private and only this kernel's sockets are in it
+    (mount,) = container.attrs["Mounts"]
+    import os
+    import stat
+
+    st = os.stat(mount["Source"])
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == 1000
+    conn_file = os.path.join(mount["Source"], "kernel.json")
+    assert stat.S_IMODE(os.stat(conn_file).st_mode) == 0o600
+    assert all(len(os.path.join(mount["Source"], n)) < 107 for n in os.listdir(mount["Source"]))
+
+
+def test_memory_bomb_ends_dead_out_of_memory_and_gateway_survives(http: httpx.Client) -> None:
+    sid = http.post("/v1/sessions", json={"memory_mb": 256}).json()["id"]
+    other = http.post("/v1/sessions", json={}).json()["id"]
+    try:
+        run(http, other, "survivor = 'yes'")
+        result = run(http, sid, "chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 1024 * 1024))", timeout=60)
+        done = result["events"][-1]
+        assert done["status"] == "dead"
+        assert "out-of-memory" in done["reason"]
+        assert http.get(f"/v1/sessions/{sid}").json()["state"] == "dead"
+        # the next execution says so at once instead of hanging
+        again = run(http, sid, "1")
+        assert again["status"] == "dead"
+        # the gateway and the other session are untouched
+        assert http.get("/healthz").status_code == 200
+        assert stdout(run(http, other, "print(survivor)")) == "yes\n"
+        # and the dead session can be restarted
+        assert http.post(f"/v1/sessions/{sid}/restart").status_code == 200
+        assert run(http, sid, "1 + 1")["status"] == "ok"
+    finally:
+        http.delete(f"/v1/sessions/{sid}")
+        http.delete(f"/v1/sessions/{other}")
+
+
+def test_fork_bomb_stays_inside_the_pids_limit(gateway: RunningGateway, http: httpx.Client, session_id: str) -> None:
+    code = (
+        "import os, time\n"
+        "children = []\n"
+        "try:\n"
+        "    for _ in range(5000):\n"
+        "        pid = os.fork()\n"
+        "        if pid == 0:\n"
+        "            time.sleep(30)\n"
+        "            os._exit(0)\n"
+        "        children.append(pid)\n"
+        "except OSError as e:\n"
+        "    print('STOPPED', type(e).__name__)\n"
+        "print(len(children))\n"
+        "import signal\n"
+        "for pid in children:\n"
+        "    os.kill(pid, signal.SIGKILL)\n"
+        "for pid in children:\n"
+        "    os.waitpid(pid, 0)\n"
+    )
+    result = run(http, session_id, code, timeout=120)
+    out = stdout(result).splitlines()
+    assert out[0].startswith("STOPPED")
+    assert 0 < int(out[1]) < gateway.settings.pids_limit
+    assert stdout(run(http, session_id, "print('alive')")) == "alive\n"

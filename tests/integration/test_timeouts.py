@@ -1,0 +1,90 @@
+"""Execution timeouts, interrupts and restarts."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.integration.conftest import run, stdout
+
+pytestmark = pytest.mark.integration
+
+
+def test_timeout_interrupts_and_keeps_earlier_variables(http: httpx.Client, session_id: str) -> None:
+    run(http, session_id, "kept = 'still here'")
+    result = run(http, session_id, "while True:\n    pass", timeout=2)
+    done = result["events"][-1]
+    assert done["status"] == "timeout"
+    assert done["state_lost"] is False
+    assert "interrupted" in done["reason"]
+    errors = [e for e in result["events"] if e["type"] == "error"]
+    assert errors and errors[0]["ename"] == "KeyboardInterrupt"
+    assert stdout(run(http, session_id, "print(kept)")) == "still here\n"
+
+
+def test_cell_swallowing_interrupt_is_restarted_and_reported_as_state_lost(
+    http: httpx.Client, session_id: str
+) -> None:
+    run(http, session_id, "lost = 1")
+    code = "while True:\n    try:\n        while True:\n            pass\n    except KeyboardInterrupt:\n        pass\n"
+    result = run(http, session_id, code, timeout=2)
+    done = result["events"][-1]
+    assert done["status"] == "timeout"
+    assert done["state_lost"] is True
+    assert "restarted" in done["reason"] and "lost" in done["reason"]
+    info = http.get(f"/v1/sessions/{session_id}").json()
+    assert info["state"] == "idle"
+    after = run(http, session_id, "'lost' in dir()")
+    assert [e for e in after["events"] if e["type"] == "result"][0]["data"]["text/plain"] == "False"
+
+
+def test_interrupt_endpoint_stops_a_running_cell(http: httpx.Client, session_id: str) -> None:
+    run(http, session_id, "keep = 5")
+    results: list[dict] = []
+    worker = threading.Thread(target=lambda: results.append(run(http, session_id, "import time\ntime.sleep(60)")))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while http.get(f"/v1/sessions/{session_id}").json()["state"] != "busy":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert http.post(f"/v1/sessions/{session_id}/interrupt").json() == {"interrupted": True}
+    worker.join(timeout=30)
+    assert results[0]["status"] == "interrupted"
+    assert stdout(run(http, session_id, "print(keep)")) == "5\n"
+    # nothing is running now
+    assert http.post(f"/v1/sessions/{session_id}/interrupt").json() == {"interrupted": False}
+
+
+def test_restart_endpoint_gives_a_fresh_kernel(http: httpx.Client, session_id: str) -> None:
+    run(http, session_id, "gone = 1")
+    resp = http.post(f"/v1/sessions/{session_id}/restart")
+    assert resp.status_code == 200
+    assert resp.json()["execution_count"] == 0
+    after = run(http, session_id, "'gone' in dir()")
+    assert [e for e in after["events"] if e["type"] == "result"][0]["data"]["text/plain"] == "False"
+
+
+def test_queue_runs_cells_one_at_a_time_in_order(http: httpx.Client, session_id: str) -> None:
+    run(http, session_id, "order = []")
+    results: dict[int, dict] = {}
+
+    def submit(i: int) -> None:
+        results[i] = run(http, session_id, f"import time\ntime.sleep(0.2)\norder.append({i})")
+
+    threads = []
+    for i in range(4):
+        t = threading.Thread(target=submit, args=(i,))
+        t.start()
+        threads.append(t)
+        time.sleep(0.05)  # submission order is 0, 1, 2, 3
+    for t in threads:
+        t.join(timeout=60)
+    assert all(r["status"] == "ok" for r in results.values())
+    counts = [results[i]["execution_count"] for i in range(4)]
+    assert counts == sorted(counts)
+    final = run(http, session_id, "order")
+    assert [e for e in final["events"] if e["type"] == "result"][0]["data"]["text/plain"] == "[0, 1, 2, 3]"

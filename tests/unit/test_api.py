@@ -1,0 +1,104 @@
+"""The HTTP layer in-process: error shapes and status codes.
+
+The backend here is an engine that is down, the one situation a unit test can
+stand for honestly; everything that needs a kernel is in tests/integration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from kernelgw.api import create_app
+from kernelgw.backend.base import EngineHealth, KernelHandle, KernelSpec, KernelState
+from kernelgw.config import Settings
+from kernelgw.errors import EngineUnavailable
+
+
+class EngineDown:
+    async def start(self, spec: KernelSpec) -> KernelHandle:
+        raise EngineUnavailable("The Docker engine does not answer.")
+
+    async def stop(self, handle: KernelHandle) -> None: ...
+
+    async def signal(self, handle: KernelHandle, signum: int) -> None: ...
+
+    async def state(self, handle: KernelHandle) -> KernelState:
+        return KernelState(status="missing")
+
+    async def reap_orphans(self) -> list[str]:
+        raise EngineUnavailable("The Docker engine does not answer.")
+
+    async def health(self, image: str) -> EngineHealth:
+        return EngineHealth(engine=False, image=False, detail="connection refused")
+
+    async def close(self) -> None: ...
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(Settings(max_memory_mb=2048), backend=EngineDown())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+            yield c
+
+
+async def test_unknown_session_is_404_with_json_message(client: httpx.AsyncClient) -> None:
+    for method, path in [
+        ("GET", "/v1/sessions/abc"),
+        ("DELETE", "/v1/sessions/abc"),
+        ("POST", "/v1/sessions/abc/interrupt"),
+        ("POST", "/v1/sessions/abc/restart"),
+    ]:
+        resp = await client.request(method, path)
+        assert resp.status_code == 404, path
+        assert resp.json()["error"]["code"] == "session_not_found"
+        assert "POST /v1/sessions" in resp.json()["error"]["message"]
+
+
+async def test_execute_on_unknown_session_is_404(client: httpx.AsyncClient) -> None:
+    resp = await client.post("/v1/sessions/abc/execute", json={"code": "1"})
+    assert resp.status_code == 404
+
+
+async def test_invalid_bodies_are_422_with_readable_message(client: httpx.AsyncClient) -> None:
+    resp = await client.post("/v1/sessions/abc/execute", json={"cod": "1"})
+    assert resp.status_code == 422
+    body = resp.json()["error"]
+    assert body["code"] == "invalid_request"
+    assert "code: Field required" in body["message"]
+    resp = await client.post("/v1/sessions", json={"memory_mb": "lots"})
+    assert resp.status_code == 422 and "memory_mb" in resp.json()["error"]["message"]
+    resp = await client.post("/v1/sessions", content=b"{not json", headers={"content-type": "application/json"})
+    assert resp.status_code == 422
+
+
+async def test_limits_are_checked_before_touching_the_engine(client: httpx.AsyncClient) -> None:
+    resp = await client.post("/v1/sessions", json={"memory_mb": 4096})
+    assert resp.status_code == 400
+    assert resp.json()["error"] == {
+        "code": "limit_exceeded",
+        "message": "memory_mb must be between 64 and 2048; got 4096",
+    }
+
+
+async def test_engine_down_is_503_and_healthz_says_degraded(client: httpx.AsyncClient) -> None:
+    resp = await client.post("/v1/sessions", json={})
+    assert resp.status_code == 503
+    assert resp.json()["error"]["code"] == "engine_unavailable"
+    health = await client.get("/healthz")
+    assert health.status_code == 503
+    assert health.json()["status"] == "degraded" and health.json()["engine"] is False
+
+
+async def test_unknown_route_is_json_404(client: httpx.AsyncClient) -> None:
+    resp = await client.get("/v2/nothing")
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
+
+
+async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
+    paths = (await client.get("/openapi.json")).json()["paths"]
+    assert {"/v1/sessions", "/v1/sessions/{session_id}/execute", "/healthz"} <= set(paths)

@@ -1,0 +1,47 @@
+"""Settings: env vars, files, and the checks that keep them coherent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from kernelgw.config import Settings
+
+
+def test_env_vars_override_file_and_explicit_overrides_win(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "gw.json"
+    cfg.write_text(json.dumps({"port": 9000, "max_sessions": 3, "gateway_name": "file"}))
+    monkeypatch.setenv("KERNELGW_MAX_SESSIONS", "7")
+    settings = Settings.load(cfg, gateway_name="cli")
+    assert settings.port == 9000
+    assert settings.max_sessions == 7
+    assert settings.gateway_name == "cli"
+
+
+def test_toml_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text('runtime = "runsc"\nmemory_mb = 256\n')
+    settings = Settings.load(cfg)
+    assert settings.runtime == "runsc" and settings.memory_mb == 256
+
+
+def test_defaults_must_fit_within_maximums() -> None:
+    with pytest.raises(ValidationError, match="max_memory_mb"):
+        Settings(memory_mb=4096, max_memory_mb=1024)
+    with pytest.raises(ValidationError, match="exec_timeout_s"):
+        Settings(exec_timeout_s=100, max_exec_timeout_s=10)
+
+
+def test_runtime_dir_too_long_for_socket_paths() -> None:
+    with pytest.raises(ValidationError, match="unix socket"):
+        Settings(runtime_dir="/" + "x" * 100)
+
+
+def test_unknown_setting_is_an_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.json"
+    cfg.write_text(json.dumps({"max_sesions": 3}))
+    with pytest.raises(ValidationError):
+        Settings.load(cfg)

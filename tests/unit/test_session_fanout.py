@@ -1,0 +1,79 @@
+"""Sequence numbers, replay buffer, resume and slow-subscriber handling.
+
+These exercise the session's in-memory fan-out only: no kernel is started.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kernelgw import events as ev
+from kernelgw.backend.base import KernelSpec
+from kernelgw.session import KernelSession, SessionConfig, Subscription
+
+
+def make_session(replay: int = 5, queue: int = 100) -> KernelSession:
+    spec = KernelSpec("s", "img", 256, 1.0, 64, 16, 16, 16)
+    config = SessionConfig(
+        exec_timeout_s=10, max_exec_timeout_s=20, interrupt_grace_s=1, kernel_start_timeout_s=5,
+        max_output_bytes=1000, replay_buffer=replay, subscriber_queue=queue, state_poll_s=0.1,
+    )
+    return KernelSession("s", spec, backend=None, config=config)  # type: ignore[arg-type]
+
+
+def drain(sub: Subscription) -> list[dict]:
+    out = []
+    while not sub.queue.empty():
+        item = sub.queue.get_nowait()
+        if item is not None:
+            out.append(json.loads(item))
+    return out
+
+
+async def test_publish_numbers_events_and_fans_out() -> None:
+    session = make_session()
+    a, b = session.subscribe(), session.subscribe()
+    for i in range(3):
+        session._publish(ev.Stream(execution_id="x", name="stdout", text=str(i)))
+    assert [e["seq"] for e in drain(a)] == [1, 2, 3]
+    assert [e["text"] for e in drain(b)] == ["0", "1", "2"]
+
+
+async def test_resume_replays_only_newer_events() -> None:
+    session = make_session()
+    for i in range(4):
+        session._publish(ev.Stream(name="stdout", text=str(i)))
+    sub = session.subscribe(last_seq=2)
+    assert [e["seq"] for e in drain(sub)] == [3, 4]
+    session._publish(ev.Stream(name="stdout", text="live"))
+    assert [e["seq"] for e in drain(sub)] == [5]
+
+
+async def test_resume_beyond_buffer_starts_with_a_gap() -> None:
+    session = make_session(replay=3)
+    for i in range(6):
+        session._publish(ev.Stream(name="stdout", text=str(i)))
+    events = drain(session.subscribe(last_seq=1))
+    assert events[0] == {"type": "gap", "seq": None, "execution_id": None, "first_missing": 2, "last_missing": 3}
+    assert [e["seq"] for e in events[1:]] == [4, 5, 6]
+
+
+async def test_up_to_date_client_gets_nothing_replayed() -> None:
+    session = make_session()
+    session._publish(ev.Stream(name="stdout", text="x"))
+    assert drain(session.subscribe(last_seq=1)) == []
+
+
+async def test_slow_subscriber_is_dropped_without_affecting_others() -> None:
+    session = make_session(queue=3)
+    slow, fast = session.subscribe(), session.subscribe()
+    fast_seen = []
+    for i in range(10):
+        session._publish(ev.Stream(name="stdout", text=str(i)))
+        fast_seen += drain(fast)
+    assert slow.overflowed and slow.closed
+    assert session.subscriber_count == 1
+    assert [e["seq"] for e in fast_seen] == list(range(1, 11))
+    # the dropped client's queue ends with the close marker
+    items = [slow.queue.get_nowait() for _ in range(slow.queue.qsize())]
+    assert items[-1] is None
