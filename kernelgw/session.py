@@ -430,28 +430,35 @@ class KernelSession:
             return
         reason = (
             f"the execution exceeded its timeout of {rec.timeout:g}s and did not stop within "
-            f"{self.config.interrupt_grace_s:g}s of an interrupt; the kernel was restarted and "
-            "all variables are lost"
+            f"{self.config.interrupt_grace_s:g}s of an interrupt"
         )
+        # Restart before reporting, so a client that reads `done` finds the session usable.
+        failure = await self._restart_in_worker()
+        if failure is None:
+            reason += "; the kernel was restarted and all variables are lost"
+        else:
+            reason += f"; restarting the kernel failed ({failure}), so the session is dead"
         self._finish(rec, "timeout", reason, state_lost=True)
-        await self._restart_in_worker(reason)
 
     def _on_death(self, rec: Execution, state: KernelState) -> None:
         self.state = "dead"
         self.dead_reason = state.describe()
         self._finish(rec, "dead", self.dead_reason + "; restart the session to continue", state_lost=True)
 
-    async def _restart_in_worker(self, reason: str) -> None:
+    async def _restart_in_worker(self) -> str | None:
+        """Replace a kernel that ignored an interrupt; returns why it failed, if it did."""
         async with self._lifecycle:
             if self.state == "closed":
-                return
+                return None
             await self._stop_kernel()
             try:
                 await self._start_kernel()
-                self.execution_count = 0
             except Exception as exc:
                 self.state = "dead"
-                self.dead_reason = f"{reason}; restarting the kernel failed: {exc}"
+                self.dead_reason = f"restarting the kernel after a timeout failed: {exc}"
+                return str(exc)
+            self.execution_count = 0
+            return None
 
     def _finish_from_reply(self, rec: Execution) -> None:
         reply = rec.reply or {}

@@ -104,7 +104,7 @@ def test_idle_sessions_are_reaped(docker_client: docker.DockerClient, gateway: R
 
 
 def test_containers_left_by_a_killed_gateway_are_removed_at_next_start(
-    docker_client: docker.DockerClient, gateway: RunningGateway
+    docker_client: docker.DockerClient, gateway: RunningGateway, tmp_path: Path
 ) -> None:
     name = f"{gateway.settings.gateway_name}k"
     port = free_port()
@@ -114,10 +114,12 @@ def test_containers_left_by_a_killed_gateway_are_removed_at_next_start(
         "KERNELGW_RUNTIME_DIR": str(gateway.settings.runtime_dir),
         "KERNELGW_IMAGE": gateway.settings.image,
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kernelgw", "serve", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kernelgw", "serve", "--port", str(port)],
+            env=env, stdout=log_file, stderr=subprocess.STDOUT,
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -126,7 +128,7 @@ def test_containers_left_by_a_killed_gateway_are_removed_at_next_start(
                 httpx.get(f"{url}/healthz", timeout=2)
                 break
             except httpx.TransportError:
-                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+                assert proc.poll() is None, log.read_text()
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
         sid = httpx.post(f"{url}/v1/sessions", json={}, timeout=120).json()["id"]

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up (engine, venv, image) when needed, then run every test: unit tests and
+# integration tests against the real engine. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+echo "==> pytest"
+mkdir -p test-output
+set +e
+.venv/bin/python -m pytest tests "$@"
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+  echo "pytest collected no tests: that is a failure here" >&2
+  exit 1
+fi
+exit "$status"
