@@ -1,0 +1,256 @@
+"""The ``kernelgw`` command: run a gateway, build the kernel image, run code.
+
+    kernelgw serve [--host H] [--port P] [--config FILE]
+    kernelgw image build [--tag T] [--base auto|debootstrap|IMAGE] [--force]
+    kernelgw run [CODE | -] [--server URL] [--session ID] [--timeout S]
+                 [--save-images DIR] [--keep]
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import click
+
+from .config import DEFAULT_IMAGE
+from .errors import KernelGWError
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+"""The code raised an exception."""
+EXIT_ABORTED = 2
+"""The execution timed out, was interrupted, or its kernel died."""
+EXIT_GATEWAY = 3
+"""The gateway could not be reached or answered with an error."""
+EXIT_SIGINT = 130
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """kernelgw: a stateful, sandboxed code interpreter for AI agents."""
+
+
+# ------------------------------------------------------------------------ serve
+
+
+@main.command()
+@click.option("--host", default=None, help="Address to listen on [env KERNELGW_HOST; 127.0.0.1].")
+@click.option("--port", type=int, default=None, help="Port [env KERNELGW_PORT; 8000].")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Settings file (.json or .toml); KERNELGW_* env vars and options override it.",
+)
+def serve(host: str | None, port: int | None, config_file: Path | None) -> None:
+    """Run the gateway."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from .api.app import create_app
+    from .config import Settings
+
+    overrides: dict[str, Any] = {}
+    if host is not None:
+        overrides["host"] = host
+    if port is not None:
+        overrides["port"] = port
+    try:
+        settings = Settings.load(config_file, **overrides)
+    except (ValidationError, ValueError) as exc:
+        raise click.ClickException(f"invalid settings: {exc}") from exc
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+
+
+# ------------------------------------------------------------------------ image
+
+
+@main.group()
+def image() -> None:
+    """Manage the kernel image."""
+
+
+@image.command("build")
+@click.option("--tag", default=DEFAULT_IMAGE, show_default=True, help="Image tag to build.")
+@click.option(
+    "--base",
+    default="auto",
+    show_default=True,
+    help="Base: 'auto', 'debootstrap' (from scratch), or an image to build on.",
+)
+@click.option("--force", is_flag=True, help="Rebuild even if the image is up to date.")
+def image_build(tag: str, base: str, force: bool) -> None:
+    """Build the kernel image."""
+    from rich.console import Console
+
+    from .image import build_image
+
+    try:
+        result = build_image(tag=tag, base=base, force=force, console=Console(stderr=True))
+    except KernelGWError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if result.built:
+        click.echo(f"built {result.tag} ({result.image_id}) in {result.seconds:.1f}s")
+    else:
+        click.echo(f"{result.tag} is up to date ({result.image_id}); --force rebuilds it")
+
+
+# -------------------------------------------------------------------------- run
+
+
+@dataclass
+class _Printer:
+    """Writes a streamed execution's events to the terminal as they arrive."""
+
+    save_dir: Path | None
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+    err: TextIO = field(default_factory=lambda: sys.stderr)
+    images_saved: int = 0
+
+    def event(self, event: Any) -> None:
+        kind = event.type
+        if kind == "stream":
+            stream = self.out if event.name == "stdout" else self.err
+            stream.write(event.text)
+            stream.flush()
+        elif kind in ("display", "update_display", "result"):
+            self._bundle(event.execution_id or "output", event.data)
+        elif kind == "error":
+            self.err.write("\n".join(event.traceback_text) + "\n")
+            self.err.flush()
+        elif kind == "truncated":
+            self.err.write(f"[{event.message}]\n")
+            self.err.flush()
+
+    def _bundle(self, execution_id: str, data: dict[str, Any]) -> None:
+        png = data.get("image/png")
+        if png is not None and self.save_dir is not None:
+            import base64
+
+            self.images_saved += 1
+            path = self.save_dir / f"{execution_id}-{self.images_saved}.png"
+            path.write_bytes(base64.b64decode(png))
+            self.out.write(f"[image saved: {path}]\n")
+        else:
+            text = data.get("text/plain")
+            if text is not None:
+                self.out.write((text if isinstance(text, str) else "".join(text)) + "\n")
+            elif png is not None:
+                self.out.write("[image/png; use --save-images DIR to keep it]\n")
+        self.out.flush()
+
+
+def _read_code(code: str | None) -> str:
+    if code is None or code == "-":
+        return sys.stdin.read()
+    return code
+
+
+@main.command()
+@click.argument("code", required=False)
+@click.option(
+    "--server",
+    envvar="KERNELGW_URL",
+    default="http://127.0.0.1:8000",
+    show_default=True,
+    help="Gateway URL [env KERNELGW_URL].",
+)
+@click.option("--session", "session_id", default=None, help="Run in this existing session.")
+@click.option("--timeout", type=float, default=None, help="Execution timeout in seconds.")
+@click.option(
+    "--save-images",
+    "save_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Save PNG images as DIR/<execution_id>-<n>.png.",
+)
+@click.option("--keep", is_flag=True, help="Keep the new session and print its id.")
+def run(
+    code: str | None,
+    server: str,
+    session_id: str | None,
+    timeout: float | None,
+    save_dir: Path | None,
+    keep: bool,
+) -> None:
+    """Run code in a session and stream its output.
+
+    CODE is Python source; with '-' or no CODE it is read from stdin. Without
+    --session a new session is created, and deleted afterwards unless --keep.
+
+    Exit status: 0 ok, 1 the code raised, 2 timeout / interrupted / kernel died,
+    3 the gateway failed or could not be reached.
+    """
+    import httpx
+
+    from .client import Client
+
+    source = _read_code(code)
+    if save_dir is not None:
+        save_dir.mkdir(parents=True, exist_ok=True)
+    printer = _Printer(save_dir)
+    status: str | None = None
+    reason: str | None = None
+
+    try:
+        client = Client(server)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--server") from exc
+    with client:
+        session = None
+        try:
+            if session_id is not None:
+                session = client.get_session(session_id)
+            else:
+                session = client.create_session()
+            try:
+                for event in session.stream(source, timeout=timeout):
+                    if event.type == "done":
+                        status, reason = event.status, event.reason
+                        if event.state_lost:
+                            reason = (reason + "; " if reason else "") + "kernel state was lost"
+                    else:
+                        printer.event(event)
+            except KeyboardInterrupt:
+                session.interrupt()
+                click.echo("\ninterrupted", err=True)
+                sys.exit(EXIT_SIGINT)
+        except (KernelGWError, httpx.HTTPError, OSError) as exc:
+            click.echo(f"kernelgw: {_describe(exc, server)}", err=True)
+            sys.exit(EXIT_GATEWAY)
+        finally:
+            if session is not None and session_id is None:
+                if keep:
+                    click.echo(f"session: {session.id}", err=True)
+                else:
+                    _quiet_delete(session)
+
+    if status == "ok":
+        sys.exit(EXIT_OK)
+    if status == "error":
+        sys.exit(EXIT_ERROR)
+    click.echo(f"kernelgw: execution {status}" + (f": {reason}" if reason else ""), err=True)
+    sys.exit(EXIT_ABORTED)
+
+
+def _describe(exc: BaseException, server: str) -> str:
+    import httpx
+
+    if isinstance(exc, (httpx.ConnectError, ConnectionRefusedError)):
+        return f"cannot reach the gateway at {server} ({exc}); is `kernelgw serve` running?"
+    return str(exc) or type(exc).__name__
+
+
+def _quiet_delete(session: Any) -> None:
+    try:
+        session.delete(missing_ok=True)
+    except Exception as exc:  # noqa: BLE001 - cleanup must not hide the real outcome
+        click.echo(f"kernelgw: could not delete session {session.id}: {exc}", err=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The CLI's argument parsing and help; nothing here needs a gateway."""
+
+from __future__ import annotations
+
+import base64
+import io
+from types import SimpleNamespace
+
+from click.testing import CliRunner
+
+from kernelgw.cli import _Printer, main
+
+
+def invoke(*args: str, **kwargs):
+    return CliRunner().invoke(main, list(args), **kwargs)
+
+
+def test_main_help_lists_commands():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("serve", "image", "run"):
+        assert command in result.output
+
+
+def test_serve_help():
+    result = invoke("serve", "--help")
+    assert result.exit_code == 0
+    for option in ("--host", "--port", "--config"):
+        assert option in result.output
+
+
+def test_serve_rejects_a_missing_config_file(tmp_path):
+    result = invoke("serve", "--config", str(tmp_path / "missing.toml"))
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
+
+
+def test_serve_rejects_a_non_integer_port():
+    result = invoke("serve", "--port", "eighty")
+    assert result.exit_code == 2
+
+
+def test_image_build_help():
+    result = invoke("image", "build", "--help")
+    assert result.exit_code == 0
+    for option in ("--tag", "--base", "--force", "kernelgw/python:latest"):
+        assert option in result.output
+
+
+def test_run_help():
+    result = invoke("run", "--help")
+    assert result.exit_code == 0
+    for option in ("--server", "--session", "--timeout", "--save-images", "--keep", "KERNELGW_URL"):
+        assert option in result.output
+
+
+def test_run_rejects_a_bad_timeout():
+    result = invoke("run", "1", "--timeout", "soon")
+    assert result.exit_code == 2
+    assert "--timeout" in result.output
+
+
+def test_run_rejects_a_non_http_server_url():
+    result = invoke("run", "1", "--server", "ftp://example.com")
+    assert result.exit_code == 2
+    assert "--server" in result.output
+
+
+def test_run_takes_the_server_from_the_environment():
+    result = invoke("run", "1", env={"KERNELGW_URL": "not a url"})
+    assert result.exit_code == 2
+    assert "--server" in result.output
+
+
+def test_printer_writes_streams_results_errors_and_saves_images(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    printer = _Printer(tmp_path, out=out, err=err)
+    png = b"\x89PNG\r\n\x1a\nfake"
+
+    def event(type_, **fields):
+        return SimpleNamespace(type=type_, execution_id="e1", **fields)
+
+    printer.event(event("stream", name="stdout", text="hello\n"))
+    printer.event(event("stream", name="stderr", text="warn\n"))
+    printer.event(event("display", data={"image/png": base64.b64encode(png).decode(), "text/plain": "<Figure>"}))
+    printer.event(event("result", data={"text/plain": "42"}))
+    printer.event(event("error", traceback_text=["Traceback", "ValueError: x"]))
+    saved = tmp_path / "e1-1.png"
+    assert saved.read_bytes() == png
+    assert out.getvalue() == f"hello\n[image saved: {saved}]\n42\n"
+    assert err.getvalue() == "warn\nTraceback\nValueError: x\n"
+
+
+def test_printer_without_save_dir_prints_text_plain():
+    out = io.StringIO()
+    printer = _Printer(None, out=out, err=io.StringIO())
+    printer.event(SimpleNamespace(type="display", execution_id="e", data={"image/png": "AAAA", "text/plain": "<Figure>"}))
+    printer.event(SimpleNamespace(type="display", execution_id="e", data={"image/png": "AAAA"}))
+    assert out.getvalue() == "<Figure>\n[image/png; use --save-images DIR to keep it]\n"
+
+
+def test_serve_options_override_env_which_overrides_the_config_file(monkeypatch, tmp_path):
+    import sys
+    from types import ModuleType
+
+    import uvicorn
+
+    seen = {}
+    fake_app = ModuleType("kernelgw.api.app")
+    fake_app.create_app = lambda settings=None: seen.setdefault("settings", settings) or "APP"
+    monkeypatch.setitem(sys.modules, "kernelgw.api.app", fake_app)
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port: seen.update(run=(host, port)))
+
+    config = tmp_path / "kgw.toml"
+    config.write_text('host = "10.0.0.1"\nport = 9000\nmax_sessions = 7\nidle_timeout_s = 60.0\n')
+    env = {"KERNELGW_PORT": "9100", "KERNELGW_MAX_SESSIONS": "8"}
+    result = invoke("serve", "--config", str(config), "--port", "9200", env=env)
+    assert result.exit_code == 0, result.output
+    settings = seen["settings"]
+    assert settings.port == 9200  # option beats env
+    assert settings.max_sessions == 8  # env beats file
+    assert settings.host == "10.0.0.1" and settings.idle_timeout_s == 60.0  # file
+    assert seen["run"] == ("10.0.0.1", 9200)
+
+
+def test_serve_reports_invalid_settings(monkeypatch, tmp_path):
+    config = tmp_path / "kgw.json"
+    config.write_text('{"memory_mb": 99999, "max_memory_mb": 10}')
+    result = invoke("serve", "--config", str(config))
+    assert result.exit_code == 1
+    assert "invalid settings" in result.output
+
+
+def test_image_build_prints_a_summary(monkeypatch):
+    import sys
+    from types import ModuleType
+
+    calls = []
+
+    def build_image(tag, base, force, console):
+        calls.append((tag, base, force))
+        return SimpleNamespace(tag=tag, image_id="sha256:abc", built=force, seconds=12.34)
+
+    fake = ModuleType("kernelgw.image")
+    fake.build_image = build_image
+    monkeypatch.setitem(sys.modules, "kernelgw.image", fake)
+
+    result = invoke("image", "build", "--tag", "me/py:1", "--base", "debootstrap", "--force")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "built me/py:1 (sha256:abc) in 12.3s\n"
+    result = invoke("image", "build")
+    assert "kernelgw/python:latest is up to date (sha256:abc)" in result.stdout
+    assert calls == [("me/py:1", "debootstrap", True), ("kernelgw/python:latest", "auto", False)]

@@ -1,0 +1,177 @@
+"""Pure logic of kernelgw.image (no Docker needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernelgw import image
+from kernelgw.errors import KernelGWError
+
+DEB822 = """\
+Types: deb
+# http://snapshot.debian.org/archive/debian/20250520T000000Z
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+# http://snapshot.debian.org/archive/debian-security/20250520T000000Z
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+"""
+
+DEB822_SECURITY_FIRST_AND_MIRROR = """\
+Types: deb deb-src
+URIs: http://security.debian.org/debian-security
+Suites: bookworm-security
+Components: main
+
+Types: deb-src
+URIs: http://source-only.example/debian
+Suites: bookworm
+
+Enabled: no
+Types: deb
+URIs: http://disabled.example/debian
+Suites: bookworm
+
+Types: deb
+URIs: http://mirror.example.org/debian/
+Suites: bookworm
+ bookworm-updates
+Components: main contrib
+"""
+
+DEB822_NODESOURCE = """\
+Types: deb
+URIs: https://deb.nodesource.com/node_20.x
+Suites: nodistro
+Components: main
+"""
+
+SOURCES_LIST = """\
+# deb cdrom:[Debian GNU/Linux 12.0.0 _Bookworm_]/ bookworm main
+deb [arch=amd64 signed-by=/usr/share/keyrings/debian.gpg] http://ftp.de.debian.org/debian/ bookworm main contrib
+deb-src http://ftp.de.debian.org/debian/ bookworm main
+deb http://security.debian.org/debian-security bookworm-security main
+deb http://ftp.de.debian.org/debian/ bookworm-updates main
+"""
+
+
+def test_deb822_mirror() -> None:
+    assert image.parse_deb822_mirror(DEB822) == "http://deb.debian.org/debian"
+
+
+def test_deb822_skips_security_source_disabled_and_trailing_slash() -> None:
+    assert image.parse_deb822_mirror(DEB822_SECURITY_FIRST_AND_MIRROR) == "http://mirror.example.org/debian"
+
+
+def test_deb822_unrelated_repository_gives_none() -> None:
+    assert image.parse_deb822_mirror(DEB822_NODESOURCE) is None
+    assert image.parse_deb822_mirror("") is None
+
+
+def test_sources_list_mirror() -> None:
+    assert image.parse_sources_list_mirror(SOURCES_LIST) == "http://ftp.de.debian.org/debian"
+
+
+def test_sources_list_other_suite_falls_back_to_debian_path() -> None:
+    text = "deb http://archive.example/debian trixie main\n"
+    assert image.parse_sources_list_mirror(text) == "http://archive.example/debian"
+    assert image.parse_sources_list_mirror("deb http://archive.ubuntu.com/ubuntu jammy main\n") is None
+    assert image.parse_sources_list_mirror("deb mirror+file:/etc/apt/mirrors.txt bookworm main\n") is None
+
+
+def test_find_apt_mirror(tmp_path: Path) -> None:
+    assert image.find_apt_mirror(tmp_path) == image.DEFAULT_MIRROR
+    (tmp_path / "sources.list").write_text(SOURCES_LIST)
+    assert image.find_apt_mirror(tmp_path) == "http://ftp.de.debian.org/debian"
+    d = tmp_path / "sources.list.d"
+    d.mkdir()
+    (d / "a-nodesource.sources").write_text(DEB822_NODESOURCE)
+    (d / "debian.sources").write_text(DEB822)
+    (d / "debian.sources.disabled").write_text(DEB822_SECURITY_FIRST_AND_MIRROR)
+    # deb822 files win over sources.list; unrelated and disabled files are skipped
+    assert image.find_apt_mirror(tmp_path) == "http://deb.debian.org/debian"
+
+
+FILES = {
+    "Dockerfile": b"ARG BASE=python:3.12-slim\nFROM ${BASE}\n",
+    "requirements.txt": b"ipykernel\nnumpy\n",
+    "start-kernel": b"#!/bin/sh\nexec python -m ipykernel_launcher -f \"$1\"\n",
+}
+
+
+def test_build_hash_is_stable() -> None:
+    h = image.compute_build_hash(FILES, "sha256:aaa")
+    assert h == image.compute_build_hash(dict(reversed(list(FILES.items()))), "sha256:aaa")
+    assert len(h) == 64 and int(h, 16) >= 0
+
+
+def test_build_hash_changes_with_inputs() -> None:
+    h = image.compute_build_hash(FILES, "sha256:aaa")
+    changed_dockerfile = dict(FILES, Dockerfile=FILES["Dockerfile"] + b"USER 1000\n")
+    assert image.compute_build_hash(changed_dockerfile, "sha256:aaa") != h
+    changed_reqs = dict(FILES, **{"requirements.txt": b"ipykernel\nnumpy\npandas\n"})
+    assert image.compute_build_hash(changed_reqs, "sha256:aaa") != h
+    assert image.compute_build_hash(FILES, "sha256:bbb") != h
+    # moving bytes from one file to the next must not collide
+    shifted = dict(FILES, Dockerfile=FILES["Dockerfile"][:-1], **{"requirements.txt": b"\n" + FILES["requirements.txt"]})
+    assert image.compute_build_hash(shifted, "sha256:aaa") != h
+
+
+def test_build_hash_of_the_real_context(tmp_path: Path) -> None:
+    files = image._read_context_files(image.default_image_dir())
+    assert set(files) == set(image.CONTEXT_FILES)
+    h = image.compute_build_hash(files, "sha256:x")
+    assert image.compute_build_hash(image._read_context_files(image.default_image_dir()), "sha256:x") == h
+    with pytest.raises(image.ImageBuildError, match="Missing build input"):
+        image._read_context_files(tmp_path)
+
+
+def test_manylinux_platforms() -> None:
+    tags = image.manylinux_platforms("x86_64", (2, 36))
+    assert tags[0] == "manylinux_2_36_x86_64"
+    assert "manylinux_2_17_x86_64" in tags and "manylinux_2_5_x86_64" in tags
+    assert "manylinux_2_37_x86_64" not in tags
+    assert {"manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"} <= set(tags)
+    arm = image.manylinux_platforms("aarch64", (2, 31))
+    assert arm[0] == "manylinux_2_31_aarch64" and arm[-1] == "manylinux2014_aarch64"
+    assert "manylinux_2_16_aarch64" not in arm and not any("manylinux1" in t for t in arm)
+
+
+def test_packages_from_wheels() -> None:
+    names = [
+        "numpy-2.1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+        "matplotlib_inline-0.1.7-py3-none-any.whl",
+        "python_dateutil-2.9.0.post0-py2.py3-none-any.whl",
+        "README.txt",
+    ]
+    assert image.packages_from_wheels(names) == {
+        "matplotlib-inline": "0.1.7",
+        "numpy": "2.1.0",
+        "python-dateutil": "2.9.0.post0",
+    }
+
+
+def test_parse_step() -> None:
+    assert image.parse_step("Step 3/12 : RUN python3 -m venv /opt/kernel") == "Step 3/12 : RUN python3 -m venv /opt/kernel"
+    assert image.parse_step(" ---> Running in 1234") is None
+
+
+def test_errors_are_kernelgw_errors() -> None:
+    err = image.WheelDownloadError("pip failed", "line1\nline2\n")
+    assert isinstance(err, image.ImageBuildError) and isinstance(err, KernelGWError)
+    assert "line2" in err.message and err.log_tail.endswith("line2\n")
+    assert isinstance(image.BaseImageError("x"), image.ImageBuildError)
+
+
+def test_result_is_frozen() -> None:
+    r = image.ImageBuildResult("t", "sha256:1", False, "b", 0.1)
+    with pytest.raises(AttributeError):
+        r.built = True  # type: ignore[misc]
