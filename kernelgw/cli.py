@@ -63,7 +63,8 @@ def serve(host: str | None, port: int | None, config_file: Path | None) -> None:
         settings = Settings.load(config_file, **overrides)
     except (ValidationError, ValueError) as exc:
         raise click.ClickException(f"invalid settings: {exc}") from exc
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+    # websockets-sansio: uvicorn's implementation on websockets' maintained API
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, ws="websockets-sansio")
 
 
 # ------------------------------------------------------------------------ image

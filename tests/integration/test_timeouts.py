@@ -88,3 +88,22 @@ def test_queue_runs_cells_one_at_a_time_in_order(http: httpx.Client, session_id:
     assert counts == sorted(counts)
     final = run(http, session_id, "order")
     assert [e for e in final["events"] if e["type"] == "result"][0]["data"]["text/plain"] == "[0, 1, 2, 3]"
+
+
+def test_kernel_crash_mid_cell_delivers_partial_output_then_dead(http: httpx.Client, session_id: str) -> None:
+    code = "import os, time\nprint('before the crash', flush=True)\ntime.sleep(0.5)\nos.kill(os.getpid(), 9)\nprint('never')"
+    result = run(http, session_id, code)
+    assert stdout(result) == "before the crash\n"
+    done = result["events"][-1]
+    assert done["status"] == "dead"
+    assert "signal 9" in done["reason"] and done["state_lost"] is True
+    info = http.get(f"/v1/sessions/{session_id}").json()
+    assert info["state"] == "dead" and "signal 9" in info["dead_reason"]
+    assert http.post(f"/v1/sessions/{session_id}/restart").json()["state"] == "idle"
+    assert stdout(run(http, session_id, "print('back')")) == "back\n"
+
+
+def test_kernel_exit_is_reported_with_its_code(http: httpx.Client, session_id: str) -> None:
+    done = run(http, session_id, "import os\nos._exit(3)")["events"][-1]
+    assert done["status"] == "dead"
+    assert "exited with code 3" in done["reason"]

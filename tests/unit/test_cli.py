@@ -109,7 +109,7 @@ def test_serve_options_override_env_which_overrides_the_config_file(monkeypatch,
     fake_app = ModuleType("kernelgw.api.app")
     fake_app.create_app = lambda settings=None: seen.setdefault("settings", settings) or "APP"
     monkeypatch.setitem(sys.modules, "kernelgw.api.app", fake_app)
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port: seen.update(run=(host, port)))
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(run=(host, port)))
 
     config = tmp_path / "kgw.toml"
     config.write_text('host = "10.0.0.1"\nport = 9000\nmax_sessions = 7\nidle_timeout_s = 60.0\n')
