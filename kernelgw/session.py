@@ -46,8 +46,8 @@ class Published:
 
 
 @dataclass
-class Execution:
-    """One execution's progress inside the session (not the SDK's result object)."""
+class QueuedExecution:
+    """One execution as the session tracks it (the SDK's result object is kernelgw.execution.Execution)."""
 
     execution_id: str
     code: str
@@ -122,10 +122,10 @@ class KernelSession:
         self._handle: KernelHandle | None = None
         self._kc: AsyncKernelClient | None = None
         self._readers: list[asyncio.Task[None]] = []
-        self._queue: asyncio.Queue[Execution] = asyncio.Queue()
+        self._queue: asyncio.Queue[QueuedExecution] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
-        self._current: Execution | None = None
-        self._by_msg_id: dict[str, Execution] = {}
+        self._current: QueuedExecution | None = None
+        self._by_msg_id: dict[str, QueuedExecution] = {}
         self._recent_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._seq = 0
         self._replay: collections.deque[Published] = collections.deque(maxlen=config.replay_buffer)
@@ -261,7 +261,7 @@ class KernelSession:
             await asyncio.sleep(0.01)
 
     # ------------------------------------------------------------- pub/sub
-    def _publish(self, event: ev.Event, rec: Execution | None = None) -> Published:
+    def _publish(self, event: ev.Event, rec: QueuedExecution | None = None) -> Published:
         self._seq += 1
         event = event.model_copy(update={"seq": self._seq})
         pub = Published(self._seq, event, event.model_dump_json())
@@ -318,7 +318,7 @@ class KernelSession:
     def queue_length(self) -> int:
         return self._queue.qsize() + (1 if self._current is not None else 0)
 
-    def submit(self, code: str, execution_id: str | None = None, timeout: float | None = None) -> Execution:
+    def submit(self, code: str, execution_id: str | None = None, timeout: float | None = None) -> QueuedExecution:
         """Queue a cell; returns at once. Await ``execution.done`` for the end."""
         if self.state == "closed":
             raise BadRequest("The session is being deleted.")
@@ -334,7 +334,7 @@ class KernelSession:
         self._recent_ids[execution_id] = None
         while len(self._recent_ids) > 10000:
             self._recent_ids.popitem(last=False)
-        rec = Execution(execution_id=execution_id, code=code, timeout=timeout)
+        rec = QueuedExecution(execution_id=execution_id, code=code, timeout=timeout)
         self._publish(ev.Queued(execution_id=execution_id, code=code, position=self.queue_length), rec)
         self._queue.put_nowait(rec)
         self.touch()
@@ -365,7 +365,7 @@ class KernelSession:
                 self._current = None
                 self.touch()
 
-    async def _execute(self, rec: Execution) -> None:
+    async def _execute(self, rec: QueuedExecution) -> None:
         rec.started = time.monotonic()
         if self.state == "closed":
             self._finish(rec, "dead", "the session was deleted before this execution ran")
@@ -393,7 +393,7 @@ class KernelSession:
             if self.state == "busy":
                 self.state = "idle"
 
-    async def _wait(self, rec: Execution, timeout: float) -> Literal["finished", "timeout"] | KernelState:
+    async def _wait(self, rec: QueuedExecution, timeout: float) -> Literal["finished", "timeout"] | KernelState:
         """Wait for reply + idle, polling the container so a dead kernel is noticed."""
         assert self._handle is not None
         deadline = time.monotonic() + timeout
@@ -413,7 +413,7 @@ class KernelSession:
             if not state.alive:
                 return state
 
-    async def _on_timeout(self, rec: Execution) -> None:
+    async def _on_timeout(self, rec: QueuedExecution) -> None:
         assert self._handle is not None
         await self.backend.signal(self._handle, signal.SIGINT)
         outcome = await self._wait(rec, self.config.interrupt_grace_s)
@@ -440,7 +440,7 @@ class KernelSession:
             reason += f"; restarting the kernel failed ({failure}), so the session is dead"
         self._finish(rec, "timeout", reason, state_lost=True)
 
-    def _on_death(self, rec: Execution, state: KernelState) -> None:
+    def _on_death(self, rec: QueuedExecution, state: KernelState) -> None:
         self.state = "dead"
         self.dead_reason = state.describe()
         self._finish(rec, "dead", self.dead_reason + "; restart the session to continue", state_lost=True)
@@ -460,7 +460,7 @@ class KernelSession:
             self.execution_count = 0
             return None
 
-    def _finish_from_reply(self, rec: Execution) -> None:
+    def _finish_from_reply(self, rec: QueuedExecution) -> None:
         reply = rec.reply or {}
         count = reply.get("execution_count")
         if isinstance(count, int):
@@ -476,7 +476,7 @@ class KernelSession:
 
     def _finish(
         self,
-        rec: Execution,
+        rec: QueuedExecution,
         status: ev.DoneStatus,
         reason: str | None,
         *,
@@ -547,7 +547,7 @@ class KernelSession:
             rec.reply = msg.get("content") or {}
             self._check_finished(rec)
 
-    def _check_finished(self, rec: Execution) -> None:
+    def _check_finished(self, rec: QueuedExecution) -> None:
         if rec.reply is not None and rec.idle_seen:
             rec.finished.set()
 
