@@ -106,6 +106,18 @@ class Truncated(_Event):
     message: str
 
 
+class Artifact(BaseModel):
+    """A workspace file the execution created or changed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str
+    """Relative to the workspace (the kernel's working directory)."""
+    size: int
+    mime_type: str
+    change: Literal["created", "modified"]
+
+
 class Done(_Event):
     type: Literal["done"] = "done"
     status: DoneStatus
@@ -115,6 +127,8 @@ class Done(_Event):
     """Why the status is not ``ok``, in words a person or a model can act on."""
     state_lost: bool = False
     """True when the kernel was restarted, so earlier variables are gone."""
+    artifacts: list[Artifact] = Field(default_factory=list)
+    """Workspace files this execution created or changed (for UIs to offer)."""
 
 
 class Gap(_Event):

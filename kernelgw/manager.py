@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from kernelgw.backend.base import Backend, KernelSpec
 from kernelgw.config import Settings
 from kernelgw.errors import LimitExceeded, SessionLimitReached, SessionNotFound
+from kernelgw.recorder import Recorder
 from kernelgw.session import KernelSession, SessionConfig
 
 log = logging.getLogger(__name__)
@@ -33,9 +34,10 @@ class SessionOptions:
 
 
 class SessionManager:
-    def __init__(self, settings: Settings, backend: Backend) -> None:
+    def __init__(self, settings: Settings, backend: Backend, recorder: Recorder | None = None) -> None:
         self.settings = settings
         self.backend = backend
+        self.recorder = recorder
         self._sessions: dict[str, KernelSession] = {}
         self._starting = 0
         self._reaper: asyncio.Task[None] | None = None
@@ -52,8 +54,9 @@ class SessionManager:
                 await self._reaper
             except BaseException:
                 pass
-        await asyncio.gather(*(s.close() for s in list(self._sessions.values())), return_exceptions=True)
-        self._sessions.clear()
+        await asyncio.gather(
+            *(self.delete(sid, reason="gateway shutdown") for sid in list(self._sessions)), return_exceptions=True
+        )
 
     # ------------------------------------------------------------------ CRUD
     def _spec(self, session_id: str, opts: SessionOptions) -> KernelSpec:
@@ -109,11 +112,12 @@ class SessionManager:
             )
         self._starting += 1
         try:
-            session = KernelSession(session_id, spec, self.backend, self._session_config(opts))
+            session = KernelSession(session_id, spec, self.backend, self._session_config(opts), self.recorder)
             await session.start()
         finally:
             self._starting -= 1
         self._sessions[session_id] = session
+        await self._record("session_started", session)
         log.info("session %s created", session_id)
         return session
 
@@ -126,12 +130,21 @@ class SessionManager:
     def list(self) -> list[KernelSession]:
         return list(self._sessions.values())
 
-    async def delete(self, session_id: str) -> None:
+    async def delete(self, session_id: str, reason: str = "deleted") -> None:
         session = self._sessions.pop(session_id, None)
         if session is None:
             raise SessionNotFound(session_id)
         await session.close()
-        log.info("session %s deleted", session_id)
+        await self._record("session_ended", session, reason)
+        log.info("session %s %s", session_id, reason)
+
+    async def _record(self, what: str, session: KernelSession, *args: str) -> None:
+        if self.recorder is None:
+            return
+        try:
+            await getattr(self.recorder, what)(session, *args)
+        except Exception:
+            log.exception("recording %s for session %s failed", what, session.id)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -149,8 +162,7 @@ class SessionManager:
         ]
         for session_id in idle:
             try:
-                await self.delete(session_id)
-                log.info("session %s reaped after %.0fs idle", session_id, self.settings.idle_timeout_s)
+                await self.delete(session_id, reason="reaped")
             except SessionNotFound:
                 pass
         return idle

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import signal
 import time
@@ -29,11 +30,15 @@ from kernelgw import events as ev
 from kernelgw.backend.base import Backend, KernelHandle, KernelSpec, KernelState
 from kernelgw.errors import BadRequest, KernelStartFailed
 from kernelgw.iopub import payload_size, to_event
+from kernelgw.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
 SessionState = Literal["starting", "idle", "busy", "dead", "closed"]
 _OUTPUT_EVENTS = (ev.Stream, ev.Display, ev.UpdateDisplay, ev.Result)
+ARTIFACTS_EXPRESSION = "__import__('kernelgw_kernel').artifacts()"
+"""Evaluated by the kernel after a cell (a user_expression: no extra round trip).
+``kernelgw_kernel`` ships in the image; its text/plain is a JSON list of artifacts."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,9 @@ class QueuedExecution:
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     idle_seen: bool = False
     abort_reason: str | None = None
+    artifacts: list[ev.Artifact] = field(default_factory=list)
+    silent: bool = False
+    """A gateway-internal request: its iopub messages are not published."""
 
 
 class Subscription:
@@ -107,8 +115,16 @@ class SessionConfig:
 
 
 class KernelSession:
-    def __init__(self, session_id: str, spec: KernelSpec, backend: Backend, config: SessionConfig) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        spec: KernelSpec,
+        backend: Backend,
+        config: SessionConfig,
+        recorder: Recorder | None = None,
+    ) -> None:
         self.id = session_id
+        self.recorder = recorder
         self.spec = spec
         self.backend = backend
         self.config = config
@@ -364,6 +380,11 @@ class KernelSession:
             finally:
                 self._current = None
                 self.touch()
+            if self.recorder is not None:
+                try:
+                    await self.recorder.execution_finished(self, rec)
+                except Exception:
+                    log.exception("recording execution %s failed", rec.execution_id)
 
     async def _execute(self, rec: QueuedExecution) -> None:
         rec.started = time.monotonic()
@@ -375,7 +396,12 @@ class KernelSession:
             return
         self.state = "busy"
         rec.msg_id = self._kc.execute(
-            rec.code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False
+            rec.code,
+            silent=False,
+            store_history=True,
+            allow_stdin=False,
+            stop_on_error=False,
+            user_expressions={"artifacts": ARTIFACTS_EXPRESSION},
         )
         self._by_msg_id[rec.msg_id] = rec
         try:
@@ -387,6 +413,7 @@ class KernelSession:
             elif rec.abort_reason is not None:
                 self._finish(rec, "dead", rec.abort_reason, state_lost=True)
             else:
+                await self._collect_artifacts(rec)
                 self._finish_from_reply(rec)
         finally:
             self._by_msg_id.pop(rec.msg_id, None)
@@ -460,6 +487,30 @@ class KernelSession:
             self.execution_count = 0
             return None
 
+    async def _collect_artifacts(self, rec: QueuedExecution) -> None:
+        """Read the workspace changes the kernel reported for this cell.
+
+        On success they came with the reply. The kernel skips user_expressions when
+        a cell fails, so then one silent request asks again (files written before
+        the exception still count)."""
+        reply = rec.reply or {}
+        if reply.get("status") != "ok" and self._kc is not None:
+            probe = QueuedExecution(execution_id=rec.execution_id, code="", timeout=5, silent=True)
+            probe.msg_id = self._kc.execute(
+                "", silent=True, store_history=False, allow_stdin=False,
+                user_expressions={"artifacts": ARTIFACTS_EXPRESSION},
+            )
+            probe.idle_seen = True  # silent requests publish nothing we wait for
+            self._by_msg_id[probe.msg_id] = probe
+            try:
+                await asyncio.wait_for(probe.finished.wait(), 5)
+                reply = probe.reply or {}
+            except asyncio.TimeoutError:
+                return
+            finally:
+                self._by_msg_id.pop(probe.msg_id, None)
+        rec.artifacts = parse_artifacts(reply)
+
     def _finish_from_reply(self, rec: QueuedExecution) -> None:
         reply = rec.reply or {}
         count = reply.get("execution_count")
@@ -493,6 +544,7 @@ class KernelSession:
             duration_ms=round((time.monotonic() - started) * 1000, 3),
             reason=reason,
             state_lost=state_lost,
+            artifacts=rec.artifacts,
         )
         pub = self._publish(done, rec)
         assert isinstance(pub.event, ev.Done)
@@ -504,8 +556,8 @@ class KernelSession:
             msg = await kc.get_iopub_msg()
             parent = (msg.get("parent_header") or {}).get("msg_id")
             rec = self._by_msg_id.get(parent) if parent else None
-            if rec is None or rec.finished.is_set():
-                continue  # not a request we sent, or already over: ignore
+            if rec is None or rec.silent or rec.finished.is_set():
+                continue  # not a request we sent, an internal one, or already over
             event = to_event(msg, rec.execution_id)
             if event is None:
                 continue
@@ -568,3 +620,17 @@ class KernelSession:
             "last_seq": self._seq,
             "dead_reason": self.dead_reason,
         }
+
+
+def parse_artifacts(reply: dict[str, Any]) -> list[ev.Artifact]:
+    """Artifacts from an execute_reply's user_expressions; [] when absent or malformed
+    (an image without the kernel helper, or user code that replaced it)."""
+    result = (reply.get("user_expressions") or {}).get("artifacts") or {}
+    if result.get("status") != "ok":
+        return []
+    text = (result.get("data") or {}).get("text/plain", "")
+    try:
+        items = json.loads(text)
+        return [ev.Artifact.model_validate(item) for item in items][:1000]
+    except (ValueError, TypeError):
+        return []
