@@ -17,6 +17,7 @@ import asyncio
 import collections
 import json
 import logging
+import queue
 import signal
 import time
 import uuid
@@ -186,7 +187,7 @@ class KernelSession:
             while info is None and time.monotonic() < end:
                 try:
                     reply = await kc.get_shell_msg(timeout=max(0.01, end - time.monotonic()))
-                except Exception:  # queue.Empty on timeout
+                except queue.Empty:
                     break
                 if reply["parent_header"].get("msg_id") == msg_id:
                     info = reply["content"]
@@ -194,15 +195,11 @@ class KernelSession:
                 try:
                     await kc.get_iopub_msg(timeout=0.2 if info is not None else 0.01)
                     iopub_seen = True
-                except Exception:
+                except queue.Empty:
                     break
             if info is not None and iopub_seen:
-                # drain what is left of the handshake so it does not linger
-                while True:
-                    try:
-                        await kc.get_iopub_msg(timeout=0.05)
-                    except Exception:
-                        break
+                # Leftover handshake messages need no draining: the readers drop
+                # anything whose parent is not a pending execution.
                 return info
             state = await self.backend.state(self._handle)
             if not state.alive:
