@@ -7,6 +7,7 @@ environment at import time.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +15,11 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_IMAGE = "kernelgw/python:latest"
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "kernelgw"
 
 
 class Settings(BaseSettings):
@@ -67,8 +73,29 @@ class Settings(BaseSettings):
     """Events kept per session for WebSocket clients that resume."""
     subscriber_queue: int = 10000
     """Events buffered for one slow WebSocket client before it is dropped."""
+    subscriber_max_bytes: int = 64 * 1024 * 1024
+    """Bytes buffered for one slow WebSocket client before it is dropped."""
     state_poll_s: float = 0.5
     """How often a busy session asks the engine whether its container still runs."""
+
+    # --- history and storage (sessions, executions, notes; notebook export/restore)
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    """The gateway's own files; the SQLite database ``kernelgw.db`` is created here
+    on first start. Default ``$XDG_DATA_HOME/kernelgw`` (``~/.local/share/kernelgw``)."""
+    database_url: str | None = None
+    """``postgresql://user:pass@host/db`` (asyncpg) or ``sqlite:///path``; None means
+    SQLite in ``data_dir``."""
+    history_retention_days: float = Field(30.0, ge=0)
+    """History of a session is kept this long after the session ended."""
+    history_purge_interval_s: float = Field(3600.0, ge=0)
+    """How often expired history is deleted (also once at start); 0: only at start."""
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, v: str | None) -> str | None:
+        if v and not v.startswith(("sqlite", "postgresql", "postgres")):
+            raise ValueError("database_url must be a sqlite:// or postgresql:// URL")
+        return v or None
 
     @field_validator("runtime_dir")
     @classmethod

@@ -98,6 +98,7 @@ class SessionManager:
             max_output_bytes=s.max_output_bytes,
             replay_buffer=s.replay_buffer,
             subscriber_queue=s.subscriber_queue,
+            subscriber_max_bytes=s.subscriber_max_bytes,
             state_poll_s=s.state_poll_s,
         )
 

@@ -75,32 +75,44 @@ class QueuedExecution:
 
 
 class Subscription:
-    """A bounded queue of JSON texts for one WebSocket client."""
+    """A bounded queue of JSON texts for one WebSocket client.
 
-    def __init__(self, maxsize: int) -> None:
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize)
+    Bounded by count and by bytes: a client that does not keep up is dropped
+    (``overflowed``) instead of letting the gateway's memory grow.
+    """
+
+    def __init__(self, maxsize: int, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.maxsize = maxsize
+        self.max_bytes = max_bytes
+        self.queued_bytes = 0
         self.overflowed = False
         self.closed = False
 
     def offer(self, text: str) -> None:
         if self.closed:
             return
-        try:
-            self.queue.put_nowait(text)
-        except asyncio.QueueFull:
+        if self.queue.qsize() >= self.maxsize or self.queued_bytes + len(text) > self.max_bytes:
             self.overflowed = True
             self.close()
+            return
+        self.queued_bytes += len(text)
+        self.queue.put_nowait(text)
+
+    async def get(self) -> str | None:
+        """The next text, or None once the subscription is closed."""
+        if self.closed and self.overflowed:
+            return None  # dropped: what is still queued is not worth sending
+        text = await self.queue.get()
+        if text is not None:
+            self.queued_bytes -= len(text)
+        return text
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        try:
-            self.queue.put_nowait(None)
-        except asyncio.QueueFull:
-            # make room for the end marker: the client is dropped anyway
-            self.queue.get_nowait()
-            self.queue.put_nowait(None)
+        self.queue.put_nowait(None)
 
 
 @dataclass
@@ -113,6 +125,7 @@ class SessionConfig:
     replay_buffer: int
     subscriber_queue: int
     state_poll_s: float
+    subscriber_max_bytes: int = 64 * 1024 * 1024
 
 
 class KernelSession:
@@ -293,7 +306,7 @@ class KernelSession:
         Replay and registration happen without an await in between, so no event
         is missed or delivered twice.
         """
-        sub = Subscription(self.config.subscriber_queue)
+        sub = Subscription(self.config.subscriber_queue, self.config.subscriber_max_bytes)
         if last_seq is not None and last_seq < self._seq:
             oldest = self._replay[0].seq if self._replay else self._seq + 1
             if oldest > last_seq + 1:

@@ -56,7 +56,7 @@ async def session_ws(websocket: WebSocket, session_id: str, last_seq: int | None
 
 async def _send_events(websocket: WebSocket, sub: Subscription) -> None:
     while True:
-        text = await sub.queue.get()
+        text = await sub.get()
         if text is None:
             return
         await websocket.send_text(text)

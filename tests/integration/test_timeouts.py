@@ -107,3 +107,19 @@ def test_kernel_exit_is_reported_with_its_code(http: httpx.Client, session_id: s
     done = run(http, session_id, "import os\nos._exit(3)")["events"][-1]
     assert done["status"] == "dead"
     assert "exited with code 3" in done["reason"]
+
+
+def test_restart_while_a_cell_runs_ends_it_as_dead_with_state_lost(http: httpx.Client, session_id: str) -> None:
+    results: list[dict] = []
+    worker = threading.Thread(target=lambda: results.append(run(http, session_id, "import time\ntime.sleep(60)")))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while http.get(f"/v1/sessions/{session_id}").json()["state"] != "busy":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert http.post(f"/v1/sessions/{session_id}/restart").status_code == 200
+    worker.join(timeout=30)
+    done = results[0]["events"][-1]
+    assert done["status"] == "dead" and done["state_lost"] is True
+    assert "restarted" in done["reason"]
+    assert stdout(run(http, session_id, "print('fresh')")) == "fresh\n"

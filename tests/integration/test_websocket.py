@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from tests.integration.conftest import RunningGateway
+from tests.integration.conftest import RunningGateway, run
 
 pytestmark = pytest.mark.integration
 
@@ -115,3 +119,51 @@ def test_deleting_the_session_closes_its_websockets(
         with pytest.raises(ConnectionClosed) as info:
             ws.recv(timeout=10)
     assert info.value.rcvd is not None and info.value.rcvd.code == 1001
+
+
+def _raw_ws_that_never_reads(ws_url: str) -> socket.socket:
+    """A WebSocket client that completes the handshake and then never reads: the
+    slowest consumer there is. (Client libraries read into memory on their own.)"""
+    parts = urlsplit(ws_url)
+    sock = socket.create_connection((parts.hostname, parts.port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    response = b""
+    while b"\r\n\r\n" not in response:
+        response += sock.recv(1)
+    assert response.startswith(b"HTTP/1.1 101"), response
+    return sock
+
+
+def test_slow_watcher_is_dropped_and_never_blocks_the_kernel_or_others(gateway: RunningGateway) -> None:
+    from tests.integration.conftest import gateway_settings, start_gateway
+
+    gw = start_gateway(gateway_settings(
+        gateway_name=f"{gateway.settings.gateway_name}s", subscriber_queue=20, max_output_bytes=200_000_000
+    ))
+    try:
+        with httpx.Client(base_url=gw.url, timeout=120) as http:
+            sid = http.post("/v1/sessions", json={}).json()["id"]
+            url = f"{gw.ws_url}/v1/sessions/{sid}/ws"
+            slow = _raw_ws_that_never_reads(url)
+            try:
+                with connect(url, max_size=None) as fast:
+                    assert http.get(f"/v1/sessions/{sid}").json()["subscribers"] == 2
+                    # 60 MB: far more than the socket buffers hold for the slow client
+                    code = "for i in range(300):\n    print('x' * 200_000, flush=True)"
+                    fast.send(json.dumps({"type": "execute", "code": code, "execution_id": "flood"}))
+                    events = _until_done(fast, "flood")
+                    assert events[-1]["status"] == "ok"
+                    streamed = "".join(e["text"] for e in events if e["type"] == "stream")
+                    assert len(streamed) == 300 * 200_001  # the fast watcher saw every line
+                    # the slow one was dropped once its bounded backlog was full
+                    assert http.get(f"/v1/sessions/{sid}").json()["subscribers"] == 1
+                    assert run(http, sid, "1 + 1")["status"] == "ok"
+            finally:
+                slow.close()
+    finally:
+        gw.stop()

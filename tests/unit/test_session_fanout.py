@@ -74,6 +74,19 @@ async def test_slow_subscriber_is_dropped_without_affecting_others() -> None:
     assert slow.overflowed and slow.closed
     assert session.subscriber_count == 1
     assert [e["seq"] for e in fast_seen] == list(range(1, 11))
-    # the dropped client's queue ends with the close marker
-    items = [slow.queue.get_nowait() for _ in range(slow.queue.qsize())]
-    assert items[-1] is None
+    # a dropped client gets nothing more, not even its stale backlog
+    assert await slow.get() is None
+
+
+async def test_subscriber_is_bounded_by_bytes_too() -> None:
+    sub = Subscription(maxsize=1000, max_bytes=100)
+    sub.offer("x" * 60)
+    assert not sub.overflowed
+    sub.offer("y" * 60)
+    assert sub.overflowed and sub.closed
+    # consuming frees the budget on a live subscription
+    live = Subscription(maxsize=1000, max_bytes=100)
+    live.offer("x" * 60)
+    assert await live.get() == "x" * 60
+    live.offer("y" * 60)
+    assert not live.overflowed and live.queued_bytes == 60
