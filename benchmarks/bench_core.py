@@ -67,7 +67,7 @@ class Gateway:
                 return
             except httpx.TransportError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the gateway did not start")
+                    raise RuntimeError("the gateway did not start") from None
                 time.sleep(0.1)
 
     def stop(self) -> None:
@@ -227,7 +227,7 @@ def draw_chart(result: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 3.6))
     y = range(len(rows))
     ax.barh(y, p50, color=["#888" if "floor" in n else "#3572A5" for n in names])
-    ax.errorbar(p50, y, xerr=[[0] * len(rows), [b - a for a, b in zip(p50, p95)]], fmt="none", ecolor="black",
+    ax.errorbar(p50, y, xerr=[[0] * len(rows), [b - a for a, b in zip(p50, p95, strict=True)]], fmt="none", ecolor="black",
                 capsize=3)
     ax.set_yticks(list(y), names)
     ax.invert_yaxis()

@@ -3,7 +3,8 @@
     kernelgw serve [--host H] [--port P] [--config FILE]
     kernelgw image build [--tag T] [--base auto|debootstrap|IMAGE] [--force]
     kernelgw run [CODE | -] [--server URL] [--session ID] [--timeout S]
-                 [--save-images DIR] [--keep]
+                 [--save-images DIR] [--keep] [--upload FILE ...] [--save-artifacts DIR]
+    kernelgw export SESSION [-o OUT.ipynb] [--server URL]
 """
 
 from __future__ import annotations
@@ -170,6 +171,20 @@ def _read_code(code: str | None) -> str:
     help="Save PNG images as DIR/<execution_id>-<n>.png.",
 )
 @click.option("--keep", is_flag=True, help="Keep the new session and print its id.")
+@click.option(
+    "--upload",
+    "uploads",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Upload FILE into the workspace (under its name) before running; repeatable.",
+)
+@click.option(
+    "--save-artifacts",
+    "artifacts_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Download the files the code created or changed in the workspace into DIR.",
+)
 def run(
     code: str | None,
     server: str,
@@ -177,11 +192,14 @@ def run(
     timeout: float | None,
     save_dir: Path | None,
     keep: bool,
+    uploads: tuple[Path, ...],
+    artifacts_dir: Path | None,
 ) -> None:
     """Run code in a session and stream its output.
 
     CODE is Python source; with '-' or no CODE it is read from stdin. Without
     --session a new session is created, and deleted afterwards unless --keep.
+    Files the code creates or changes in the workspace are listed on stderr.
 
     Exit status: 0 ok, 1 the code raised, 2 timeout / interrupted / kernel died,
     3 the gateway failed or could not be reached.
@@ -208,18 +226,23 @@ def run(
                 session = client.get_session(session_id)
             else:
                 session = client.create_session()
+            for local in uploads:
+                session.upload(local)
+            artifacts: list[Any] = []
             try:
                 for event in session.stream(source, timeout=timeout):
                     if event.type == "done":
                         status, reason = event.status, event.reason
                         if event.state_lost:
                             reason = (reason + "; " if reason else "") + "kernel state was lost"
+                        artifacts = list(event.artifacts)
                     else:
                         printer.event(event)
             except KeyboardInterrupt:
                 session.interrupt()
                 click.echo("\ninterrupted", err=True)
                 sys.exit(EXIT_SIGINT)
+            _artifacts(session, artifacts, artifacts_dir)
         except (KernelGWError, httpx.HTTPError, OSError) as exc:
             click.echo(f"kernelgw: {_describe(exc, server)}", err=True)
             sys.exit(EXIT_GATEWAY)
@@ -238,6 +261,27 @@ def run(
     sys.exit(EXIT_ABORTED)
 
 
+def _artifacts(session: Any, artifacts: list[Any], save_dir: Path | None) -> None:
+    """List the files the code wrote; with ``save_dir``, download them there."""
+    from .workspace import validate_path
+
+    for artifact in artifacts:
+        where = ""
+        if save_dir is not None:
+            try:
+                rel = validate_path(artifact.path)  # the kernel reported it: never trust it
+            except KernelGWError:
+                click.echo(f"[artifact with an unsafe path skipped: {artifact.path!r}]", err=True)
+                continue
+            target = save_dir.joinpath(*rel.split("/"))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            session.download(rel, target)
+            where = f" -> {target}"
+        click.echo(
+            f"[{artifact.change}: {artifact.path} ({artifact.size} bytes, {artifact.mime_type}){where}]", err=True
+        )
+
+
 def _describe(exc: BaseException, server: str) -> str:
     import httpx
 
@@ -251,6 +295,54 @@ def _quiet_delete(session: Any) -> None:
         session.delete(missing_ok=True)
     except Exception as exc:  # noqa: BLE001 - cleanup must not hide the real outcome
         click.echo(f"kernelgw: could not delete session {session.id}: {exc}", err=True)
+
+
+# ----------------------------------------------------------------------- export
+
+
+@main.command()
+@click.argument("session_id", metavar="SESSION")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the notebook here (default: stdout).",
+)
+@click.option(
+    "--server",
+    envvar="KERNELGW_URL",
+    default="http://127.0.0.1:8000",
+    show_default=True,
+    help="Gateway URL [env KERNELGW_URL].",
+)
+def export(session_id: str, output: Path | None, server: str) -> None:
+    """Export a session (live, or deleted while its history is kept) as a notebook.
+
+    One code cell per execution with its outputs, notes as markdown cells.
+    """
+    import json
+
+    import httpx
+
+    from .client import Client
+
+    try:
+        client = Client(server)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--server") from exc
+    with client:
+        try:
+            notebook = client.export_notebook(session_id, output)
+        except (KernelGWError, httpx.HTTPError, OSError) as exc:
+            click.echo(f"kernelgw: {_describe(exc, server)}", err=True)
+            sys.exit(EXIT_GATEWAY)
+    if output is None:
+        click.echo(json.dumps(notebook, indent=1, ensure_ascii=False))
+    else:
+        cells = notebook.get("cells", [])
+        code = sum(1 for c in cells if c.get("cell_type") == "code")
+        click.echo(f"wrote {output} ({code} code cells, {len(cells) - code} notes)", err=True)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,16 @@ exceptions.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, NoReturn, TypeVar
+from pathlib import Path
+from typing import Any, Generic, NoReturn, TypeVar, Union
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 import httpx
@@ -38,11 +41,14 @@ from websockets.sync.client import connect as _connect
 from .errors import ClientError
 from .events import Done, Event, Gap, ProtocolError, parse_event
 from .execution import Execution
+from .packages import ImageList, InstallResult
+from .workspace import FileEntry, FileList, UploadResult
 
 __all__ = [
     "AsyncClient",
     "AsyncSession",
     "Client",
+    "ReplayedCell",
     "Session",
     "SessionInfo",
     "DEFAULT_URL",
@@ -53,6 +59,9 @@ DEFAULT_TIMEOUT = 30.0
 """Seconds for ordinary requests."""
 START_TIMEOUT = 120.0
 """Seconds for requests that start a kernel (create, restart)."""
+INSTALL_TIMEOUT = 900.0
+"""Read timeout of a package install (resolving, downloading, installing)."""
+FILE_CHUNK = 1 << 20
 EXECUTE_MARGIN = 90.0
 """Added to an execution's timeout for the HTTP read timeout of ``/execute``: a
 timed-out kernel gets an interrupt grace period and may be restarted before the
@@ -86,6 +95,40 @@ class SessionInfo(BaseModel):
     """The session's latest event sequence number."""
     dead_reason: str | None = None
     """Why the kernel died, when ``state`` is ``dead``."""
+    replay: list[ReplayedCell] | None = None
+    """Only in the answer to a restore (``notebook=`` / ``from_session=``)."""
+
+
+# --- history, notebooks and restore
+
+
+class ReplayedCell(BaseModel):
+    """How one code cell fared when a session was restored from a notebook or history."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    index: int
+    """The cell's index in the notebook's ``cells`` (from_session: the execution's position)."""
+    status: str
+    """ok, error, timeout, interrupted, dead, or skipped (not run; ``reason`` says why)."""
+    execution_count: int | None = None
+    ename: str | None = None
+    evalue: str | None = None
+    reason: str | None = None
+    duration_ms: float | None = None
+
+
+NotebookSource = Union[Mapping[str, Any], str, "os.PathLike[str]"]
+"""A notebook as decoded JSON, or the path of an .ipynb file."""
+
+
+def _notebook_json(notebook: NotebookSource) -> dict[str, Any]:
+    if isinstance(notebook, Mapping):
+        return dict(notebook)
+    data = json.loads(Path(notebook).read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"{notebook} does not hold a notebook (a JSON object)")
+    return data
 
 
 # ----------------------------------------------------------------- pure helpers
@@ -178,6 +221,10 @@ class _Call(Generic[T]):
     timeout: Any = httpx.USE_CLIENT_DEFAULT
     allow: frozenset[int] = field(default_factory=frozenset)
     """Non-2xx statuses passed to ``parse`` instead of raising."""
+    content: Any = None
+    """A raw request body (bytes, a file, or an (async) iterator of bytes) instead of ``json``."""
+    params: Any = None
+    headers: Any = None
 
     def finish(self, response: httpx.Response) -> T:
         if response.is_success or response.status_code in self.allow:
@@ -262,6 +309,8 @@ class _BaseClient:
         env: Mapping[str, str] | None,
         image: str | None,
         timeout: float | None,
+        notebook: NotebookSource | None = None,
+        from_session: str | None = None,
     ) -> _Call[Any]:
         body = {
             k: v
@@ -271,15 +320,19 @@ class _BaseClient:
                 "env": dict(env) if env is not None else None,
                 "image": image,
                 "timeout": timeout,
+                "notebook": _notebook_json(notebook) if notebook is not None else None,
+                "from_session": from_session,
             }.items()
             if v is not None
         }
+        restoring = notebook is not None or from_session is not None
         return _Call(
             "POST",
             "/v1/sessions",
             lambda r: self._session(SessionInfo.model_validate(r.json()), timeout),
             json=body,
-            timeout=self._start_timeout(),
+            # a restore answers after replaying every cell: no read timeout here
+            timeout=httpx.Timeout(self.timeout, read=None) if restoring else self._start_timeout(),
         )
 
     def _get_call(self, session_id: str) -> _Call[Any]:
@@ -295,6 +348,9 @@ class _BaseClient:
             "/v1/sessions",
             lambda r: [self._session(SessionInfo.model_validate(s)) for s in r.json()["sessions"]],
         )
+
+    def _images_call(self) -> _Call[ImageList]:
+        return _Call("GET", "/v1/images", lambda r: ImageList.model_validate(r.json()))
 
     def _health_call(self) -> _Call[dict[str, Any]]:
         # A degraded gateway answers 503 with its health report: return it.
@@ -314,6 +370,8 @@ class _SessionBase(Generic[C]):
         """The session as last reported by the gateway (see ``info()``)."""
         self.default_timeout = default_timeout
         """The per-execution timeout the session was created with, if known."""
+        self.replay: list[ReplayedCell] | None = info.replay
+        """For a restored session: how each code cell fared (else None)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self.id!r}, state={self.last_info.state!r})"
@@ -363,6 +421,96 @@ class _SessionBase(Generic[C]):
 
     def _stream_state(self, code: str, timeout: float | None) -> _StreamState:
         return _StreamState(self._client, self.id, code, timeout)
+
+    # --- history, notebooks
+
+    def _notebook_call(self, path: str | os.PathLike[str] | None) -> _Call[dict[str, Any]]:
+        return _notebook_call(self.id, path)
+
+    def _note_call(self, markdown: str) -> _Call[dict[str, Any]]:
+        return _Call(
+            "POST", _session_path(self.id, "/notes"), lambda r: r.json(), json={"markdown": markdown}
+        )
+
+    def _history_call(self) -> _Call[list[Execution]]:
+        return _history_call(self.id)
+
+    # --- workspace files and packages
+
+    def _file_path(self, remote: str) -> str:
+        # '.' and '..' are escaped so that no HTTP client drops them from the URL:
+        # the gateway sees them and refuses the path with a clear 400
+        parts = [quote(p, safe="") if p not in (".", "..") else p.replace(".", "%2E") for p in remote.split("/")]
+        return _session_path(self.id, "/files/" + "/".join(parts))
+
+    def _upload_call(self, remote: str, content: Any, length: int) -> _Call[UploadResult]:
+        return _Call(
+            "PUT",
+            self._file_path(remote),
+            lambda r: UploadResult.model_validate(r.json()),
+            content=content,
+            headers={"content-length": str(length), "content-type": "application/octet-stream"},
+        )
+
+    def _files_call(self, path: str, recursive: bool) -> _Call[list[FileEntry]]:
+        return _Call(
+            "GET",
+            _session_path(self.id, "/files"),
+            lambda r: FileList.model_validate(r.json()).entries,
+            params={"path": path, "recursive": "true" if recursive else "false"},
+        )
+
+    def _delete_file_call(self, remote: str) -> _Call[None]:
+        return _Call("DELETE", self._file_path(remote), _no_content)
+
+    def _install_call(self, packages: str | list[str]) -> _Call[InstallResult]:
+        names = [packages] if isinstance(packages, str) else list(packages)
+        return _Call(
+            "POST",
+            _session_path(self.id, "/packages"),
+            lambda r: InstallResult.model_validate(r.json()),
+            json={"packages": names},
+            timeout=httpx.Timeout(self._client.timeout, read=INSTALL_TIMEOUT),
+        )
+
+
+def _upload_source(source: str | os.PathLike[str] | bytes, remote: str | None) -> tuple[str, Path | bytes]:
+    """(remote path, local file or bytes) for ``upload``; a file keeps its name."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        if remote is None:
+            raise ValueError("upload(bytes) needs the remote path, e.g. upload(data, 'data.csv')")
+        return remote, bytes(source)
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file to upload: {path}")
+    return remote if remote is not None else path.name, path
+
+
+def _raise_for_download(response: httpx.Response, body: bytes) -> None:
+    if not response.is_success:
+        raise error_from_response(response.status_code, body, response.reason_phrase)
+
+
+def _partial_path(local: Path) -> Path:
+    """Where a download is written until it is complete (then renamed)."""
+    return local.with_name(f".{local.name}.part")
+
+
+def _notebook_call(session_id: str, path: str | os.PathLike[str] | None) -> _Call[dict[str, Any]]:
+    def parse(response: httpx.Response) -> dict[str, Any]:
+        if path is not None:
+            Path(path).write_bytes(response.content)
+        return response.json()  # type: ignore[no-any-return]
+
+    return _Call("GET", _session_path(session_id, "/notebook"), parse)
+
+
+def _history_call(session_id: str) -> _Call[list[Execution]]:
+    return _Call(
+        "GET",
+        _session_path(session_id, "/history"),
+        lambda r: [Execution(e["events"], execution_id=e["execution_id"]) for e in r.json()["executions"]],
+    )
 
 
 class _StreamState:
@@ -507,6 +655,64 @@ class Session(_SessionBase["Client"]):
     def delete(self, *, missing_ok: bool = False) -> None:
         self._client._send(self._delete_call(missing_ok))
 
+    def export_notebook(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """The session as an nbformat v4 notebook (a dict); also written to ``path``
+        as an .ipynb file when given. Works after the session was deleted."""
+        return self._client._send(self._notebook_call(path))
+
+    def add_note(self, markdown: str) -> dict[str, Any]:
+        """Add a markdown cell to the session's notebook at the current position."""
+        return self._client._send(self._note_call(markdown))
+
+    def history(self) -> list[Execution]:
+        """Every stored execution of the session, oldest first (``.code``,
+        ``.status``, ``.outputs``, ...). Works after the session was deleted."""
+        return self._client._send(self._history_call())
+
+    # --- workspace files and packages
+
+    def upload(self, source: str | os.PathLike[str] | bytes, remote: str | None = None) -> UploadResult:
+        """Write a local file (streamed, never read whole) or ``bytes`` to ``remote``
+        in the session's workspace (default: the file's name). Its parent
+        directories are made; an existing file is replaced."""
+        remote, data = _upload_source(source, remote)
+        if isinstance(data, bytes):
+            return self._client._send(self._upload_call(remote, data, len(data)))
+        with data.open("rb") as f:
+            return self._client._send(self._upload_call(remote, f, os.fstat(f.fileno()).st_size))
+
+    def download(self, remote: str, local_path: str | os.PathLike[str] | None = None) -> bytes | Path:
+        """A workspace file: its bytes, or with ``local_path`` streamed into that
+        file (written whole or not at all) and its ``Path`` returned."""
+        with self._client._http.stream("GET", self._client._url(self._file_path(remote))) as r:
+            if local_path is None or not r.is_success:
+                body = r.read()
+                _raise_for_download(r, body)
+                return body
+            local = Path(local_path)
+            part = _partial_path(local)
+            try:
+                with part.open("wb") as f:
+                    for chunk in r.iter_bytes(FILE_CHUNK):
+                        f.write(chunk)
+                part.replace(local)
+            finally:
+                part.unlink(missing_ok=True)
+            return local
+
+    def files(self, path: str = "", *, recursive: bool = False) -> list[FileEntry]:
+        """The workspace's entries (``path``: a directory in it), with type, size, mtime."""
+        return self._client._send(self._files_call(path, recursive))
+
+    def delete_file(self, remote: str) -> None:
+        """Remove a workspace file, a directory with its contents, or a symlink itself."""
+        self._client._send(self._delete_file_call(remote))
+
+    def install(self, packages: str | list[str]) -> InstallResult:
+        """Install packages the gateway allows (and their dependencies) into the
+        session, offline: they import in the next cell, no restart."""
+        return self._client._send(self._install_call(packages))
+
     def __enter__(self) -> Session:
         return self
 
@@ -538,7 +744,8 @@ class Client(_BaseClient):
 
     def _send(self, call: _Call[T]) -> T:
         response = self._http.request(
-            call.method, self._url(call.path), json=call.json, timeout=call.timeout
+            call.method, self._url(call.path), json=call.json, timeout=call.timeout,
+            content=call.content, params=call.params, headers=call.headers,
         )
         return call.finish(response)
 
@@ -550,10 +757,19 @@ class Client(_BaseClient):
         env: Mapping[str, str] | None = None,
         image: str | None = None,
         timeout: float | None = None,
+        notebook: NotebookSource | None = None,
+        from_session: str | None = None,
     ) -> Session:
-        """Start a kernel. ``timeout`` is the session's default per-execution timeout."""
+        """Start a kernel. ``timeout`` is the session's default per-execution timeout.
+
+        Restore: with ``notebook`` (a dict or an .ipynb path) or ``from_session`` (the
+        id of a stored, possibly deleted session) the code cells are replayed in the
+        new kernel first; ``session.replay`` says how each cell fared."""
         return self._send(
-            self._create_call(memory_mb=memory_mb, cpus=cpus, env=env, image=image, timeout=timeout)
+            self._create_call(
+                memory_mb=memory_mb, cpus=cpus, env=env, image=image, timeout=timeout,
+                notebook=notebook, from_session=from_session,
+            )
         )
 
     @contextlib.contextmanager
@@ -565,10 +781,13 @@ class Client(_BaseClient):
         env: Mapping[str, str] | None = None,
         image: str | None = None,
         timeout: float | None = None,
+        notebook: NotebookSource | None = None,
+        from_session: str | None = None,
     ) -> Iterator[Session]:
         """A new session, deleted when the ``with`` block ends."""
         with self.create_session(
-            memory_mb=memory_mb, cpus=cpus, env=env, image=image, timeout=timeout
+            memory_mb=memory_mb, cpus=cpus, env=env, image=image, timeout=timeout,
+            notebook=notebook, from_session=from_session,
         ) as session:
             yield session
 
@@ -577,6 +796,19 @@ class Client(_BaseClient):
 
     def list_sessions(self) -> list[Session]:
         return self._send(self._list_call())
+
+    def export_notebook(self, session_id: str, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """The notebook of any session with stored history, live or deleted."""
+        return self._send(_notebook_call(session_id, path))
+
+    def history(self, session_id: str) -> list[Execution]:
+        """The stored executions of any session, live or deleted."""
+        return self._send(_history_call(session_id))
+
+    def images(self) -> ImageList:
+        """The kernel images sessions may use, their preinstalled packages, and
+        the packages sessions may install."""
+        return self._send(self._images_call())
 
     def health(self) -> dict[str, Any]:
         return self._send(self._health_call())
@@ -629,6 +861,56 @@ class AsyncSession(_SessionBase["AsyncClient"]):
     async def delete(self, *, missing_ok: bool = False) -> None:
         await self._client._send(self._delete_call(missing_ok))
 
+    async def export_notebook(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        return await self._client._send(self._notebook_call(path))
+
+    async def add_note(self, markdown: str) -> dict[str, Any]:
+        return await self._client._send(self._note_call(markdown))
+
+    async def history(self) -> list[Execution]:
+        return await self._client._send(self._history_call())
+
+    # --- workspace files and packages
+
+    async def upload(self, source: str | os.PathLike[str] | bytes, remote: str | None = None) -> UploadResult:
+        remote, data = _upload_source(source, remote)
+        if isinstance(data, bytes):
+            return await self._client._send(self._upload_call(remote, data, len(data)))
+        with data.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+
+            async def chunks() -> AsyncIterator[bytes]:
+                while chunk := await asyncio.to_thread(f.read, FILE_CHUNK):
+                    yield chunk
+
+            return await self._client._send(self._upload_call(remote, chunks(), size))
+
+    async def download(self, remote: str, local_path: str | os.PathLike[str] | None = None) -> bytes | Path:
+        async with self._client._http.stream("GET", self._client._url(self._file_path(remote))) as r:
+            if local_path is None or not r.is_success:
+                body = await r.aread()
+                _raise_for_download(r, body)
+                return body
+            local = Path(local_path)
+            part = _partial_path(local)
+            try:
+                with part.open("wb") as f:
+                    async for chunk in r.aiter_bytes(FILE_CHUNK):
+                        await asyncio.to_thread(f.write, chunk)
+                part.replace(local)
+            finally:
+                part.unlink(missing_ok=True)
+            return local
+
+    async def files(self, path: str = "", *, recursive: bool = False) -> list[FileEntry]:
+        return await self._client._send(self._files_call(path, recursive))
+
+    async def delete_file(self, remote: str) -> None:
+        await self._client._send(self._delete_file_call(remote))
+
+    async def install(self, packages: str | list[str]) -> InstallResult:
+        return await self._client._send(self._install_call(packages))
+
     async def __aenter__(self) -> AsyncSession:
         return self
 
@@ -655,7 +937,8 @@ class AsyncClient(_BaseClient):
 
     async def _send(self, call: _Call[T]) -> T:
         response = await self._http.request(
-            call.method, self._url(call.path), json=call.json, timeout=call.timeout
+            call.method, self._url(call.path), json=call.json, timeout=call.timeout,
+            content=call.content, params=call.params, headers=call.headers,
         )
         return call.finish(response)
 
@@ -667,9 +950,14 @@ class AsyncClient(_BaseClient):
         env: Mapping[str, str] | None = None,
         image: str | None = None,
         timeout: float | None = None,
+        notebook: NotebookSource | None = None,
+        from_session: str | None = None,
     ) -> AsyncSession:
         return await self._send(
-            self._create_call(memory_mb=memory_mb, cpus=cpus, env=env, image=image, timeout=timeout)
+            self._create_call(
+                memory_mb=memory_mb, cpus=cpus, env=env, image=image, timeout=timeout,
+                notebook=notebook, from_session=from_session,
+            )
         )
 
     @contextlib.asynccontextmanager
@@ -681,9 +969,12 @@ class AsyncClient(_BaseClient):
         env: Mapping[str, str] | None = None,
         image: str | None = None,
         timeout: float | None = None,
+        notebook: NotebookSource | None = None,
+        from_session: str | None = None,
     ) -> AsyncIterator[AsyncSession]:
         async with await self.create_session(
-            memory_mb=memory_mb, cpus=cpus, env=env, image=image, timeout=timeout
+            memory_mb=memory_mb, cpus=cpus, env=env, image=image, timeout=timeout,
+            notebook=notebook, from_session=from_session,
         ) as session:
             yield session
 
@@ -692,6 +983,17 @@ class AsyncClient(_BaseClient):
 
     async def list_sessions(self) -> list[AsyncSession]:
         return await self._send(self._list_call())
+
+    async def export_notebook(
+        self, session_id: str, path: str | os.PathLike[str] | None = None
+    ) -> dict[str, Any]:
+        return await self._send(_notebook_call(session_id, path))
+
+    async def history(self, session_id: str) -> list[Execution]:
+        return await self._send(_history_call(session_id))
+
+    async def images(self) -> ImageList:
+        return await self._send(self._images_call())
 
     async def health(self) -> dict[str, Any]:
         return await self._send(self._health_call())

@@ -45,7 +45,8 @@ class Settings(BaseSettings):
     kernel_gid: int = 1000
 
     # --- limits: defaults for a session, and the most a session may ask for
-    memory_mb: int = 1024
+    memory_mb: int = 2048
+    """tmpfs pages (/tmp, /workspace, packages, shm) count against this limit."""
     max_memory_mb: int = 4096
     cpus: float = 1.0
     max_cpus: float = 2.0
@@ -89,6 +90,37 @@ class Settings(BaseSettings):
     """History of a session is kept this long after the session ended."""
     history_purge_interval_s: float = Field(3600.0, ge=0)
     """How often expired history is deleted (also once at start); 0: only at start."""
+
+    # --- workspace files and offline packages
+    max_upload_bytes: int = Field(256 * 1024 * 1024, gt=0)
+    """Largest file one upload may write (413 beyond it)."""
+    workspace_quota_bytes: int | None = Field(None, gt=0)
+    """Most a session's workspace may hold; None: the size of its tmpfs
+    (``workspace_size_mb``). An upload that would pass it gets 413."""
+    file_io_timeout_s: float = Field(120.0, gt=0)
+    """How long a file transfer may stall (no byte moving) before it fails."""
+    package_allowlist: list[str] = Field(default_factory=list)
+    """What sessions may install (POST .../packages): names, each optionally with a
+    version specifier (``"sympy"``, ``"tabulate>=0.9"``). Their dependencies come
+    along. Empty: installing is off."""
+    wheel_cache_dir: Path | None = None
+    """Wheels for session installs, in ``<python>-<machine>/`` subdirectories (the
+    image build's cache). None: ``$XDG_CACHE_HOME/kernelgw/wheels``. An offline
+    gateway installs only what is here."""
+    package_download: bool = True
+    """Whether the gateway may download wheels missing from the cache (on the
+    host, with pip; the sandbox never gets network)."""
+    packages_size_mb: int = Field(256, gt=0)
+    """Size of each session's package tmpfs (counts against its memory)."""
+    package_install_timeout_s: float = Field(300.0, gt=0)
+
+    @field_validator("package_allowlist")
+    @classmethod
+    def _valid_allowlist(cls, v: list[str]) -> list[str]:
+        from kernelgw.packages import parse_allowlist
+
+        parse_allowlist(v)  # raises ValueError naming the bad entry
+        return v
 
     @field_validator("database_url")
     @classmethod

@@ -2,9 +2,16 @@
 
     KernelGWError
     ├── BadRequest                 400
-    │   └── LimitExceeded          400  (asked for more than the gateway allows)
+    │   ├── LimitExceeded          400  (asked for more than the gateway allows)
+    │   ├── InvalidPath            400  (workspace path: absolute, .., NUL, symlink, ...)
+    │   └── PackageNotAllowed      400  (not on the gateway's package allowlist)
     ├── PayloadTooLarge            413
+    │   └── QuotaExceeded          413  (per-file or workspace quota, or tmpfs full)
+    ├── FileNotFoundInWorkspace    404
+    ├── PackageUnavailable         422  (allowed, but no wheel fits / resolution failed)
+    ├── PackageInstallFailed       500  (pip failed inside the container)
     ├── SessionNotFound            404
+    ├── HistoryNotFound            404  (no stored history for that session id)
     ├── SessionBusy                409
     ├── SessionLimitReached        429
     ├── KernelDied                 409  (the kernel is gone; restart the session)
@@ -12,6 +19,7 @@
     │   ├── EngineUnavailable      503  (Docker engine not answering)
     │   ├── ImageNotFound          503
     │   └── KernelStartFailed      503
+    ├── StorageUnavailable         503  (the history database does not answer)
     └── ClientError                (SDK side) an HTTP error answer from a gateway
 """
 
@@ -56,6 +64,18 @@ class SessionNotFound(KernelGWError):
         self.session_id = session_id
 
 
+class HistoryNotFound(KernelGWError):
+    status_code = 404
+    code = "history_not_found"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"No history for session {session_id!r}: no such session was recorded, or its "
+            "history was purged after the gateway's retention period (history_retention_days)."
+        )
+        self.session_id = session_id
+
+
 class SessionBusy(KernelGWError):
     status_code = 409
     code = "session_busy"
@@ -86,6 +106,44 @@ class ImageNotFound(BackendError):
 
 class KernelStartFailed(BackendError):
     code = "kernel_start_failed"
+
+
+class StorageUnavailable(KernelGWError):
+    status_code = 503
+    code = "storage_unavailable"
+
+
+# --- workspace files and packages
+
+
+class InvalidPath(BadRequest):
+    code = "invalid_path"
+
+
+class QuotaExceeded(PayloadTooLarge):
+    code = "quota_exceeded"
+
+
+class FileNotFoundInWorkspace(KernelGWError):
+    status_code = 404
+    code = "file_not_found"
+
+
+class PackageNotAllowed(BadRequest):
+    code = "package_not_allowed"
+
+
+class PackageUnavailable(KernelGWError):
+    status_code = 422
+    code = "package_unavailable"
+
+
+class PackageInstallFailed(KernelGWError):
+    status_code = 500
+    code = "package_install_failed"
+
+
+# ---
 
 
 class ClientError(KernelGWError):

@@ -8,8 +8,8 @@ The build never needs network access from inside Docker:
    and ``docker import`` when missing). ``base="debootstrap"`` forces the
    latter; anything else is an image name used as it is.
 2. Hash the build inputs (Dockerfile, requirements.txt, start-kernel, the
-   base image id). When ``tag`` already carries that hash in its
-   ``kernelgw.build-hash`` label the build is a no-op.
+   kernelgw_kernel package, the base image id). When ``tag`` already carries
+   that hash in its ``kernelgw.build-hash`` label the build is a no-op.
 3. Ask the base image for its Python version, architecture and glibc, and
    ``pip download`` binary wheels for exactly that target on the host (cached
    in ``~/.cache/kernelgw/wheels/<pyver>-<arch>``).
@@ -67,7 +67,14 @@ STAGE_LABEL = "kernelgw.stage"
 # Bump when the way the image is built changes in a way the hashed files do
 # not show (e.g. the wheel download options), to force one rebuild.
 BUILD_FORMAT = "1"
-CONTEXT_FILES = ("Dockerfile", "requirements.txt", "start-kernel")
+CONTEXT_FILES = (
+    "Dockerfile",
+    "requirements.txt",
+    "start-kernel",
+    "kernelgw_kernel/__init__.py",
+    "kernelgw_kernel/fs.py",
+    "kernelgw_kernel/pkg.py",
+)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 _LOG_TAIL_LINES = 40
@@ -776,6 +783,7 @@ def build_image(
             context = Path(tempfile.mkdtemp(prefix="build-", dir=root))
             try:
                 for name, data in files.items():
+                    (context / name).parent.mkdir(parents=True, exist_ok=True)
                     (context / name).write_bytes(data)
                 (context / "start-kernel").chmod(0o755)
 
@@ -797,6 +805,8 @@ def build_image(
                     "kernelgw.base": base_name,
                     "kernelgw.base-id": base_image.id,
                     "kernelgw.python": pyver,
+                    "kernelgw.machine": machine,
+                    "kernelgw.glibc": "%d.%d" % info["glibc"],
                     "kernelgw.packages": json.dumps(packages_from_wheels(wheels), separators=(",", ":")),
                 }
                 t0 = time.monotonic()

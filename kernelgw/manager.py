@@ -84,6 +84,7 @@ class SessionManager:
             tmp_size_mb=s.tmp_size_mb,
             workspace_size_mb=s.workspace_size_mb,
             shm_size_mb=s.shm_size_mb,
+            packages_size_mb=s.packages_size_mb,
             runtime=s.runtime,
             env=dict(opts.env),
         )
@@ -132,10 +133,13 @@ class SessionManager:
         return list(self._sessions.values())
 
     async def delete(self, session_id: str, reason: str = "deleted") -> None:
-        session = self._sessions.pop(session_id, None)
+        session = self._sessions.get(session_id)
         if session is None:
             raise SessionNotFound(session_id)
+        # Close before forgetting it: when delete returns, the container is gone.
         await session.close()
+        if self._sessions.pop(session_id, None) is None:
+            return  # a concurrent delete finished first and recorded the end
         await self._record("session_ended", session, reason)
         log.info("session %s %s", session_id, reason)
 

@@ -72,6 +72,7 @@ class QueuedExecution:
     artifacts: list[ev.Artifact] = field(default_factory=list)
     silent: bool = False
     """A gateway-internal request: its iopub messages are not published."""
+    recorded: bool = False
 
 
 class Subscription:
@@ -161,6 +162,11 @@ class KernelSession:
         self._replay: collections.deque[Published] = collections.deque(maxlen=config.replay_buffer)
         self._subscribers: set[Subscription] = set()
         self._lifecycle = asyncio.Lock()
+
+    @property
+    def handle(self) -> KernelHandle | None:
+        """The running kernel's container, or None while (re)starting or closed."""
+        return self._handle
 
     # ------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -260,6 +266,7 @@ class KernelSession:
             if self.state == "closed":
                 return
             self.state = "closed"
+            running = self._current
             if self._current is not None and not self._current.finished.is_set():
                 self._current.abort_reason = "the session was deleted"
                 self._current.finished.set()
@@ -274,13 +281,27 @@ class KernelSession:
                     await self._worker
                 except BaseException:
                     pass
+            unrecorded = [running] if running is not None else []
             while not self._queue.empty():
                 rec = self._queue.get_nowait()
                 self._finish(rec, "dead", "the session was deleted before this execution ran")
+                unrecorded.append(rec)
             await self._stop_kernel()
             for sub in list(self._subscribers):
                 sub.close()
             self._subscribers.clear()
+        # History keeps every execution, including those the deletion ended.
+        for rec in unrecorded:
+            await self._record_execution(rec)
+
+    async def _record_execution(self, rec: QueuedExecution) -> None:
+        if self.recorder is None or rec.recorded or not rec.done.done():
+            return
+        rec.recorded = True
+        try:
+            await self.recorder.execution_finished(self, rec)
+        except Exception:
+            log.exception("recording execution %s failed", rec.execution_id)
 
     async def _drain_current(self) -> None:
         while self._current is not None:
@@ -390,11 +411,7 @@ class KernelSession:
             finally:
                 self._current = None
                 self.touch()
-            if self.recorder is not None:
-                try:
-                    await self.recorder.execution_finished(self, rec)
-                except Exception:
-                    log.exception("recording execution %s failed", rec.execution_id)
+            await self._record_execution(rec)
 
     async def _execute(self, rec: QueuedExecution) -> None:
         rec.started = time.monotonic()

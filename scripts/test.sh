@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+echo "==> PostgreSQL for the storage tests"
+# the history tests run on SQLite and on this real PostgreSQL server
+KERNELGW_TEST_DATABASE_URL=${KERNELGW_TEST_DATABASE_URL:-$(bash scripts/ensure-postgres.sh)}
+export KERNELGW_TEST_DATABASE_URL
+echo "$KERNELGW_TEST_DATABASE_URL"
 echo "==> pytest"
 mkdir -p test-output
 set +e

@@ -16,6 +16,7 @@ from kernelgw.backend import Backend, create_backend
 from kernelgw.config import Settings
 from kernelgw.errors import KernelGWError
 from kernelgw.manager import SessionManager
+from kernelgw.storage import Store
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,12 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cfg = settings or Settings()
         be = backend or create_backend(cfg)
-        manager = SessionManager(cfg, be)
+        # --- history storage (sessions, executions, notes): the manager's recorder
+        store = Store.from_settings(cfg)
+        await store.start()
+        app.state.store = store
+        # ---
+        manager = SessionManager(cfg, be, recorder=store)
         app.state.settings = cfg
         app.state.backend = be
         app.state.manager = manager
@@ -50,6 +56,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         finally:
             await manager.shutdown()
             await be.close()
+            await store.close()
 
     app = FastAPI(
         title="kernelgw",
@@ -71,8 +78,15 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))
 
-    from kernelgw.api import routes, ws
+    from kernelgw.api import history, routes, ws
 
     app.include_router(routes.router)
     app.include_router(ws.router)
+    app.include_router(history.router)
+    # --- workspace files and packages
+    from kernelgw.api import files, packages
+
+    app.include_router(files.router)
+    app.include_router(packages.router)
+    # ---
     return app

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kernelgw.events import DoneStatus, Event
 
@@ -20,6 +20,20 @@ class CreateSession(_Body):
     timeout: float | None = Field(None, description="Default per-execution timeout in seconds.")
     image: str | None = Field(None, description="Kernel image; must be one the gateway allows.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the kernel.")
+    notebook: dict[str, Any] | None = Field(
+        None,
+        description="Restore: an nbformat v4 notebook (.ipynb JSON) whose code cells are run "
+        "in order in the new kernel before the session is returned.",
+    )
+    from_session: str | None = Field(
+        None, description="Restore: replay the stored history of this (possibly deleted) session."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "CreateSession":
+        if self.notebook is not None and self.from_session is not None:
+            raise ValueError("give either notebook or from_session, not both")
+        return self
 
 
 class SessionInfo(BaseModel):
@@ -40,6 +54,67 @@ class SessionInfo(BaseModel):
 
 class SessionList(BaseModel):
     sessions: list[SessionInfo]
+
+
+# --- history, notebooks and restore
+
+
+class ReplayedCell(BaseModel):
+    """What happened to one code cell when a session was restored."""
+
+    index: int = Field(description="The cell's index in notebook.cells (from_session: the execution's position).")
+    status: Literal["ok", "error", "timeout", "interrupted", "dead", "skipped"]
+    execution_count: int | None = None
+    ename: str | None = None
+    evalue: str | None = None
+    reason: str | None = Field(None, description="Why it failed or was skipped.")
+    duration_ms: float | None = None
+
+
+class CreatedSession(SessionInfo):
+    replay: list[ReplayedCell] | None = Field(
+        None, description="Restores only: one entry per code cell, in order. A failing cell does not stop "
+        "the replay; a cell that loses the kernel's state (died, or restarted after a timeout) does."
+    )
+
+
+class NoteRequest(_Body):
+    markdown: str = Field(description="Markdown text; exported as a markdown cell at the current position.")
+
+
+class NoteResponse(BaseModel):
+    session_id: str
+    after_seq: int = Field(description="The session's last event seq when the note was added.")
+    created_at: datetime
+
+
+class HistoryExecution(BaseModel):
+    execution_id: str
+    position: int
+    code: str
+    status: DoneStatus
+    execution_count: int | None
+    started_at: datetime
+    duration_ms: float
+    reason: str | None
+    state_lost: bool
+    events: list[Event]
+
+
+class HistoryNote(BaseModel):
+    after_seq: int
+    markdown: str
+    created_at: datetime
+
+
+class HistoryResponse(BaseModel):
+    session_id: str
+    created_at: datetime
+    ended_at: datetime | None
+    end_reason: str | None
+    image: str
+    executions: list[HistoryExecution]
+    notes: list[HistoryNote]
 
 
 class ExecuteRequest(_Body):

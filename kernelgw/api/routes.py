@@ -7,7 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from kernelgw.api import history
 from kernelgw.api.models import (
+    CreatedSession,
     CreateSession,
     ErrorResponse,
     ExecuteRequest,
@@ -54,14 +56,21 @@ async def healthz(request: Request) -> Response:
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
 
-@router.post("/v1/sessions", status_code=201, response_model=SessionInfo, tags=["sessions"])
+@router.post("/v1/sessions", status_code=201, response_model=CreatedSession, tags=["sessions"])
 async def create_session(body: CreateSession, request: Request) -> dict[str, Any]:
-    """Start a kernel in a new network-less container (a warm one when pooled)."""
+    """Start a kernel in a new network-less container (a warm one when pooled).
+
+    With ``notebook`` or ``from_session`` the session is restored: the code cells
+    are replayed in order before it is returned, and ``replay`` reports each one."""
     opts = SessionOptions(
         memory_mb=body.memory_mb, cpus=body.cpus, timeout=body.timeout, image=body.image, env=body.env
     )
+    steps = await history.restore_plan(body, request)  # validated before a kernel starts
     session = await _manager(request).create(opts)
-    return session.info()
+    if steps is None:
+        return session.info()
+    report = await history.create_restored(_manager(request), session, steps)
+    return {**session.info(), "replay": report}
 
 
 @router.get("/v1/sessions", response_model=SessionList, tags=["sessions"])

@@ -29,6 +29,8 @@ class KernelSpec:
     shm_size_mb: int
     runtime: str = "runc"
     env: dict[str, str] = field(default_factory=dict)
+    packages_size_mb: int = 256
+    """tmpfs for packages installed into the session (POST .../packages)."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +75,46 @@ class EngineHealth:
     detail: str = ""
 
 
+class ExecProcess(Protocol):
+    """A helper process running in a kernel's container (see :meth:`Backend.exec`).
+
+    One caller drives it: write stdin, read stdout, close. Reads and writes
+    never block the event loop; each waits at most the timeout given to
+    ``exec`` and then raises :class:`~kernelgw.errors.BackendError`.
+    """
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data`` to the process's stdin (all of it, in order)."""
+        ...
+
+    async def close_stdin(self) -> None:
+        """End the process's stdin; stdout stays readable."""
+        ...
+
+    async def read(self) -> bytes:
+        """The next bytes the process wrote to stdout (at most about 1 MiB);
+        ``b""`` once stdout has ended and the process has exited or closed it."""
+        ...
+
+    @property
+    def stderr(self) -> bytes:
+        """What the process wrote to stderr so far (capped at 64 KiB)."""
+        ...
+
+    async def exit_code(self) -> int | None:
+        """The exit code, after ``read`` returned ``b""``; None if not known."""
+        ...
+
+    async def close(self) -> None:
+        """Drop the connection. A process still running sees its stdin and
+        stdout close. Idempotent; every opened process must be closed."""
+        ...
+
+
 class Backend(Protocol):
     """Lifecycle of kernel containers. All methods are coroutines and never block
-    the event loop; the session layer is their only caller."""
+    the event loop. The session layer calls the lifecycle methods; ``exec`` and
+    ``image_labels`` serve the workspace file and package endpoints."""
 
     async def start(self, spec: KernelSpec) -> KernelHandle:
         """Create the connection directory and the container, return at once.
@@ -100,6 +139,25 @@ class Backend(Protocol):
     async def reap_orphans(self) -> list[str]:
         """Remove containers and directories of this gateway's name left by a
         previous gateway process. Called once at gateway start-up."""
+        ...
+
+    async def exec(
+        self, handle: KernelHandle, argv: list[str], *, stdin: bool = False, timeout: float = 120.0
+    ) -> ExecProcess:
+        """Start ``argv`` in the kernel's container, next to the kernel, as the
+        kernel's user, with no more rights than the kernel has.
+
+        Called by the workspace file and package endpoints to run the image's
+        ``kernelgw_kernel`` helpers: bytes move through the engine's API, the
+        container never gets a network. ``timeout`` bounds every single read or
+        write. Raises :class:`~kernelgw.errors.KernelDied` when the container
+        is gone or stopped.
+        """
+        ...
+
+    async def image_labels(self, image: str) -> dict[str, str] | None:
+        """The labels of ``image`` (its Python version, preinstalled packages,
+        ...), or None when the engine does not have it."""
         ...
 
     async def health(self, image: str) -> EngineHealth:

@@ -12,11 +12,13 @@ The Docker SDK is blocking, so every call runs on a private thread pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import secrets
 import shutil
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -27,7 +29,7 @@ import docker.errors
 from docker.models.containers import Container
 
 from kernelgw.backend.base import EngineHealth, KernelHandle, KernelSpec, KernelState
-from kernelgw.errors import EngineUnavailable, ImageNotFound, KernelStartFailed
+from kernelgw.errors import BackendError, EngineUnavailable, ImageNotFound, KernelDied, KernelStartFailed
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ LABEL_SESSION = "kernelgw.session"
 LABEL_KERNEL = "kernelgw.kernel"
 CONTAINER_CONN_DIR = "/conn"
 CONTAINER_WORKDIR = "/workspace"
+CONTAINER_PACKAGES_DIR = "/opt/kernelgw/packages"
 KERNEL_COMMAND = ["/opt/kernelgw/start-kernel", f"{CONTAINER_CONN_DIR}/kernel.json"]
 # sun_path is 108 bytes including the terminating NUL
 MAX_SOCKET_PATH = 107
@@ -147,6 +150,10 @@ class DockerBackend:
                         f"rw,nosuid,nodev,size={spec.workspace_size_mb}m,"
                         f"uid={self.uid},gid={self.gid},mode=0700"
                     ),
+                    CONTAINER_PACKAGES_DIR: (
+                        f"rw,nosuid,nodev,size={spec.packages_size_mb}m,"
+                        f"uid={self.uid},gid={self.gid},mode=0755"
+                    ),
                 },
                 shm_size=f"{spec.shm_size_mb}m",
                 volumes={str(conn_dir): {"bind": CONTAINER_CONN_DIR, "mode": "rw"}},
@@ -250,6 +257,43 @@ class DockerBackend:
             log.warning("removed %d container(s) left by a previous gateway: %s", len(removed), removed)
         return removed
 
+    async def exec(
+        self, handle: KernelHandle, argv: list[str], *, stdin: bool = False, timeout: float = 120.0
+    ) -> DockerExec:
+        return await self._run(self._exec_sync, handle, argv, stdin, timeout)
+
+    def _exec_sync(self, handle: KernelHandle, argv: list[str], stdin: bool, timeout: float) -> DockerExec:
+        api = self._client().api
+        try:
+            created = api.exec_create(
+                handle.container_id, argv, stdin=stdin, stdout=True, stderr=True, tty=False,
+                user=f"{self.uid}:{self.gid}", workdir="/",
+            )
+            sock = api.exec_start(created["Id"], socket=True)
+        except docker.errors.NotFound as exc:
+            raise KernelDied("The kernel container no longer exists; restart the session.") from exc
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # not running, paused or restarting
+                raise KernelDied(
+                    f"The kernel container is not running ({exc.explanation or exc}); restart the session."
+                ) from exc
+            raise EngineUnavailable(f"The Docker engine refused to run a helper: {exc.explanation or exc}") from exc
+        except docker.errors.DockerException as exc:
+            raise EngineUnavailable(f"The Docker engine failed: {exc}") from exc
+        return DockerExec(self, created["Id"], sock, timeout)
+
+    async def image_labels(self, image: str) -> dict[str, str] | None:
+        def labels() -> dict[str, str] | None:
+            try:
+                attrs = self._client().api.inspect_image(image)
+            except docker.errors.ImageNotFound:
+                return None
+            except docker.errors.DockerException as exc:
+                raise EngineUnavailable(f"The Docker engine failed: {exc}") from exc
+            return dict((attrs.get("Config") or {}).get("Labels") or {})
+
+        return await self._run(labels)
+
     async def health(self, image: str) -> EngineHealth:
         def check() -> EngineHealth:
             try:
@@ -269,3 +313,120 @@ class DockerBackend:
         if self._docker is not None:
             await self._run(self._docker.close)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class DockerExec:
+    """A ``docker exec`` with its hijacked connection (see ``ExecProcess``).
+
+    Without a TTY the engine multiplexes stdout and stderr on the connection as
+    frames: an 8-byte header (stream id, 3 zero bytes, big-endian length) and
+    the payload. ``read`` undoes that; stderr is kept (capped). Every blocking
+    socket call runs on the backend's thread pool, bounded by the timeout.
+    """
+
+    STDERR_CAP = 64 * 1024
+    READ_SIZE = 1 << 20
+
+    def __init__(self, backend: DockerBackend, exec_id: str, sock: Any, timeout: float) -> None:
+        self._backend = backend
+        self.exec_id = exec_id
+        self._holder = sock  # keeps docker-py's response (and so the connection) alive
+        self._sock: socket.socket = getattr(sock, "_sock", sock)
+        self._sock.settimeout(timeout)
+        self._timeout = timeout
+        self._frame_left = 0
+        self._frame_stream = 1
+        self._eof = False
+        self._stderr = bytearray()
+        self._closed = False
+
+    @property
+    def stderr(self) -> bytes:
+        return bytes(self._stderr)
+
+    def _io_error(self, exc: OSError) -> BackendError:
+        if isinstance(exc, (socket.timeout, TimeoutError)):
+            return BackendError(f"A helper in the kernel container did not answer within {self._timeout:g}s.")
+        return BackendError(f"The connection to a helper in the kernel container broke: {exc}")
+
+    async def write(self, data: bytes) -> None:
+        try:
+            await self._backend._run(self._sock.sendall, data)
+        except OSError as exc:
+            raise self._io_error(exc) from exc
+
+    async def close_stdin(self) -> None:
+        try:
+            await self._backend._run(self._sock.shutdown, socket.SHUT_WR)
+        except OSError as exc:
+            raise self._io_error(exc) from exc
+
+    async def read(self) -> bytes:
+        try:
+            return await self._backend._run(self._read_sync)
+        except OSError as exc:
+            raise self._io_error(exc) from exc
+
+    def _recv_exact(self, n: int) -> bytes | None:
+        buf = b""
+        while len(buf) < n:
+            data = self._sock.recv(n - len(buf))
+            if not data:
+                return None
+            buf += data
+        return buf
+
+    def _read_sync(self) -> bytes:
+        while not self._eof:
+            if self._frame_left == 0:
+                header = self._recv_exact(8)
+                if header is None:
+                    self._eof = True
+                    break
+                self._frame_stream = header[0]
+                self._frame_left = int.from_bytes(header[4:8], "big")
+                continue
+            data = self._sock.recv(min(self._frame_left, self.READ_SIZE))
+            if not data:
+                self._eof = True
+                break
+            self._frame_left -= len(data)
+            if self._frame_stream == 1:
+                return data
+            if self._frame_stream == 2 and len(self._stderr) < self.STDERR_CAP:
+                self._stderr += data[: self.STDERR_CAP - len(self._stderr)]
+        return b""
+
+    async def exit_code(self) -> int | None:
+        def inspect() -> int | None:
+            import time
+
+            for _ in range(20):
+                info = self._backend._client().api.exec_inspect(self.exec_id)
+                if not info.get("Running"):
+                    code = info.get("ExitCode")
+                    return int(code) if code is not None else None
+                time.sleep(0.05)
+            return None
+
+        try:
+            return await self._backend._run(inspect)
+        except docker.errors.DockerException:
+            return None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        def close() -> None:
+            try:
+                with contextlib.suppress(OSError):
+                    # ends the connection now, whoever else holds the socket object
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                self._sock.close()
+            finally:
+                with contextlib.suppress(Exception):
+                    self._holder.close()
+
+        await self._backend._run(close)

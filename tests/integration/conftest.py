@@ -44,6 +44,7 @@ def gateway_settings(**overrides: Any) -> Settings:
         exec_timeout_s=60,
         interrupt_grace_s=3,
         idle_timeout_s=3600,
+        data_dir=f"/tmp/kgwt-data-{os.getpid()}",  # history (SQLite) of the test gateways
     )
     base.update(overrides)
     return Settings(**base)

@@ -94,6 +94,21 @@ def test_preinstalled_packages_import(built_image: str, client: docker.DockerCli
     assert out.strip().splitlines()[-1] == "True"
 
 
+def test_kernel_helper_is_installed_and_labels_name_the_wheel_target(
+    built_image: str, client: docker.DockerClient
+) -> None:
+    """kernelgw_kernel (artifacts extension, file and package helpers) imports in
+    isolated mode, and the labels tell the gateway which wheels fit the image."""
+    code, out = run_in_image(
+        client,
+        built_image,
+        ["/opt/kernel/bin/python", "-I", "-c", "import kernelgw_kernel.fs, kernelgw_kernel.pkg; print('ok')"],
+    )
+    assert code == 0 and out.strip().endswith("ok"), out
+    labels = client.images.get(built_image).labels
+    assert labels["kernelgw.machine"] and labels["kernelgw.glibc"].startswith("2.")
+
+
 @pytest.mark.timeout(180)
 def test_kernel_starts_like_the_gateway_starts_it(built_image: str, client: docker.DockerClient) -> None:
     """Read-only root, user 1000, init, no network, tmpfs /tmp and /workspace,

@@ -7,6 +7,7 @@ stand for honestly; everything that needs a kernel is in tests/integration.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -38,8 +39,8 @@ class EngineDown:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(Settings(max_memory_mb=2048), backend=EngineDown())
+async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(Settings(max_memory_mb=2048, data_dir=tmp_path), backend=EngineDown())
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
@@ -102,3 +103,27 @@ async def test_unknown_route_is_json_404(client: httpx.AsyncClient) -> None:
 async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     paths = (await client.get("/openapi.json")).json()["paths"]
     assert {"/v1/sessions", "/v1/sessions/{session_id}/execute", "/healthz"} <= set(paths)
+
+
+# --- history (a real SQLite file in tmp_path; the kernel-side flows are in
+# tests/integration/test_history.py)
+
+
+async def test_history_of_an_unknown_session_is_404(client: httpx.AsyncClient, tmp_path: Path) -> None:
+    for path in ("/v1/sessions/abc/notebook", "/v1/sessions/abc/history"):
+        resp = await client.get(path)
+        assert resp.status_code == 404, path
+        assert resp.json()["error"]["code"] == "history_not_found"
+    resp = await client.post("/v1/sessions/abc/notes", json={"markdown": "x"})
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "session_not_found"
+    assert (tmp_path / "kernelgw.db").exists()  # created on first start
+
+
+async def test_restores_are_checked_before_touching_the_engine(client: httpx.AsyncClient) -> None:
+    # the engine is down: a 400/404 here proves no kernel start was attempted
+    resp = await client.post("/v1/sessions", json={"notebook": {"nbformat": 4, "cells": [{"cell_type": "x"}]}})
+    assert resp.status_code == 400 and resp.json()["error"]["message"].startswith("notebook: not a valid")
+    resp = await client.post("/v1/sessions", json={"from_session": "gone"})
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "history_not_found"
+    resp = await client.post("/v1/sessions", json={"from_session": "a", "notebook": {}})
+    assert resp.status_code == 422 and "not both" in resp.json()["error"]["message"]

@@ -151,3 +151,13 @@ def test_image_build_prints_a_summary(monkeypatch):
     result = invoke("image", "build")
     assert "kernelgw/python:latest is up to date (sha256:abc)" in result.stdout
     assert calls == [("me/py:1", "debootstrap", True), ("kernelgw/python:latest", "auto", False)]
+
+
+def test_export_help_and_unreachable_gateway(tmp_path):
+    result = invoke("export", "--help")
+    assert result.exit_code == 0
+    for option in ("SESSION", "--output", "--server"):
+        assert option in result.output
+    result = invoke("export", "abc", "-o", str(tmp_path / "x.ipynb"), "--server", "http://127.0.0.1:9")
+    assert result.exit_code == 3 and "cannot reach the gateway" in result.output
+    assert not (tmp_path / "x.ipynb").exists()

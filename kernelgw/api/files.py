@@ -1,0 +1,157 @@
+"""Workspace file endpoints: upload, download, list, delete.
+
+Thin: paths are checked and bytes streamed here, the work is in
+kernelgw.workspace. Uploads are read from the request as it arrives and
+downloads are sent as they come out of the container; neither is held whole.
+
+Downloads are served as attachments with ``nosniff`` and a sandboxing CSP:
+the files are whatever the session's code wrote, and must never run as a page
+of the gateway's origin.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import anyio
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
+
+from kernelgw.api.models import ErrorResponse
+from kernelgw.backend.base import KernelHandle
+from kernelgw.errors import BadRequest, KernelDied, SessionBusy
+from kernelgw.session import KernelSession
+from kernelgw.workspace import Download, FileList, UploadResult, WorkspaceFiles, validate_path
+
+_errors: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 503)
+}
+router = APIRouter(tags=["files"], responses=_errors)
+
+
+def workspace_files(request: Request) -> WorkspaceFiles:
+    """The app's WorkspaceFiles, made on first use from its settings and backend."""
+    state = request.app.state
+    files = getattr(state, "workspace_files", None)
+    if files is None:
+        settings = state.settings
+        files = WorkspaceFiles(
+            state.backend, max_upload_bytes=settings.max_upload_bytes, timeout=settings.file_io_timeout_s
+        )
+        state.workspace_files = files
+    return files  # type: ignore[no-any-return]
+
+
+def session_handle(request: Request, session_id: str) -> tuple[KernelSession, KernelHandle]:
+    """The session and its running container, or a 404/409."""
+    session: KernelSession = request.app.state.manager.get(session_id)
+    if session.state == "closed":
+        raise BadRequest("The session is being deleted.")
+    handle = session.handle
+    if handle is None:
+        if session.state == "dead":
+            raise KernelDied(f"The session's kernel is dead ({session.dead_reason}); restart the session.")
+        raise SessionBusy("The session's kernel is (re)starting; try again in a moment.")
+    session.touch()
+    return session, handle
+
+
+def quota_bytes(request: Request, session: KernelSession) -> int:
+    configured = request.app.state.settings.workspace_quota_bytes
+    tmpfs = session.spec.workspace_size_mb * 1024 * 1024
+    return min(configured, tmpfs) if configured is not None else tmpfs
+
+
+@router.put(
+    "/v1/sessions/{session_id}/files/{path:path}",
+    response_model=UploadResult,
+    responses={200: {"description": "An existing file was replaced."}, 201: {"description": "Created."}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+)
+async def upload_file(session_id: str, path: str, request: Request) -> Response:
+    """Write the request body to ``path`` in the workspace (parent directories are
+    made). Streamed; 413 when the file or the workspace would be over quota, and
+    then the workspace is unchanged."""
+    rel = validate_path(path)
+    length = request.headers.get("content-length")
+    try:
+        content_length = int(length) if length is not None else None
+    except ValueError:
+        raise BadRequest("Content-Length is not a number.") from None
+    workspace_files(request).check_length(content_length)  # 413 before the body is read
+    session, handle = session_handle(request, session_id)
+    try:
+        result = await workspace_files(request).upload(
+            handle, rel, request.stream(), quota_bytes=quota_bytes(request, session), content_length=content_length
+        )
+    except ClientDisconnect:
+        # nobody reads the answer; the helper saw no commit and discarded the upload
+        raise BadRequest("The client disconnected before the upload ended; nothing was written.") from None
+    session.touch()
+    return JSONResponse(result.model_dump(mode="json"), status_code=201 if result.created else 200)
+
+
+@router.get("/v1/sessions/{session_id}/files/{path:path}", response_class=StreamingResponse)
+async def download_file(session_id: str, path: str, request: Request) -> Response:
+    """The file's bytes, streamed, with its MIME type (from the file name)."""
+    rel = validate_path(path)
+    _, handle = session_handle(request, session_id)
+    download = await workspace_files(request).download(handle, rel)
+    name = rel.rsplit("/", 1)[-1]
+    headers = {
+        "Content-Length": str(download.entry.size),
+        "Content-Disposition": f"attachment; filename*=UTF-8''{quote(name, safe='')}",
+        "Last-Modified": download.entry.mtime.strftime("%a, %d %b %Y %H:%M:%S GMT"),
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "sandbox",
+        "Cache-Control": "no-store",
+    }
+    return _DownloadResponse(download, media_type=download.entry.mime_type, headers=headers)
+
+
+class _DownloadResponse(StreamingResponse):
+    """Closes the helper when the response ends, also when the client went away
+    mid-transfer (then the body generator stays suspended and would otherwise
+    keep the helper's process and connection until garbage collection)."""
+
+    def __init__(self, download: Download, **kwargs: Any) -> None:
+        super().__init__(download.chunks, **kwargs)
+        self.download = download
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.download.aclose()
+
+
+@router.get("/v1/sessions/{session_id}/files", response_model=FileList)
+async def list_files(
+    session_id: str,
+    request: Request,
+    path: str = Query("", description="Directory to list, relative to the workspace; '' is the workspace."),
+    recursive: bool = Query(False, description="Include the contents of subdirectories (up to 10,000 entries)."),
+) -> dict[str, Any]:
+    """Entries with type, size and mtime. Symbolic links are listed, never followed."""
+    rel = validate_path(path, allow_root=True)
+    _, handle = session_handle(request, session_id)
+    listing = await workspace_files(request).list(handle, rel, recursive=recursive)
+    return listing.model_dump(mode="json")
+
+
+@router.delete("/v1/sessions/{session_id}/files/{path:path}", status_code=204)
+async def delete_file(session_id: str, path: str, request: Request) -> Response:
+    """Remove a file, a directory with its contents, or a symbolic link itself
+    (never what it points to)."""
+    rel = validate_path(path)
+    _, handle = session_handle(request, session_id)
+    await workspace_files(request).delete(handle, rel)
+    return Response(status_code=204)

@@ -1,0 +1,78 @@
+"""Package endpoints: install allowlisted packages into a session (offline, from
+wheels the gateway resolved on the host), and list the images with what they
+have preinstalled. The work is in kernelgw.packages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from kernelgw.api.files import session_handle
+from kernelgw.api.models import ErrorResponse
+from kernelgw.packages import (
+    ImageInfo,
+    ImageList,
+    InstallRequest,
+    InstallResult,
+    PackageInstaller,
+    check_request,
+    image_target,
+)
+
+_errors: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 422, 500, 503)
+}
+router = APIRouter(tags=["packages"], responses=_errors)
+
+
+def package_installer(request: Request) -> PackageInstaller:
+    """The app's PackageInstaller, made on first use from its settings and backend."""
+    state = request.app.state
+    installer = getattr(state, "package_installer", None)
+    if installer is None:
+        s = state.settings
+        installer = PackageInstaller(
+            state.backend,
+            allowlist=s.package_allowlist,
+            wheel_cache_dir=s.wheel_cache_dir,
+            allow_download=s.package_download,
+            timeout=s.package_install_timeout_s,
+        )
+        state.package_installer = installer
+    return installer  # type: ignore[no-any-return]
+
+
+@router.post("/v1/sessions/{session_id}/packages", response_model=InstallResult)
+async def install_packages(session_id: str, body: InstallRequest, request: Request) -> dict[str, Any]:
+    """Install allowlisted packages (and their dependencies) into the session; they
+    import in the next cell, without a restart. 400: not on the allowlist;
+    422: no fitting wheel, or a conflict with what the image has."""
+    installer = package_installer(request)
+    check_request(body.packages, installer.allowlist)  # 400 before the session is touched
+    session, handle = session_handle(request, session_id)
+    result = await installer.install(handle, session.spec.image, body.packages)
+    session.touch()
+    return result.model_dump(mode="json")
+
+
+@router.get("/v1/images", response_model=ImageList, tags=["gateway"])
+async def list_images(request: Request) -> dict[str, Any]:
+    """The images sessions may use, with their Python version and preinstalled
+    packages, and the allowlist of packages sessions may add."""
+    settings = request.app.state.settings
+    backend = request.app.state.backend
+    images = []
+    for name in dict.fromkeys([settings.image, *settings.allowed_images]):
+        labels = await backend.image_labels(name)
+        target = image_target(labels) if labels is not None else None
+        images.append(
+            ImageInfo(
+                name=name,
+                default=name == settings.image,
+                present=labels is not None,
+                python=target.python if target else None,
+                packages=target.packages if target else {},
+            )
+        )
+    return ImageList(images=images, package_allowlist=list(settings.package_allowlist)).model_dump(mode="json")

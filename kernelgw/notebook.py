@@ -1,0 +1,307 @@
+"""Session history <-> Jupyter notebook (nbformat v4). Pure: no I/O.
+
+Export (`build_notebook`): one code cell per execution, in the order the session
+ran them, its outputs rebuilt from the stored events exactly as a Jupyter
+frontend would have saved them:
+
+* consecutive ``stream`` events of the same name merge into one stream output;
+* ``display`` -> ``display_data`` (metadata kept; the transient ``display_id``
+  is not saved), ``result`` -> ``execute_result`` with its execution_count,
+  ``error`` -> ``error`` with the traceback as the kernel sent it (ANSI codes
+  included, as Jupyter stores it);
+* ``update_display`` replaces data and metadata of every earlier output with
+  that ``display_id``, in this cell or an earlier one;
+* ``clear_output`` empties the cell's outputs so far; with ``wait=True`` only
+  right before the cell's next output (so an animation keeps its last frame);
+* ``truncated`` (the gateway's output cap) and a ``done`` of ``timeout`` or
+  ``dead`` become a note on stderr, so a reader sees the cell did not finish.
+
+A cell's ``execution_count`` comes from its ``done`` event. Every cell keeps
+``metadata.kernelgw`` (execution_id, status, duration_ms, reason) and the
+standard ``metadata.execution`` timestamps. Markdown notes sit between the
+executions they were added between (``after_seq``, see `NoteRecord`).
+
+Restore (`replay_plan`, `plan_from_executions`): the code cells to run again in
+a fresh kernel. Cells whose execution did not complete (``timeout``, ``dead``,
+``interrupted`` in ``metadata.kernelgw.status``) are skipped: running them again
+would most likely hang or kill the new kernel the same way, and what they did
+before being stopped is unknown. Cells that raised are run again (whatever they
+did before the exception is part of the state the analysis went on with).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import nbformat
+from nbformat import NotebookNode
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from kernelgw import events as ev
+
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+DEFAULT_LANGUAGE_INFO = {"name": "python"}
+SKIP_ON_REPLAY = frozenset({"timeout", "dead", "interrupted"})
+"""Statuses of executions a restore does not run again (see the module docs)."""
+_CELL_ID = re.compile(r"[^A-Za-z0-9_-]")
+
+
+class ExecutionLike(Protocol):
+    """What `build_notebook` reads of a stored execution (`ExecutionRecord` fits)."""
+
+    @property
+    def execution_id(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def code(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def execution_count(self) -> int | None: ...
+    @property
+    def started_at(self) -> datetime: ...
+    @property
+    def duration_ms(self) -> float: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def events(self) -> list[ev.Event]: ...
+
+
+class NoteLike(Protocol):
+    @property
+    def after_seq(self) -> int: ...
+    @property
+    def markdown(self) -> str: ...
+
+
+# ------------------------------------------------------------------ export
+
+
+class _Outputs:
+    """The outputs of one cell as events arrive; display ids are notebook-wide."""
+
+    def __init__(self, displays: dict[str, list[NotebookNode]]) -> None:
+        self.items: list[NotebookNode] = []
+        self._displays = displays
+        self._clear_pending = False
+
+    def add(self, event: ev.Event) -> None:
+        if isinstance(event, ev.Stream):
+            self._stream(event.name, event.text)
+        elif isinstance(event, ev.Display):
+            out = self._append(new_output("display_data", data=dict(event.data), metadata=dict(event.metadata)))
+            if event.display_id:
+                self._displays.setdefault(event.display_id, []).append(out)
+        elif isinstance(event, ev.UpdateDisplay):
+            # Updates what is shown; not a new output, so no pending clear runs.
+            for out in self._displays.get(event.display_id, []):
+                out["data"] = NotebookNode(dict(event.data))
+                out["metadata"] = NotebookNode(dict(event.metadata))
+        elif isinstance(event, ev.Result):
+            self._append(
+                new_output(
+                    "execute_result",
+                    data=dict(event.data),
+                    metadata=dict(event.metadata),
+                    execution_count=event.execution_count,
+                )
+            )
+        elif isinstance(event, ev.Error):
+            self._append(
+                new_output("error", ename=event.ename, evalue=event.evalue, traceback=list(event.traceback))
+            )
+        elif isinstance(event, ev.ClearOutput):
+            if event.wait:
+                self._clear_pending = True
+            else:
+                self.items.clear()
+                self._clear_pending = False
+        elif isinstance(event, ev.Truncated):
+            self._stream("stderr", f"[kernelgw: {event.message}]\n")
+
+    def note(self, text: str) -> None:
+        self._stream("stderr", text)
+
+    def _stream(self, name: str, text: str) -> None:
+        self._run_pending_clear()
+        last = self.items[-1] if self.items else None
+        if last is not None and last["output_type"] == "stream" and last["name"] == name:
+            last["text"] += text
+        else:
+            self.items.append(new_output("stream", name=name, text=text))
+
+    def _append(self, out: NotebookNode) -> NotebookNode:
+        self._run_pending_clear()
+        self.items.append(out)
+        return out
+
+    def _run_pending_clear(self) -> None:
+        if self._clear_pending:
+            self.items.clear()
+            self._clear_pending = False
+
+
+def _cell_id(preferred: str, used: set[str]) -> str:
+    base = _CELL_ID.sub("-", preferred)[:56] or "cell"
+    candidate, n = base, 1
+    while candidate in used:
+        n += 1
+        candidate = f"{base}-{n}"
+    used.add(candidate)
+    return candidate
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def _code_cell(execution: ExecutionLike, displays: dict[str, list[NotebookNode]], used: set[str]) -> NotebookNode:
+    outputs = _Outputs(displays)
+    done: ev.Done | None = None
+    for event in execution.events:
+        if isinstance(event, ev.Done):
+            done = event
+        else:
+            outputs.add(event)
+    status = done.status if done is not None else execution.status
+    reason = done.reason if done is not None else execution.reason
+    if status in ("timeout", "dead"):
+        outputs.note(f"[kernelgw: execution {status}" + (f": {reason}" if reason else "") + "]\n")
+    count = done.execution_count if done is not None else execution.execution_count
+    finished = execution.started_at + timedelta(milliseconds=execution.duration_ms)
+    metadata: dict[str, Any] = {
+        "execution": {
+            "shell.execute_reply.started": _iso(execution.started_at),
+            "shell.execute_reply": _iso(finished),
+        },
+        "kernelgw": {
+            "execution_id": execution.execution_id,
+            "status": status,
+            "duration_ms": execution.duration_ms,
+        },
+    }
+    if reason:
+        metadata["kernelgw"]["reason"] = reason
+    cell = new_code_cell(
+        source=execution.code, execution_count=count, outputs=outputs.items, metadata=metadata
+    )
+    cell["id"] = _cell_id(execution.execution_id, used)
+    return cell
+
+
+def build_notebook(
+    executions: Iterable[ExecutionLike],
+    notes: Iterable[NoteLike] = (),
+    *,
+    language_info: Mapping[str, Any] | None = None,
+    session_id: str | None = None,
+    image: str | None = None,
+) -> NotebookNode:
+    """A valid nbformat v4 notebook of a session's executions and notes."""
+    displays: dict[str, list[NotebookNode]] = {}
+    used: set[str] = set()
+    pending_notes = sorted(notes, key=lambda n: n.after_seq)
+    cells: list[NotebookNode] = []
+    note_index = 0
+
+    def add_note(note: NoteLike) -> None:
+        cell = new_markdown_cell(source=note.markdown)
+        cell["id"] = _cell_id(f"note-{len(cells)}", used)
+        cells.append(cell)
+
+    for execution in sorted(executions, key=lambda e: e.seq):
+        while note_index < len(pending_notes) and pending_notes[note_index].after_seq < execution.seq:
+            add_note(pending_notes[note_index])
+            note_index += 1
+        cells.append(_code_cell(execution, displays, used))
+    for note in pending_notes[note_index:]:
+        add_note(note)
+
+    metadata: dict[str, Any] = {
+        "kernelspec": dict(KERNELSPEC),
+        "language_info": dict(language_info or DEFAULT_LANGUAGE_INFO),
+    }
+    if session_id is not None:
+        metadata["kernelgw"] = {"session_id": session_id, **({"image": image} if image else {})}
+    nb = new_notebook(cells=cells, metadata=metadata)
+    nbformat.validate(nb)
+    return nb
+
+
+# ------------------------------------------------------------------ restore
+
+
+class InvalidNotebook(ValueError):
+    """The notebook is not valid nbformat v4; the message says why."""
+
+
+@dataclass(frozen=True)
+class ReplayStep:
+    """One code cell to run again, or to skip (``skip_reason`` set)."""
+
+    index: int
+    """The cell's index in ``notebook.cells`` (for a stored session: the
+    execution's position in its history)."""
+    code: str
+    skip_reason: str | None = None
+
+
+def read_notebook(data: Mapping[str, Any]) -> NotebookNode:
+    """Check a notebook given as decoded JSON; `InvalidNotebook` says what is wrong."""
+    if not isinstance(data, Mapping):
+        raise InvalidNotebook("the notebook must be a JSON object (the content of an .ipynb file)")
+    major = data.get("nbformat")
+    if major != 4:
+        raise InvalidNotebook(f"only nbformat v4 notebooks can be restored; this one says nbformat={major!r}")
+    cells = data.get("cells")
+    if not isinstance(cells, list) or not all(isinstance(c, Mapping) for c in cells):
+        raise InvalidNotebook("not a valid nbformat v4 notebook: cells: must be a list of cell objects")
+    nb = nbformat.from_dict(dict(data))
+    with warnings.catch_warnings():
+        # a missing cell id is not worth refusing a notebook for
+        warnings.simplefilter("ignore")
+        try:
+            nbformat.validate(nb, version=4)
+        except nbformat.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "notebook"
+            raise InvalidNotebook(f"not a valid nbformat v4 notebook: {where}: {exc.message}") from None
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise InvalidNotebook(f"not a valid nbformat v4 notebook: {exc!r}") from None
+    return nb
+
+
+def _source(value: str | Sequence[str]) -> str:
+    return value if isinstance(value, str) else "".join(value)
+
+
+def _skip_reason(status: str | None, code: str) -> str | None:
+    if status in SKIP_ON_REPLAY:
+        return f"the cell's original execution ended with status {status!r}, so it is not run again"
+    if not code.strip():
+        return "empty cell"
+    return None
+
+
+def replay_plan(nb: Mapping[str, Any]) -> list[ReplayStep]:
+    """The code cells of a (validated) notebook, in order; markdown and raw cells
+    are not replayed."""
+    steps = []
+    for index, cell in enumerate(nb.get("cells", [])):
+        if cell.get("cell_type") != "code":
+            continue
+        code = _source(cell.get("source", ""))
+        status = ((cell.get("metadata") or {}).get("kernelgw") or {}).get("status")
+        steps.append(ReplayStep(index, code, _skip_reason(status, code)))
+    return steps
+
+
+def plan_from_executions(executions: Iterable[Any]) -> list[ReplayStep]:
+    """The stored executions of a session (objects with ``position``, ``code``, ``status``)."""
+    return [ReplayStep(e.position, e.code, _skip_reason(e.status, e.code)) for e in executions]

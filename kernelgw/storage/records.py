@@ -1,0 +1,58 @@
+"""What the store gives back: plain frozen records, no database types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kernelgw.events import EVENT_LIST_ADAPTER, Event
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    id: str
+    gateway_name: str
+    image: str
+    created_at: datetime
+    ended_at: datetime | None = None
+    end_reason: str | None = None
+    """``deleted``, ``reaped``, ``gateway shutdown``, ... (None while it runs)."""
+    language_info: dict[str, Any] = field(default_factory=dict)
+    """From the kernel's ``kernel_info_reply`` (name, version, mimetype, ...)."""
+
+
+@dataclass(frozen=True)
+class ExecutionRecord:
+    session_id: str
+    position: int
+    """0, 1, 2, ... in the order the session ran its executions."""
+    execution_id: str
+    seq: int
+    """The session ``seq`` of the execution's ``queued`` event: orders executions
+    and notes on one axis."""
+    code: str
+    status: str
+    """The ``done`` status: ok, error, timeout, interrupted or dead."""
+    execution_count: int | None
+    started_at: datetime
+    duration_ms: float
+    reason: str | None
+    state_lost: bool
+    events_json: str
+    """Every event of the execution, in order, as one JSON array (the texts that
+    were sent to clients, spliced, never re-encoded)."""
+
+    @property
+    def events(self) -> list[Event]:
+        return EVENT_LIST_ADAPTER.validate_json(self.events_json)
+
+
+@dataclass(frozen=True)
+class NoteRecord:
+    session_id: str
+    after_seq: int
+    """The session's last ``seq`` when the note was added: the note follows every
+    execution queued before it (also one still running) and precedes later ones."""
+    markdown: str
+    created_at: datetime

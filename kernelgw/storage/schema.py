@@ -1,0 +1,67 @@
+"""The tables, defined once (SQLAlchemy Core); the same on SQLite and PostgreSQL.
+
+No foreign keys on purpose: a row must never be refused because an earlier
+write (say the session's own row, while the database was down) was lost.
+Purging deletes a session's executions and notes explicitly.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+sessions = Table(
+    "kgw_sessions",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("gateway_name", String(255), nullable=False),
+    Column("image", String(512), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True), nullable=True),
+    Column("end_reason", Text, nullable=True),
+    Column("language_info", Text, nullable=False, default="{}"),  # JSON, from kernel_info
+    Index("kgw_sessions_ended", "ended_at"),
+    Index("kgw_sessions_gateway_open", "gateway_name", "ended_at"),
+)
+
+executions = Table(
+    "kgw_executions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("session_id", String(64), nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("execution_id", String(128), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("code", Text, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("execution_count", Integer, nullable=True),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("duration_ms", Float, nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("state_lost", Boolean, nullable=False, default=False),
+    Column("events", Text, nullable=False),  # JSON array of the execution's events
+    Index("kgw_executions_session", "session_id", "position"),
+)
+
+notes = Table(
+    "kgw_notes",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("session_id", String(64), nullable=False),
+    Column("after_seq", Integer, nullable=False),
+    Column("markdown", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Index("kgw_notes_session", "session_id", "after_seq"),
+)

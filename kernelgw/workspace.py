@@ -1,0 +1,418 @@
+"""Workspace files: path rules, wire models, and moving bytes in and out.
+
+Each session's working directory is ``/workspace``, a size-limited tmpfs in its
+container. The gateway never reaches into it directly: it runs the image's
+``kernelgw_kernel.fs`` helper with the backend's ``exec`` (as the kernel's user,
+no network) and streams bytes through the engine's API. The helper walks every
+path from a descriptor of the workspace one component at a time with
+``O_NOFOLLOW``, so a symbolic link anywhere in a path is refused when it is met,
+including links user code made a moment before. Paths are checked here first as
+well, before anything reaches the container.
+
+Uploads are framed on the helper's stdin (4-byte length + data; a zero-length
+frame commits) and land in a temporary file that is renamed into place only on
+commit: an upload that is refused, too large or cut off leaves the workspace as
+it was. Neither direction ever holds more than about 1 MiB of a file in the
+gateway's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import mimetypes
+from collections.abc import AsyncIterable, AsyncIterator
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+import anyio
+from pydantic import BaseModel, ConfigDict
+
+from kernelgw.backend.base import Backend, ExecProcess, KernelHandle
+from kernelgw.errors import (
+    BackendError,
+    BadRequest,
+    FileNotFoundInWorkspace,
+    InvalidPath,
+    KernelGWError,
+    QuotaExceeded,
+)
+
+log = logging.getLogger(__name__)
+
+PYTHON = "/opt/kernel/bin/python"
+FS_HELPER = [PYTHON, "-I", "-m", "kernelgw_kernel.fs"]
+"""``-I``: neither the working directory nor PYTHON* variables can substitute it."""
+MAX_PATH_BYTES = 4096
+MAX_NAME_BYTES = 255
+SEND_CHUNK = 1 << 20
+"""Upload bytes are batched to this size per write into the container."""
+MAX_LIST_ENTRIES = 10_000
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+"""Largest JSON answer read from a helper (a listing of 10,000 entries fits)."""
+
+# Python's built-in table (never the host's /etc/mime.types, so every host
+# agrees), after these. images/python/kernelgw_kernel/__init__.py has the same
+# table for the artifacts it reports; tests/unit/test_workspace.py keeps them equal.
+EXTRA_MIME_TYPES = {
+    ".csv": "text/csv",
+    ".db": "application/vnd.sqlite3",
+    ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    ".feather": "application/vnd.apache.arrow.file",
+    ".geojson": "application/geo+json",
+    ".ipynb": "application/x-ipynb+json",
+    ".js": "text/javascript",
+    ".jsonl": "application/jsonl",
+    ".log": "text/plain",
+    ".md": "text/markdown",
+    ".ndjson": "application/x-ndjson",
+    ".parquet": "application/vnd.apache.parquet",
+    ".pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+    ".sqlite": "application/vnd.sqlite3",
+    ".toml": "application/toml",
+    ".tsv": "text/tab-separated-values",
+    ".wav": "audio/wav",
+    ".webp": "image/webp",
+    ".xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+    ".yaml": "application/yaml",
+    ".yml": "application/yaml",
+}
+ENCODING_MIME_TYPES = {
+    "gzip": "application/gzip",
+    "bzip2": "application/x-bzip2",
+    "xz": "application/x-xz",
+    "compress": "application/x-compress",
+    "br": "application/x-brotli",
+}
+_MIMETYPES = mimetypes.MimeTypes()
+
+
+def guess_mime(path: str) -> str:
+    """The MIME type of a workspace file, from its name."""
+    name = path.rsplit("/", 1)[-1].lower()
+    dot = name.rfind(".")
+    if dot > 0 and name[dot:] in EXTRA_MIME_TYPES:
+        return EXTRA_MIME_TYPES[name[dot:]]
+    mime, encoding = _MIMETYPES.guess_type(name, strict=False)
+    if encoding:
+        return ENCODING_MIME_TYPES.get(encoding, "application/octet-stream")
+    return mime or "application/octet-stream"
+
+
+def validate_path(path: str, *, allow_root: bool = False) -> str:
+    """``path`` as a workspace-relative path, or :class:`InvalidPath`.
+
+    Refused: NUL, absolute paths, ``..`` and ``.`` components, empty components
+    (``a//b``), backslashes, more than 4096 bytes or a component of more than 255.
+    A trailing ``/`` is dropped. ``allow_root``: ``""`` means the workspace itself.
+    """
+    if "\x00" in path:
+        raise InvalidPath("The path contains a NUL character.")
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise InvalidPath(f"The path is longer than {MAX_PATH_BYTES} bytes.")
+    if path.startswith("/"):
+        raise InvalidPath(
+            f"The path {path!r} is absolute; give it relative to the workspace (e.g. 'data.csv')."
+        )
+    stripped = path.rstrip("/") if path.endswith("/") and path.strip("/") else path
+    if stripped == "":
+        if allow_root:
+            return ""
+        raise InvalidPath("The path is empty; name a file in the workspace (e.g. 'data.csv').")
+    for part in stripped.split("/"):
+        if part == "..":
+            raise InvalidPath(f"The path {path!r} has a '..' component; paths stay inside the workspace.")
+        if part in ("", "."):
+            raise InvalidPath(f"The path {path!r} has an empty or '.' component.")
+        if "\\" in part:
+            raise InvalidPath(f"The path {path!r} contains a backslash; separate directories with '/'.")
+        if len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+            raise InvalidPath(f"A component of the path is longer than {MAX_NAME_BYTES} bytes.")
+    return stripped
+
+
+# ------------------------------------------------------------------ wire models
+
+
+class FileEntry(BaseModel):
+    """One workspace entry. Symbolic links are listed, never followed."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    path: str
+    """Relative to the workspace."""
+    type: Literal["file", "directory", "symlink", "other"]
+    size: int
+    mtime: datetime
+    mime_type: str | None = None
+    """For files: the type a download is served with."""
+
+
+class UploadResult(FileEntry):
+    created: bool
+    """False when an existing file was replaced."""
+
+
+class FileList(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    path: str
+    """The listed directory ("" is the workspace), or the one file asked for."""
+    entries: list[FileEntry]
+    truncated: bool = False
+    """True when there were more than 10,000 entries."""
+
+
+def _entry(data: dict[str, Any], cls: type[FileEntry] = FileEntry, **extra: Any) -> Any:
+    path = str(data["path"])
+    kind = data["type"]
+    return cls(
+        path=path,
+        type=kind,
+        size=int(data["size"]),
+        mtime=datetime.fromtimestamp(int(data["mtime_ns"]) / 1e9, timezone.utc),
+        mime_type=guess_mime(path) if kind == "file" else None,
+        **extra,
+    )
+
+
+# ------------------------------------------------------------------ helper I/O
+
+
+class HelperAnswer:
+    """Reads a helper's stdout: JSON lines, then (for ``get``) raw bytes."""
+
+    def __init__(self, proc: ExecProcess) -> None:
+        self.proc = proc
+        self.buffer = b""
+
+    async def line(self, limit: int = MAX_ANSWER_BYTES) -> dict[str, Any]:
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > limit:
+                raise BackendError("A helper in the kernel container answered with an oversized line.")
+            data = await self.proc.read()
+            if not data:
+                raise await self._no_answer()
+            self.buffer += data
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            raise BackendError(f"A helper in the kernel container answered {line[:200]!r}.") from None
+        if not isinstance(answer, dict):
+            raise BackendError(f"A helper in the kernel container answered {line[:200]!r}.")
+        return answer
+
+    async def _no_answer(self) -> KernelGWError:
+        stderr = self.proc.stderr.decode("utf-8", "replace").strip()
+        if "No module named" in stderr and "kernelgw_kernel" in stderr:
+            return BackendError(
+                "The kernel image lacks the kernelgw_kernel helper that file transfers and package "
+                "installs need; rebuild it with `kernelgw image build`."
+            )
+        code = await self.proc.exit_code()
+        detail = stderr.splitlines()[-1] if stderr else "no output"
+        if code in (137, -9):
+            detail = "killed (out of memory?)"
+        return BackendError(f"A helper in the kernel container ended without an answer (exit {code}: {detail}).")
+
+
+def raise_for_answer(answer: dict[str, Any]) -> dict[str, Any]:
+    """The answer if ``ok``, else the matching gateway error."""
+    if answer.get("ok") is True:
+        return answer
+    code = str(answer.get("error", ""))
+    message = str(answer.get("message", "")) or code
+    message = message[:1].upper() + message[1:]
+    if not message.endswith("."):
+        message += "."
+    if code in ("invalid_path", "symlink", "is_directory", "not_directory", "not_regular"):
+        raise InvalidPath(message)
+    if code == "not_found":
+        raise FileNotFoundInWorkspace(message)
+    if code in ("quota", "no_space"):
+        raise QuotaExceeded(message)
+    if code == "aborted":
+        raise BadRequest(message)
+    raise KernelGWError(f"The workspace operation failed: {message}")
+
+
+def _mib(n: int) -> str:
+    return f"{n} bytes ({n / 1048576:.1f} MiB)" if n >= 1048576 else f"{n} bytes"
+
+
+def quota_message(info: dict[str, Any], size: int | None) -> str:
+    """Why an upload of ``size`` bytes (None: unknown) does not fit, in words."""
+    max_bytes, quota = int(info["max_bytes"]), int(info["quota"])
+    used, free, existing = int(info["used"]), int(info["free"]), int(info["existing"])
+    room = quota - used + existing
+    what = f"The upload ({_mib(size)})" if size is not None else "The upload"
+    if max_bytes <= min(room, free):
+        return f"{what} is larger than the gateway's per-file limit of {_mib(max_bytes)}."
+    if room <= free:
+        return (
+            f"{what} would exceed the workspace quota of {_mib(quota)}: {_mib(used)} are in use, so at "
+            f"most {_mib(max(room, 0))} fit. Delete files (DELETE .../files/PATH) to make room."
+        )
+    return f"{what} does not fit: the workspace file system has only {_mib(free)} free."
+
+
+class Download:
+    """A file on its way out of a workspace: its entry, and ``chunks``, exactly
+    ``entry.size`` bytes as they come out of the container."""
+
+    def __init__(self, entry: FileEntry, proc: ExecProcess, head: bytes) -> None:
+        self.entry = entry
+        self._proc = proc
+        self._head = head
+        self._complete = False
+        self.chunks: AsyncIterator[bytes] = self._stream()
+
+    async def _stream(self) -> AsyncIterator[bytes]:
+        left = self.entry.size
+        data = self._head
+        while left > 0:
+            if not data:
+                data = await self._proc.read()
+                if not data:
+                    raise BackendError(
+                        f"{self.entry.path!r} ended {left} bytes early; it was truncated while being downloaded."
+                    )
+            piece, data = data[:left], b""
+            left -= len(piece)
+            yield piece
+        self._complete = True
+        await self._proc.close()
+
+    async def aclose(self) -> None:
+        """End the transfer; idempotent. Whoever stops iterating early must call
+        it (a suspended generator is only finalised by GC)."""
+        if not self._complete:
+            self._complete = True
+            await wind_down(self._proc)
+        await self._proc.close()
+
+
+async def wind_down(proc: ExecProcess, grace: float = 2.0) -> None:
+    """End a helper that is still running: end its stdin (no commit frame, or the
+    EOF ``get --exit-on-eof`` waits for), then read what it still says until it
+    exits. Dropping the connection at once races the engine, which then
+    sometimes leaves the helper blocked on a full pipe."""
+    try:
+        await proc.close_stdin()
+
+        async def drain() -> None:
+            while await proc.read():
+                pass
+
+        await asyncio.wait_for(drain(), grace)
+    except (KernelGWError, asyncio.TimeoutError):
+        log.warning("a helper in a kernel container did not end within %gs of being stopped", grace)
+
+
+class WorkspaceFiles:
+    """Upload, download, list and delete files in sessions' workspaces."""
+
+    def __init__(self, backend: Backend, *, max_upload_bytes: int, timeout: float) -> None:
+        self.backend = backend
+        self.max_upload_bytes = max_upload_bytes
+        self.timeout = timeout
+
+    def check_length(self, content_length: int | None) -> None:
+        """Refuse a declared size over the per-file limit before anything is read."""
+        if content_length is not None and content_length > self.max_upload_bytes:
+            raise QuotaExceeded(
+                f"The upload ({_mib(content_length)}) is larger than the gateway's per-file "
+                f"limit of {_mib(self.max_upload_bytes)}."
+            )
+
+    async def _exec(self, handle: KernelHandle, args: list[str], stdin: bool = False) -> ExecProcess:
+        return await self.backend.exec(handle, [*FS_HELPER, *args], stdin=stdin, timeout=self.timeout)
+
+    async def upload(
+        self,
+        handle: KernelHandle,
+        path: str,
+        body: AsyncIterable[bytes],
+        *,
+        quota_bytes: int,
+        content_length: int | None = None,
+    ) -> UploadResult:
+        """Stream ``body`` into ``path``; a declared ``content_length`` over the
+        per-file limit is refused before anything starts."""
+        rel = validate_path(path)
+        self.check_length(content_length)
+        args = ["put", "--max-bytes", str(self.max_upload_bytes), "--quota", str(quota_bytes), "--", rel]
+        proc = await self._exec(handle, args, stdin=True)
+        committed = False
+        try:
+            answer = HelperAnswer(proc)
+            info = raise_for_answer(await answer.line())
+            limit = int(info["limit"])
+            if content_length is not None and content_length > limit:
+                raise QuotaExceeded(quota_message(info, content_length))
+            total = 0
+            batch = bytearray()
+            async for chunk in body:
+                total += len(chunk)
+                if total > limit:
+                    raise QuotaExceeded(quota_message(info, content_length))
+                batch += chunk
+                if len(batch) >= SEND_CHUNK:
+                    await proc.write(len(batch).to_bytes(4, "big") + batch)
+                    batch = bytearray()
+            if batch:
+                await proc.write(len(batch).to_bytes(4, "big") + batch)
+            await proc.write(b"\0\0\0\0")
+            committed = True
+            done = raise_for_answer(await answer.line())
+            return _entry(done, UploadResult, created=bool(done.get("created")))  # type: ignore[no-any-return]
+        finally:
+            if not committed:
+                # no commit frame: the helper discards the upload and exits
+                with anyio.CancelScope(shield=True):
+                    await wind_down(proc)
+            await proc.close()
+
+    async def download(self, handle: KernelHandle, path: str) -> Download:
+        """The file's entry, and its bytes as they come out of the container."""
+        rel = validate_path(path)
+        # stdin stays open and unused: when the connection is dropped (the client
+        # went away) the engine closes it and the helper exits at once
+        args = ["get", "--exit-on-eof", "--idle-timeout", str(max(1, int(self.timeout))), "--", rel]
+        proc = await self._exec(handle, args, stdin=True)
+        try:
+            answer = HelperAnswer(proc)
+            entry: FileEntry = _entry(raise_for_answer(await answer.line(limit=64 * 1024)))
+        except BaseException:
+            await proc.close()
+            raise
+        return Download(entry, proc, answer.buffer)
+
+    async def list(self, handle: KernelHandle, path: str = "", *, recursive: bool = False) -> FileList:
+        rel = validate_path(path, allow_root=True)
+        args = ["list", "--max-entries", str(MAX_LIST_ENTRIES)]
+        if recursive:
+            args.append("--recursive")
+        proc = await self._exec(handle, [*args, "--", rel])
+        try:
+            data = raise_for_answer(await HelperAnswer(proc).line())
+        finally:
+            await proc.close()
+        return FileList(
+            path=str(data.get("path", rel)),
+            entries=[_entry(e) for e in data.get("entries", [])],
+            truncated=bool(data.get("truncated")),
+        )
+
+    async def delete(self, handle: KernelHandle, path: str) -> str:
+        """Remove a file, a directory (with its contents) or a symbolic link
+        (not what it points to); returns which it was."""
+        rel = validate_path(path)
+        proc = await self._exec(handle, ["delete", "--", rel])
+        try:
+            data = raise_for_answer(await HelperAnswer(proc).line())
+        finally:
+            await proc.close()
+        return str(data.get("type", "file"))

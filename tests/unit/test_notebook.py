@@ -1,0 +1,262 @@
+"""History -> notebook mapping and the restore plan (kernelgw.notebook), pure."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import nbformat
+import pytest
+
+from kernelgw import events as ev
+from kernelgw.notebook import (
+    KERNELSPEC,
+    InvalidNotebook,
+    build_notebook,
+    plan_from_executions,
+    read_notebook,
+    replay_plan,
+)
+from kernelgw.storage.records import ExecutionRecord, NoteRecord
+
+T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+def execution(
+    position: int, code: str, events: list[ev.Event], *, status: str = "ok", count: int | None = None, seq: int = 0
+) -> ExecutionRecord:
+    eid = f"e{position}"
+    done = ev.Done(execution_id=eid, status=status, execution_count=count, duration_ms=12.5,
+                   reason=None if status == "ok" else f"{status} happened")  # type: ignore[arg-type]
+    all_events = [ev.Queued(execution_id=eid, code=code), ev.Status(execution_id=eid, state="busy"), *events, done]
+    return ExecutionRecord(
+        session_id="s1",
+        position=position,
+        execution_id=eid,
+        seq=seq or (position + 1) * 100,
+        code=code,
+        status=status,
+        execution_count=count,
+        started_at=T0,
+        duration_ms=12.5,
+        reason=done.reason,
+        state_lost=False,
+        events_json="[" + ",".join(e.model_dump_json() for e in all_events) + "]",
+    )
+
+
+def out(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"output_type": kind, **fields}
+
+
+def outputs(cell: Any) -> list[dict[str, Any]]:
+    return json.loads(json.dumps(cell["outputs"]))
+
+
+def test_stream_chunks_merge_per_name_like_jupyter() -> None:
+    nb = build_notebook([
+        execution(0, "...", [
+            ev.Stream(name="stdout", text="a"),
+            ev.Stream(name="stdout", text="b\n"),
+            ev.Stream(name="stderr", text="warn\n"),
+            ev.Stream(name="stdout", text="c\n"),
+        ], count=1),
+    ])
+    assert outputs(nb.cells[0]) == [
+        out("stream", name="stdout", text="ab\n"),
+        out("stream", name="stderr", text="warn\n"),
+        out("stream", name="stdout", text="c\n"),
+    ]
+    assert nb.cells[0].execution_count == 1
+
+
+def test_display_result_and_error_map_to_nbformat_outputs() -> None:
+    tb = ["\x1b[0;31mZeroDivisionError\x1b[0m Traceback", "\x1b[0;31mZeroDivisionError\x1b[0m: division by zero"]
+    nb = build_notebook([
+        execution(0, "plot", [
+            ev.Display(data={"image/png": PNG, "text/plain": "<Figure>"}, metadata={"image/png": {"width": 1}},
+                       display_id="d1"),
+            ev.Result(execution_count=3, data={"text/plain": "42", "text/html": "<b>42</b>"}),
+            ev.Error(ename="ZeroDivisionError", evalue="division by zero", traceback=tb,
+                     traceback_text=["x", "y"]),
+        ], status="error", count=3),
+    ])
+    assert outputs(nb.cells[0]) == [
+        out("display_data", data={"image/png": PNG, "text/plain": "<Figure>"}, metadata={"image/png": {"width": 1}}),
+        out("execute_result", data={"text/plain": "42", "text/html": "<b>42</b>"}, metadata={}, execution_count=3),
+        out("error", ename="ZeroDivisionError", evalue="division by zero", traceback=tb),
+    ]
+    assert "transient" not in nb.cells[0].outputs[0]
+    assert nb.cells[0].metadata["kernelgw"]["status"] == "error"
+    nbformat.validate(nb)
+
+
+def test_update_display_reaches_outputs_in_earlier_cells() -> None:
+    nb = build_notebook([
+        execution(0, "h = display('v1', display_id=True)", [
+            ev.Display(data={"text/plain": "'v1'"}, display_id="d"),
+            ev.Display(data={"text/plain": "'other'"}, display_id="x"),
+        ], count=1),
+        execution(1, "h.display('again')", [ev.Display(data={"text/plain": "'again'"}, display_id="d")], count=2),
+        execution(2, "h.update('v2')", [
+            ev.UpdateDisplay(data={"text/plain": "'v2'"}, metadata={"m": 1}, display_id="d"),
+        ], count=3),
+    ])
+    assert outputs(nb.cells[0]) == [
+        out("display_data", data={"text/plain": "'v2'"}, metadata={"m": 1}),
+        out("display_data", data={"text/plain": "'other'"}, metadata={}),
+    ]
+    assert outputs(nb.cells[1]) == [out("display_data", data={"text/plain": "'v2'"}, metadata={"m": 1})]
+    assert outputs(nb.cells[2]) == []  # an update is not an output of its own cell
+
+
+def test_update_of_an_unknown_display_id_is_ignored() -> None:
+    nb = build_notebook([execution(0, "u", [ev.UpdateDisplay(data={"text/plain": "z"}, display_id="nope")])])
+    assert outputs(nb.cells[0]) == []
+
+
+def test_clear_output_now_and_wait() -> None:
+    nb = build_notebook([
+        execution(0, "now", [
+            ev.Stream(name="stdout", text="1\n"),
+            ev.ClearOutput(wait=False),
+            ev.Stream(name="stdout", text="2\n"),
+        ]),
+        execution(1, "wait", [
+            ev.Stream(name="stdout", text="frame 1\n"),
+            ev.ClearOutput(wait=True),
+            ev.Display(data={"text/plain": "frame 2"}),
+            ev.ClearOutput(wait=True),
+        ]),
+        execution(2, "wait then update", [
+            ev.Display(data={"text/plain": "p0"}, display_id="p"),
+            ev.ClearOutput(wait=True),
+            ev.UpdateDisplay(data={"text/plain": "p1"}, display_id="p"),
+        ]),
+    ])
+    assert outputs(nb.cells[0]) == [out("stream", name="stdout", text="2\n")]
+    # the last clear(wait=True) has no output after it: the last frame stays
+    assert outputs(nb.cells[1]) == [out("display_data", data={"text/plain": "frame 2"}, metadata={})]
+    # update_display is not a new output: the pending clear does not run
+    assert outputs(nb.cells[2]) == [out("display_data", data={"text/plain": "p1"}, metadata={})]
+
+
+def test_clear_output_does_not_cross_cells() -> None:
+    nb = build_notebook([
+        execution(0, "a", [ev.Stream(name="stdout", text="kept\n"), ev.ClearOutput(wait=True)]),
+        execution(1, "b", [ev.Stream(name="stdout", text="b\n")]),
+    ])
+    assert outputs(nb.cells[0]) == [out("stream", name="stdout", text="kept\n")]
+    assert outputs(nb.cells[1]) == [out("stream", name="stdout", text="b\n")]
+
+
+def test_truncation_and_unfinished_executions_leave_a_note_on_stderr() -> None:
+    nb = build_notebook([
+        execution(0, "spam", [
+            ev.Stream(name="stderr", text="x"),
+            ev.Truncated(limit_bytes=10, message="output exceeded 10 bytes"),
+        ]),
+        execution(1, "while True: pass", [], status="timeout"),
+        execution(2, "boom", [ev.Stream(name="stdout", text="hi\n")], status="dead"),
+    ])
+    assert outputs(nb.cells[0]) == [out("stream", name="stderr", text="x[kernelgw: output exceeded 10 bytes]\n")]
+    assert outputs(nb.cells[1]) == [out("stream", name="stderr", text="[kernelgw: execution timeout: timeout happened]\n")]
+    assert outputs(nb.cells[2])[1]["text"].startswith("[kernelgw: execution dead")
+    assert [c.metadata["kernelgw"]["status"] for c in nb.cells] == ["ok", "timeout", "dead"]
+    nbformat.validate(nb)
+
+
+def test_notebook_metadata_notes_and_validity() -> None:
+    lang = {"name": "python", "version": "3.11.2", "mimetype": "text/x-python", "file_extension": ".py"}
+    nb = build_notebook(
+        [execution(1, "b = 2", [], seq=200), execution(0, "a = 1", [], seq=100)],
+        [
+            NoteRecord("s1", after_seq=150, markdown="## between", created_at=T0),
+            NoteRecord("s1", after_seq=0, markdown="# first", created_at=T0),
+            NoteRecord("s1", after_seq=999, markdown="the end", created_at=T0),
+        ],
+        language_info=lang,
+        session_id="s1",
+        image="img:1",
+    )
+    assert [(c.cell_type, c.source) for c in nb.cells] == [
+        ("markdown", "# first"), ("code", "a = 1"), ("markdown", "## between"), ("code", "b = 2"),
+        ("markdown", "the end"),
+    ]
+    assert nb.nbformat == 4 and nb.metadata.kernelspec == KERNELSPEC
+    assert nb.metadata.language_info == lang
+    assert nb.metadata.kernelgw == {"session_id": "s1", "image": "img:1"}
+    assert nb.cells[1].id == "e0" and len({c.id for c in nb.cells}) == 5
+    assert nb.cells[1].metadata.execution["shell.execute_reply.started"] == "2026-01-02T03:04:05Z"
+    nbformat.validate(nb)
+    # and it survives a write/read round trip unchanged
+    again = nbformat.reads(nbformat.writes(nb), as_version=4)
+    assert again == nb
+
+
+def test_empty_history_is_a_valid_notebook() -> None:
+    nb = build_notebook([])
+    assert nb.cells == [] and nb.metadata.language_info == {"name": "python"}
+    nbformat.validate(nb)
+
+
+# ------------------------------------------------------------------ restore
+
+
+def test_replay_plan_runs_code_cells_and_skips_unfinished_ones() -> None:
+    nb = build_notebook(
+        [
+            execution(0, "a = 1", []),
+            execution(1, "1/0", [], status="error"),
+            execution(2, "while True: pass", [], status="timeout"),
+            execution(3, "  \n", []),
+            execution(4, "x = 1", [], status="interrupted"),
+            execution(5, "b = a + 1", []),
+        ],
+        [NoteRecord("s1", after_seq=0, markdown="# notes are not run", created_at=T0)],
+    )
+    plan = replay_plan(read_notebook(json.loads(nbformat.writes(nb))))
+    assert [(s.index, s.code, s.skip_reason is None) for s in plan] == [
+        (1, "a = 1", True),
+        (2, "1/0", True),
+        (3, "while True: pass", False),
+        (4, "  \n", False),
+        (5, "x = 1", False),
+        (6, "b = a + 1", True),
+    ]
+    assert "timeout" in (plan[2].skip_reason or "")
+
+
+def test_replay_plan_of_a_plain_jupyter_notebook_joins_source_lines() -> None:
+    nb = {
+        "nbformat": 4,
+        "nbformat_minor": 4,
+        "metadata": {},
+        "cells": [
+            {"cell_type": "markdown", "metadata": {}, "source": ["# t"]},
+            {"cell_type": "code", "metadata": {}, "source": ["x = 1\n", "y = 2"], "outputs": [],
+             "execution_count": None},
+        ],
+    }
+    assert [(s.index, s.code) for s in replay_plan(read_notebook(nb))] == [(1, "x = 1\ny = 2")]
+
+
+def test_plan_from_stored_executions() -> None:
+    plan = plan_from_executions([execution(0, "a = 1", []), execution(1, "dead", [], status="dead")])
+    assert [(s.index, s.skip_reason is None) for s in plan] == [(0, True), (1, False)]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"nbformat": 3, "cells": []}, "nbformat v4"),
+        ({"cells": []}, "nbformat v4"),
+        ({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "code"}]}, "cells/0"),
+        ({"nbformat": 4, "nbformat_minor": 5, "metadata": {}}, "cells"),
+    ],
+)
+def test_invalid_notebooks_are_refused_with_a_reason(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidNotebook, match=message):
+        read_notebook(data)
