@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_IMAGE = "kernelgw/python:latest"
@@ -20,6 +20,18 @@ DEFAULT_IMAGE = "kernelgw/python:latest"
 def _default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(base) / "kernelgw"
+
+
+class PoolProfileSettings(BaseModel):
+    """A warm pool for sessions asking for exactly these values (None: the default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str | None = None
+    memory_mb: int | None = None
+    cpus: float | None = None
+    size: int = Field(1, ge=0)
+    max_size: int | None = Field(None, ge=0)
 
 
 class Settings(BaseSettings):
@@ -78,6 +90,16 @@ class Settings(BaseSettings):
     """Bytes buffered for one slow WebSocket client before it is dropped."""
     state_poll_s: float = 0.5
     """How often a busy session asks the engine whether its container still runs."""
+
+    # --- warm pool: kernels started ahead of demand
+    pool_size: int = Field(0, ge=0)
+    """Warm kernels kept ready for sessions with the default image and limits."""
+    pool_max_size: int | None = Field(None, ge=0)
+    """How far the pool may grow under demand (misses); default twice ``pool_size``."""
+    pool_shrink_after_s: float = Field(300.0, gt=0)
+    """Without demand for this long, a grown pool shrinks back to its size."""
+    pool_profiles: list[PoolProfileSettings] = Field(default_factory=list)
+    """Further pools for other images or limits, e.g. ``[{"memory_mb": 4096, "size": 1}]``."""
 
     # --- history and storage (sessions, executions, notes; notebook export/restore)
     data_dir: Path = Field(default_factory=_default_data_dir)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from kernelgw.backend.base import Backend, KernelSpec
 from kernelgw.config import Settings
 from kernelgw.errors import LimitExceeded, SessionLimitReached, SessionNotFound
+from kernelgw.metrics import Metrics
+from kernelgw.pool import PoolProfile, WarmPool
 from kernelgw.recorder import Recorder
 from kernelgw.session import KernelSession, SessionConfig
 
@@ -34,18 +36,50 @@ class SessionOptions:
 
 
 class SessionManager:
-    def __init__(self, settings: Settings, backend: Backend, recorder: Recorder | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        recorder: Recorder | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.settings = settings
         self.backend = backend
         self.recorder = recorder
+        self.metrics = metrics
         self._sessions: dict[str, KernelSession] = {}
         self._starting = 0
         self._reaper: asyncio.Task[None] | None = None
+        self.pools: dict[PoolProfile, WarmPool] = {}
 
     async def start(self) -> None:
-        """Remove what a previous gateway of this name left, then start reaping."""
+        """Remove what a previous gateway of this name left, then start reaping
+        and warming the pools."""
         await self.backend.reap_orphans()
         self._reaper = asyncio.create_task(self._reap_loop(), name="idle-reaper")
+        self._start_pools()
+
+    def _start_pools(self) -> None:
+        s = self.settings
+        wanted = [(SessionOptions(), s.pool_size, s.pool_max_size)] + [
+            (SessionOptions(memory_mb=p.memory_mb, cpus=p.cpus, image=p.image), p.size, p.max_size)
+            for p in s.pool_profiles
+        ]
+        for opts, size, max_size in wanted:
+            if size <= 0 and not max_size:
+                continue
+            spec = self._spec("pool", opts)  # validates the profile against the maximums
+            profile = PoolProfile(spec.image, spec.memory_mb, spec.cpus)
+            pool = WarmPool(
+                profile,
+                lambda opts=opts: self._start_session(opts),  # type: ignore[misc]
+                size=size,
+                max_size=max_size if max_size is not None else 2 * size,
+                shrink_after_s=s.pool_shrink_after_s,
+                metrics=self.metrics,
+            )
+            self.pools[profile] = pool
+            pool.start()
 
     async def shutdown(self) -> None:
         if self._reaper is not None:
@@ -54,6 +88,7 @@ class SessionManager:
                 await self._reaper
             except BaseException:
                 pass
+        await asyncio.gather(*(pool.close() for pool in self.pools.values()), return_exceptions=True)
         await asyncio.gather(
             *(self.delete(sid, reason="gateway shutdown") for sid in list(self._sessions)), return_exceptions=True
         )
@@ -103,24 +138,47 @@ class SessionManager:
             state_poll_s=s.state_poll_s,
         )
 
-    async def create(self, opts: SessionOptions | None = None) -> KernelSession:
-        opts = opts or SessionOptions()
+    async def _start_session(self, opts: SessionOptions) -> KernelSession:
+        """A started kernel session (not yet registered): what pools hold."""
         session_id = uuid.uuid4().hex
         spec = self._spec(session_id, opts)
+        session = KernelSession(
+            session_id, spec, self.backend, self._session_config(opts), self.recorder, self.metrics
+        )
+        await session.start()
+        return session
+
+    async def create(self, opts: SessionOptions | None = None) -> KernelSession:
+        opts = opts or SessionOptions()
+        spec = self._spec("new", opts)  # validate before anything starts
         if len(self._sessions) + self._starting >= self.settings.max_sessions:
             raise SessionLimitReached(
                 f"The gateway already runs its maximum of {self.settings.max_sessions} sessions. "
                 "Delete a session you no longer need, or retry later."
             )
+        started = time.perf_counter()
         self._starting += 1
         try:
-            session = KernelSession(session_id, spec, self.backend, self._session_config(opts), self.recorder)
-            await session.start()
+            pool = self.pools.get(PoolProfile(spec.image, spec.memory_mb, spec.cpus))
+            session = pool.take() if pool is not None else None
+            if session is not None:
+                source = "pool"
+                try:
+                    await session.adopt(self._session_config(opts), self.recorder, dict(opts.env))
+                except BaseException:
+                    await session.close()
+                    raise
+            else:
+                source = "cold"
+                session = await self._start_session(opts)
         finally:
             self._starting -= 1
-        self._sessions[session_id] = session
+        self._sessions[session.id] = session
+        if self.metrics is not None:
+            self.metrics.session_start.labels(source).observe(time.perf_counter() - started)
+            self.metrics.sessions_active.set(len(self._sessions))
         await self._record("session_started", session)
-        log.info("session %s created", session_id)
+        log.info("session %s created (%s)", session.id, source)
         return session
 
     def get(self, session_id: str) -> KernelSession:
@@ -140,6 +198,8 @@ class SessionManager:
         await session.close()
         if self._sessions.pop(session_id, None) is None:
             return  # a concurrent delete finished first and recorded the end
+        if self.metrics is not None:
+            self.metrics.sessions_active.set(len(self._sessions))
         await self._record("session_ended", session, reason)
         log.info("session %s %s", session_id, reason)
 

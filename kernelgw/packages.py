@@ -431,8 +431,9 @@ async def _run(cmd: list[str], timeout: float) -> tuple[int, str]:
         *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(timeout):
+            out, _ = await proc.communicate()
+    except TimeoutError:
         proc.kill()
         await proc.wait()
         return 1, f"ERROR: pip did not finish within {timeout:g}s"

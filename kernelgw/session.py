@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import logging
 import queue
@@ -31,6 +32,7 @@ from kernelgw import events as ev
 from kernelgw.backend.base import Backend, KernelHandle, KernelSpec, KernelState
 from kernelgw.errors import BadRequest, KernelStartFailed
 from kernelgw.iopub import payload_size, to_event
+from kernelgw.metrics import Metrics
 from kernelgw.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -137,9 +139,11 @@ class KernelSession:
         backend: Backend,
         config: SessionConfig,
         recorder: Recorder | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.id = session_id
         self.recorder = recorder
+        self.metrics = metrics
         self.spec = spec
         self.backend = backend
         self.config = config
@@ -253,6 +257,8 @@ class KernelSession:
                 current.abort_reason = reason
                 current.finished.set()
             await self._stop_kernel()
+            if self.metrics is not None:
+                self.metrics.restarts.labels("requested").inc()
             try:
                 await self._start_kernel()
             except BaseException as exc:
@@ -273,8 +279,9 @@ class KernelSession:
             if self._worker is not None:
                 # let the running execution publish its done event, then stop
                 try:
-                    await asyncio.wait_for(asyncio.shield(self._drain_current()), 2)
-                except (asyncio.TimeoutError, Exception):
+                    async with asyncio.timeout(2):
+                        await self._drain_current()
+                except TimeoutError:
                     pass
                 self._worker.cancel()
                 try:
@@ -456,9 +463,12 @@ class KernelSession:
             if remaining <= 0:
                 return "timeout"
             try:
-                await asyncio.wait_for(rec.finished.wait(), min(remaining, self.config.state_poll_s))
+                # asyncio.timeout rather than wait_for, which on 3.11 can swallow a
+                # cancellation racing with completion (CPython gh-86296)
+                async with asyncio.timeout(min(remaining, self.config.state_poll_s)):
+                    await rec.finished.wait()
                 return "finished"
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             handle = self._handle
             if handle is None:
@@ -505,6 +515,8 @@ class KernelSession:
             if self.state == "closed":
                 return None
             await self._stop_kernel()
+            if self.metrics is not None:
+                self.metrics.restarts.labels("timeout").inc()
             try:
                 await self._start_kernel()
             except Exception as exc:
@@ -521,22 +533,46 @@ class KernelSession:
         a cell fails, so then one silent request asks again (files written before
         the exception still count)."""
         reply = rec.reply or {}
-        if reply.get("status") != "ok" and self._kc is not None:
-            probe = QueuedExecution(execution_id=rec.execution_id, code="", timeout=5, silent=True)
-            probe.msg_id = self._kc.execute(
-                "", silent=True, store_history=False, allow_stdin=False,
-                user_expressions={"artifacts": ARTIFACTS_EXPRESSION},
-            )
-            probe.idle_seen = True  # silent requests publish nothing we wait for
-            self._by_msg_id[probe.msg_id] = probe
-            try:
-                await asyncio.wait_for(probe.finished.wait(), 5)
-                reply = probe.reply or {}
-            except asyncio.TimeoutError:
-                return
-            finally:
-                self._by_msg_id.pop(probe.msg_id, None)
+        if reply.get("status") != "ok":
+            reply = await self._silent_request("", {"artifacts": ARTIFACTS_EXPRESSION}) or {}
         rec.artifacts = parse_artifacts(reply)
+
+    async def _silent_request(
+        self, code: str, user_expressions: dict[str, str] | None = None, timeout: float = 5.0
+    ) -> dict[str, Any] | None:
+        """Run gateway-internal code: no history, no published events, no
+        pre_run_cell hooks. Returns the execute_reply content, None on timeout."""
+        if self._kc is None:
+            return None
+        probe = QueuedExecution(execution_id="internal", code=code, timeout=timeout, silent=True)
+        probe.msg_id = self._kc.execute(
+            code, silent=True, store_history=False, allow_stdin=False, user_expressions=user_expressions or {}
+        )
+        probe.idle_seen = True  # silent requests publish nothing we wait for
+        self._by_msg_id[probe.msg_id] = probe
+        try:
+            async with asyncio.timeout(timeout):
+                await probe.finished.wait()
+            return probe.reply or {}
+        except TimeoutError:
+            return None
+        finally:
+            self._by_msg_id.pop(probe.msg_id, None)
+
+    async def adopt(self, config: SessionConfig, recorder: Recorder | None, env: dict[str, str]) -> None:
+        """Take over a warm kernel from the pool as a new session.
+
+        Per-session environment variables reach the kernel's ``os.environ`` with a
+        silent request (no restart; nothing is bound in the user namespace)."""
+        self.config = config
+        self.recorder = recorder
+        self.created_at = datetime.now(timezone.utc)
+        self.touch()
+        if env:
+            reply = await self._silent_request(f"__import__('os').environ.update({json.dumps(env)})")
+            if not reply or reply.get("status") != "ok":
+                raise KernelStartFailed("Could not set the session's environment variables in the kernel.")
+            self.spec = dataclasses.replace(self.spec, env=dict(env))
 
     def _finish_from_reply(self, rec: QueuedExecution) -> None:
         reply = rec.reply or {}
@@ -576,6 +612,9 @@ class KernelSession:
         pub = self._publish(done, rec)
         assert isinstance(pub.event, ev.Done)
         rec.done.set_result(pub.event)
+        if self.metrics is not None and not rec.silent:
+            oom = status == "dead" and (self.dead_reason or "").startswith("out-of-memory")
+            self.metrics.execution_done(pub.event, rec.output_bytes, oom_killed=oom)
 
     # ------------------------------------------------------------- readers
     async def _read_iopub(self, kc: AsyncKernelClient) -> None:

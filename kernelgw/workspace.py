@@ -306,8 +306,9 @@ async def wind_down(proc: ExecProcess, grace: float = 2.0) -> None:
             while await proc.read():
                 pass
 
-        await asyncio.wait_for(drain(), grace)
-    except (KernelGWError, asyncio.TimeoutError):
+        async with asyncio.timeout(grace):
+            await drain()
+    except (KernelGWError, TimeoutError):
         log.warning("a helper in a kernel container did not end within %gs of being stopped", grace)
 
 

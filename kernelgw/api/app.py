@@ -16,6 +16,7 @@ from kernelgw.backend import Backend, create_backend
 from kernelgw.config import Settings
 from kernelgw.errors import KernelGWError
 from kernelgw.manager import SessionManager
+from kernelgw.metrics import Metrics
 from kernelgw.storage import Store
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,9 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         await store.start()
         app.state.store = store
         # ---
-        manager = SessionManager(cfg, be, recorder=store)
+        metrics = Metrics()
+        app.state.metrics = metrics
+        manager = SessionManager(cfg, be, recorder=store, metrics=metrics)
         app.state.settings = cfg
         app.state.backend = be
         app.state.manager = manager

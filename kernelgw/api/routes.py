@@ -56,6 +56,14 @@ async def healthz(request: Request) -> Response:
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
 
+@router.get("/metrics", tags=["gateway"], response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics: sessions, pool, executions by status, latencies, output bytes."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
 @router.post("/v1/sessions", status_code=201, response_model=CreatedSession, tags=["sessions"])
 async def create_session(body: CreateSession, request: Request) -> dict[str, Any]:
     """Start a kernel in a new network-less container (a warm one when pooled).

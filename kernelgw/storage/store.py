@@ -156,8 +156,9 @@ class Store:
 
     async def close(self) -> None:
         try:
-            await asyncio.wait_for(self.flush(), 30)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(30):
+                await self.flush()
+        except TimeoutError:
             log.error("history storage: %d rows not written at shutdown", self._queue.qsize())
         for task in (self._writer, self._purger):
             if task is not None:
