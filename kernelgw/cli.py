@@ -64,6 +64,11 @@ def serve(host: str | None, port: int | None, config_file: Path | None) -> None:
         settings = Settings.load(config_file, **overrides)
     except (ValidationError, ValueError) as exc:
         raise click.ClickException(f"invalid settings: {exc}") from exc
+    import logging
+
+    # the gateway's own progress lines (pool warm-up, orphan clean-up, sessions)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kernelgw").setLevel(logging.INFO)
     # websockets-sansio: uvicorn's implementation on websockets' maintained API
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, ws="websockets-sansio")
 

@@ -53,6 +53,8 @@ class WarmPool:
         self._wake = asyncio.Event()
         self._filler: asyncio.Task[None] | None = None
         self._last_demand = time.monotonic()
+        self._created = time.monotonic()
+        self._warmed = False
         self.failures = 0
 
     @property
@@ -117,6 +119,12 @@ class WarmPool:
                 self.failures = 0
                 self._ready.append(session)
                 self._publish_size()
+                if not self._warmed:
+                    log.info(
+                        "warm pool %s: %d/%d kernels ready (%.1fs)",
+                        self.profile.image, len(self._ready), self.target, time.monotonic() - self._created,
+                    )
+                    self._warmed = len(self._ready) >= self.target
                 continue
             self._wake.clear()
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
