@@ -187,6 +187,7 @@ class KernelSession:
             kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
             self._kc = kc
             self.kernel_info = await self._wait_ready(kc)
+            await self.backend.seal(self._handle)
         except BaseException:
             await self._stop_kernel()
             raise
@@ -619,7 +620,7 @@ class KernelSession:
     # ------------------------------------------------------------- readers
     async def _read_iopub(self, kc: AsyncKernelClient) -> None:
         while True:
-            msg = await kc.get_iopub_msg()
+            msg = await self._next(kc.get_iopub_msg, "iopub")
             parent = (msg.get("parent_header") or {}).get("msg_id")
             rec = self._by_msg_id.get(parent) if parent else None
             if rec is None or rec.silent or rec.finished.is_set():
@@ -657,13 +658,28 @@ class KernelSession:
 
     async def _read_shell(self, kc: AsyncKernelClient) -> None:
         while True:
-            msg = await kc.get_shell_msg()
+            msg = await self._next(kc.get_shell_msg, "shell")
             parent = (msg.get("parent_header") or {}).get("msg_id")
             rec = self._by_msg_id.get(parent) if parent else None
             if rec is None or msg["header"]["msg_type"] != "execute_reply":
                 continue
             rec.reply = msg.get("content") or {}
             self._check_finished(rec)
+
+    async def _next(self, get: Any, channel: str) -> dict[str, Any]:
+        """The next well-formed, correctly signed message. A malformed or forged one
+        (bad signature, broken JSON) is dropped: the kernel cannot stop a reader."""
+        while True:
+            try:
+                msg = await get()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("session %s: dropped an invalid %s message (%s)", self.id, channel, exc)
+                continue
+            if isinstance(msg, dict) and isinstance(msg.get("header"), dict) and "msg_type" in msg["header"]:
+                return msg  # type: ignore[no-any-return]
+            log.warning("session %s: dropped a malformed %s message", self.id, channel)
 
     def _check_finished(self, rec: QueuedExecution) -> None:
         if rec.reply is not None and rec.idle_seen:

@@ -136,6 +136,17 @@ class Backend(Protocol):
         """Whether the container still runs, and if not, why (OOM, exit code)."""
         ...
 
+    async def seal(self, handle: KernelHandle) -> None:
+        """Take the connection directory away from the kernel once it is ready.
+
+        Called by the session after the first kernel_info reply and before any
+        user code runs. Checks (lstat, no link following) that the kernel's
+        sockets are sockets, then makes the directory the gateway's alone, so
+        user code cannot swap a socket for a symlink that the gateway would
+        follow on a ZMQ reconnect. Raises KernelStartFailed if anything is off.
+        """
+        ...
+
     async def reap_orphans(self) -> list[str]:
         """Remove containers and directories of this gateway's name left by a
         previous gateway process. Called once at gateway start-up."""

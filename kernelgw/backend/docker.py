@@ -18,6 +18,7 @@ import logging
 import os
 import secrets
 import shutil
+import stat
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -235,6 +236,31 @@ class DockerBackend:
             exit_code=st.get("ExitCode"),
             error=st.get("Error") or None,
         )
+
+    async def seal(self, handle: KernelHandle) -> None:
+        await self._run(self._seal_sync, handle)
+
+    def _seal_sync(self, handle: KernelHandle) -> None:
+        expected = {f"k-{port}" for port in _PORTS.values()}
+        try:
+            fd = os.open(handle.conn_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise KernelStartFailed(f"The kernel's connection directory is not usable: {exc}") from exc
+        try:
+            for name in expected:
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    raise KernelStartFailed(f"The kernel did not create its socket {name}.") from None
+                if not stat.S_ISSOCK(st.st_mode):
+                    raise KernelStartFailed(f"{name} in the kernel's connection directory is not a socket.")
+            if os.geteuid() == 0:
+                # root:root 0700: the kernel (uid 1000, no capabilities) can no longer
+                # add, remove or rename anything here; bound sockets keep working.
+                os.fchown(fd, 0, 0)
+                os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
 
     async def reap_orphans(self) -> list[str]:
         return await self._run(self._reap_sync)

@@ -120,7 +120,8 @@ def test_container_configuration(docker_client: docker.DockerClient, gateway: Ru
     import stat
 
     st = os.stat(mount["Source"])
-    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == 1000
+    # sealed once the kernel was ready: the gateway's alone, private
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == 0
     conn_file = os.path.join(mount["Source"], "kernel.json")
     assert stat.S_IMODE(os.stat(conn_file).st_mode) == 0o600
     assert all(len(os.path.join(mount["Source"], n)) < 107 for n in os.listdir(mount["Source"]))
@@ -175,3 +176,20 @@ def test_fork_bomb_stays_inside_the_pids_limit(gateway: RunningGateway, http: ht
     assert out[0].startswith("STOPPED")
     assert 0 < int(out[1]) < gateway.settings.pids_limit
     assert stdout(run(http, session_id, "print('alive')")) == "alive\n"
+
+
+def test_kernel_cannot_touch_its_connection_directory_after_start(http: httpx.Client, session_id: str) -> None:
+    code = (
+        "import os\n"
+        "for attempt in ('list', 'symlink', 'remove'):\n"
+        "    try:\n"
+        "        if attempt == 'list': os.listdir('/conn')\n"
+        "        if attempt == 'symlink': os.symlink('/tmp/x', '/conn/k-9')\n"
+        "        if attempt == 'remove': os.rename('/conn/k-1', '/conn/k-1.old')\n"
+        "        print(attempt, 'ALLOWED')\n"
+        "    except OSError as e:\n"
+        "        print(attempt, type(e).__name__)\n"
+    )
+    out = stdout(run(http, session_id, code)).splitlines()
+    assert out == ["list PermissionError", "symlink PermissionError", "remove PermissionError"]
+    assert stdout(run(http, session_id, "print('still talking')")) == "still talking\n"

@@ -29,6 +29,8 @@ class EngineDown:
     async def state(self, handle: KernelHandle) -> KernelState:
         return KernelState(status="missing")
 
+    async def seal(self, handle: KernelHandle) -> None: ...
+
     async def reap_orphans(self) -> list[str]:
         raise EngineUnavailable("The Docker engine does not answer.")
 
