@@ -5,6 +5,7 @@
     kernelgw run [CODE | -] [--server URL] [--session ID] [--timeout S]
                  [--save-images DIR] [--keep] [--upload FILE ...] [--save-artifacts DIR]
     kernelgw export SESSION [-o OUT.ipynb] [--server URL]
+    kernelgw mcp [--server URL] [--transport stdio|http] [--host H] [--port P]
 """
 
 from __future__ import annotations
@@ -348,6 +349,75 @@ def export(session_id: str, output: Path | None, server: str) -> None:
         cells = notebook.get("cells", [])
         code = sum(1 for c in cells if c.get("cell_type") == "code")
         click.echo(f"wrote {output} ({code} code cells, {len(cells) - code} notes)", err=True)
+
+
+# -------------------------------------------------------------------------- mcp
+
+
+@main.command("mcp")
+@click.option(
+    "--server",
+    envvar="KERNELGW_URL",
+    default="http://127.0.0.1:8000",
+    show_default=True,
+    help="Gateway URL [env KERNELGW_URL].",
+)
+@click.option(
+    "--transport",
+    type=click.Choice(["stdio", "http"]),
+    default="stdio",
+    show_default=True,
+    help="stdio (one client) or streamable HTTP.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="HTTP: address to listen on.")
+@click.option("--port", type=int, default=8100, show_default=True, help="HTTP: port.")
+@click.option("--path", "mcp_path", default="/mcp", show_default=True, help="HTTP: endpoint path.")
+@click.option("--timeout", type=float, default=None, help="Default execution timeout in seconds.")
+@click.option("--memory-mb", type=int, default=None, help="Memory limit of each sandbox.")
+@click.option(
+    "--idle-timeout",
+    type=float,
+    default=1800.0,
+    show_default=True,
+    help="HTTP: delete a sandbox addressed by sandbox_id after this many idle seconds.",
+)
+def mcp_command(
+    server: str,
+    transport: str,
+    host: str,
+    port: int,
+    mcp_path: str,
+    timeout: float | None,
+    memory_mb: int | None,
+    idle_timeout: float,
+) -> None:
+    """Serve kernelgw sandboxes to MCP clients (needs: pip install 'kernelgw[mcp]').
+
+    Tools: run_python, upload_file, download_file, list_files, export_notebook,
+    reset_session. Each MCP client session gets its own sandbox, deleted when
+    the session ends.
+    """
+    import logging
+
+    try:
+        from .integrations import mcp as mcp_server
+    except ImportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    from .client import _normalize_base_url
+
+    try:
+        _normalize_base_url(server)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--server") from exc
+    # stdout belongs to the protocol on stdio: log to stderr only
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    options: dict[str, Any] = {"idle_timeout": idle_timeout, "exec_timeout": timeout}
+    if memory_mb is not None:
+        options["session_options"] = {"memory_mb": memory_mb}
+    if transport == "stdio":
+        mcp_server.run_stdio(server, **options)
+    else:
+        mcp_server.run_http(server, host=host, port=port, path=mcp_path, **options)
 
 
 if __name__ == "__main__":
