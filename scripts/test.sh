@@ -9,6 +9,9 @@ echo "==> PostgreSQL for the storage tests"
 KERNELGW_TEST_DATABASE_URL=${KERNELGW_TEST_DATABASE_URL:-$(bash scripts/ensure-postgres.sh)}
 export KERNELGW_TEST_DATABASE_URL
 echo "$KERNELGW_TEST_DATABASE_URL"
+echo "==> Chromium for the web page tests"
+bash scripts/ensure-chromium.sh
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1  # Debian's chromium only, never a downloaded browser
 echo "==> pytest"
 mkdir -p test-output
 set +e

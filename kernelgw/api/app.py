@@ -92,4 +92,9 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.include_router(files.router)
     app.include_router(packages.router)
     # ---
+    # --- the web page at /
+    from kernelgw import web
+
+    app.include_router(web.router)
+    # ---
     return app

@@ -32,8 +32,8 @@ def _manager(request: Request) -> SessionManager:
     return request.app.state.manager  # type: ignore[no-any-return]
 
 
-def check_code_size(request: Request, code: str) -> None:
-    limit = request.app.state.settings.max_code_bytes
+def check_code_size(limit: int, code: str) -> None:
+    """The same limit for REST and WebSocket executions."""
     if len(code.encode("utf-8", "surrogatepass")) > limit:
         raise PayloadTooLarge(f"code is larger than the gateway's limit of {limit} bytes")
 
@@ -101,7 +101,7 @@ async def delete_session(session_id: str, request: Request) -> Response:
 @router.post("/v1/sessions/{session_id}/execute", response_model=ExecuteResponse, tags=["execution"])
 async def execute(session_id: str, body: ExecuteRequest, request: Request) -> Response:
     """Run a cell and wait for it; returns the same events the WebSocket streams."""
-    check_code_size(request, body.code)
+    check_code_size(request.app.state.settings.max_code_bytes, body.code)
     session = _manager(request).get(session_id)
     rec = session.submit(body.code, execution_id=body.execution_id, timeout=body.timeout)
     done = await rec.done

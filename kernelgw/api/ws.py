@@ -14,6 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from kernelgw import events as ev
 from kernelgw.api.models import WsExecute, WsMessage
+from kernelgw.api.routes import check_code_size
 from kernelgw.errors import KernelGWError
 from kernelgw.session import KernelSession, Subscription
 
@@ -85,6 +86,7 @@ async def _receive_commands(websocket: WebSocket, session: KernelSession, sub: S
             continue
         try:
             if isinstance(msg, WsExecute):
+                check_code_size(settings.max_code_bytes, msg.code)
                 session.submit(msg.code, execution_id=msg.execution_id, timeout=msg.timeout)
             else:
                 await session.interrupt()

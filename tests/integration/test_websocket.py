@@ -167,3 +167,16 @@ def test_slow_watcher_is_dropped_and_never_blocks_the_kernel_or_others(gateway: 
                 slow.close()
     finally:
         gw.stop()
+
+
+def test_code_over_the_limit_is_refused_like_over_rest(
+    gateway: RunningGateway, http: httpx.Client, session_id: str
+) -> None:
+    code = "#" * (gateway.settings.max_code_bytes + 100)
+    resp = http.post(f"/v1/sessions/{session_id}/execute", json={"code": code})
+    assert resp.status_code == 413
+    with connect(f"{gateway.ws_url}/v1/sessions/{session_id}/ws", max_size=None) as ws:
+        ws.send(json.dumps({"type": "execute", "code": code, "execution_id": "big"}))
+        event = json.loads(ws.recv(timeout=10))
+        assert event["type"] == "protocol_error" and "limit" in event["message"]
+        assert event["execution_id"] == "big"

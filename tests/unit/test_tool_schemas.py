@@ -224,6 +224,9 @@ def test_mcp_command_without_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.delitem(sys.modules, "kernelgw.integrations.mcp", raising=False)
     monkeypatch.delattr(kernelgw.integrations, "mcp", raising=False)  # an earlier import's attribute
+    # integration tests may have imported mcp's submodules already: hide them all
+    for name in [n for n in sys.modules if n == "mcp" or n.startswith("mcp.")]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "mcp", None)
     result = CliRunner().invoke(main, ["mcp", "--server", "http://127.0.0.1:1"])
     assert result.exit_code == 1

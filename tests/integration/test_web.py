@@ -1,0 +1,458 @@
+"""The web page at ``/``, end to end: headless Chromium (Debian's, never a
+downloaded one) driven by Playwright's sync API against the real gateway.
+
+Screenshots go to ``<output_dir>/web/`` for people to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import BrowserContext, Locator, Page, expect, sync_playwright
+
+from tests.integration.conftest import (
+    RunningGateway,
+    gateway_settings,
+    run,
+    start_gateway,
+)
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = os.environ.get("KERNELGW_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+]
+FINISHED = re.compile(r"^(ok|error|timeout|interrupted|dead|refused)$")
+
+expect.set_options(timeout=30_000)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrowserContext]:
+    """One headless Chromium with a fresh profile; each test opens its own pages."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"No Chromium at {CHROMIUM}; run scripts/ensure-chromium.sh", pytrace=False)
+    os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1280, "height": 900},
+            accept_downloads=True,
+        )
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture(scope="module")
+def shots(output_dir: Path) -> Path:
+    path = output_dir / "web"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass
+class Tab:
+    """One browser tab showing the web page, with what its console said."""
+
+    page: Page
+    base_url: str
+    console: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def new_session(self) -> str:
+        self.page.goto(self.base_url + "/")
+        self.page.click("#new-session")
+        expect(self.page.locator("#conn-state")).to_have_text("live")
+        sid = self.page.locator("#session-id").inner_text()
+        assert re.fullmatch(r"[0-9a-f]+", sid), sid
+        assert self.page.url.endswith(f"/?session={sid}")
+        return sid
+
+    def open(self, sid: str) -> None:
+        self.page.goto(f"{self.base_url}/?session={sid}")
+        expect(self.page.locator("#conn-state")).to_have_text("live")
+
+    def submit(self, code: str) -> Locator:
+        """Type code into the editor, press Shift+Enter; the new cell."""
+        editor = self.page.locator("#code")
+        editor.fill(code)
+        editor.press("Shift+Enter")
+        expect(editor).to_have_value("")
+        last = self.page.locator(".cell").last
+        execution_id = last.get_attribute("data-execution-id")
+        assert execution_id and execution_id.startswith("web-")
+        return self.cell(execution_id)
+
+    def cell(self, execution_id: str) -> Locator:
+        return self.page.locator(f'.cell[data-execution-id="{execution_id}"]')
+
+    def run(self, code: str, status: str = "ok") -> Locator:
+        cell = self.submit(code)
+        expect(cell).to_have_attribute("data-status", FINISHED, timeout=90_000)
+        assert cell.get_attribute("data-status") == status, cell.inner_text()
+        return cell
+
+    def shot(self, path: Path, full_page: bool = False) -> None:
+        self.page.screenshot(path=str(path), full_page=full_page)
+
+
+@pytest.fixture
+def tabs(browser: BrowserContext, gateway: RunningGateway) -> Iterator[list[Tab]]:
+    """Opens tabs on demand (``tabs_factory``); checks none raised a script error."""
+    opened: list[Tab] = []
+    yield opened
+    for tab in opened:
+        tab.page.close()
+    errors = [e for tab in opened for e in tab.errors]
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+def open_tab(browser: BrowserContext, base_url: str, opened: list[Tab]) -> Tab:
+    page = browser.new_page()
+    tab = Tab(page, base_url)
+    page.on("console", lambda msg: tab.console.append(f"{msg.type}: {msg.text}"))
+    page.on("pageerror", lambda exc: tab.errors.append(str(exc)))
+    opened.append(tab)
+    return tab
+
+
+@pytest.fixture
+def tab(browser: BrowserContext, gateway: RunningGateway, tabs: list[Tab]) -> Tab:
+    return open_tab(browser, gateway.url, tabs)
+
+
+def stdout_of(cell: Locator) -> str:
+    return "".join(cell.locator(".stream-stdout").all_inner_texts())
+
+
+# ---------------------------------------------------------------------- tests
+
+
+def test_page_is_served_with_a_strict_content_security_policy(http: httpx.Client) -> None:
+    resp = http.get("/")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
+    csp = resp.headers["content-security-policy"]
+    directives = dict(d.strip().split(" ", 1) for d in csp.split(";"))
+    assert directives["script-src"] == "'self'"
+    assert directives["default-src"] == "'none'"
+    assert directives["frame-ancestors"] == "'none'"
+    assert "<script>" not in resp.text and "onclick" not in resp.text
+    for asset in ("app.js", "render.js", "style.css", "favicon.svg"):
+        assert http.get(f"/static/{asset}").status_code == 200
+    assert http.get("/static/../__init__.py").status_code == 404
+
+
+def test_home_lists_sessions_and_opens_one(tab: Tab, http: httpx.Client, session_id: str, shots: Path) -> None:
+    tab.page.goto(tab.base_url + "/")
+    row = tab.page.locator("#sessions tbody tr", has_text=session_id)
+    expect(row).to_be_visible()
+    tab.shot(shots / "home.png")
+    row.locator("a.btn").click()
+    expect(tab.page.locator("#conn-state")).to_have_text("live")
+    expect(tab.page.locator("#session-id")).to_have_text(session_id)
+
+
+def test_output_streams_in_before_the_cell_ends(tab: Tab, shots: Path) -> None:
+    tab.new_session()
+    code = "import time\nfor i in range(6):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.5)"
+    started = time.monotonic()
+    cell = tab.submit(code)
+    expect(cell.locator(".stream-stdout")).to_contain_text("tick 0", timeout=20_000)
+    first_seen = time.monotonic() - started
+    # the first line is on the page while the cell is still running
+    assert cell.get_attribute("data-status") == "running"
+    assert "tick 5" not in stdout_of(cell)
+    tab.shot(shots / "stream-running.png")
+    expect(cell).to_have_attribute("data-status", "ok", timeout=30_000)
+    assert stdout_of(cell) == "".join(f"tick {i}\n" for i in range(6))
+    assert time.monotonic() - started > first_seen + 1.5  # the rest came later, live
+    expect(cell.locator(".prompt")).to_have_text("In [1]:")
+
+
+def test_chart_dataframe_and_error_render(tab: Tab, shots: Path) -> None:
+    tab.new_session()
+    chart = tab.run(
+        "import matplotlib.pyplot as plt\n"
+        "fig, ax = plt.subplots(figsize=(6, 3))\n"
+        "ax.plot([1, 3, 2, 5], marker='o'); ax.set_title('a chart')\n"
+        "plt.show()"
+    )
+    img = chart.locator("img.output-image")
+    expect(img).to_be_visible()
+    assert (img.get_attribute("src") or "").startswith("data:image/png;base64,")
+    assert img.evaluate("i => i.complete && i.naturalWidth") > 100
+
+    table = tab.run(
+        "import pandas as pd\n"
+        "df = pd.DataFrame({'city': ['Oslo', 'Lima', 'Pune'], 'temp': [4.5, 19.0, 27.25], 'rank': [3, 2, 1]})\n"
+        "df"
+    )
+    frame_el = table.locator("iframe.output-html")
+    expect(frame_el).to_be_visible()
+    assert frame_el.get_attribute("sandbox") == ""  # isolated: no scripts, opaque origin
+    frame = table.frame_locator("iframe.output-html")
+    expect(frame.locator("table.dataframe")).to_be_visible()
+    expect(frame.locator("table.dataframe th").first).to_be_attached()
+    assert frame.locator("thead th").all_inner_texts()[1:] == ["city", "temp", "rank"]
+    assert frame.locator("tbody tr").count() == 3
+    expect(frame.locator("tbody")).to_contain_text("Lima")
+    # the frame is sized to its content: the whole table is visible, not cut off
+    outer = frame_el.bounding_box()
+    inner = frame.locator("table.dataframe").bounding_box()
+    assert outer and inner
+    assert inner["y"] + inner["height"] <= outer["y"] + outer["height"] + 1, (inner, outer)
+    assert outer["height"] < inner["height"] + 30, (inner, outer)
+    expect(table.locator(".output-result")).to_have_attribute("data-prompt", "Out[2]")
+
+    error = tab.run("def f(x):\n    return 1 / x\n\nf(0)", status="error")
+    box = error.locator(".output-error")
+    expect(box.locator(".error-title")).to_have_text("ZeroDivisionError: division by zero")
+    traceback = box.locator(".traceback").inner_text()
+    assert "Traceback (most recent call last)" in traceback
+    assert "return 1 / x" in traceback and "f(0)" in traceback
+    assert "\x1b" not in traceback  # ANSI colours became styles, not text
+    assert box.locator(".traceback span[class*='ansi-fg']").count() > 0
+    tab.page.set_viewport_size({"width": 1280, "height": 1400})
+    tab.shot(shots / "overview.png")
+
+
+def test_script_in_kernel_html_does_not_run_in_the_page(tab: Tab, shots: Path) -> None:
+    tab.new_session()
+    title = tab.page.title()
+    cell = tab.run(
+        "from IPython.display import HTML, display\n"
+        "display(HTML(\"<script>console.log('pwned-log'); window.parent.document.title='pwned'; "
+        "document.title='pwned'</script><b>bold</b>\"))\n"
+        "display(HTML('<img src=x onerror=\"parent.document.title=\\'pwned-img\\'; console.log(\\'pwned-img\\')\">'"
+        " '<a href=\"javascript:parent.document.title=1\">link</a><style>body{background:red}</style>'))"
+    )
+    frames = cell.locator("iframe.output-html")
+    expect(frames).to_have_count(2)
+    for i in range(2):
+        sandbox = frames.nth(i).get_attribute("sandbox")
+        assert sandbox is not None and "allow-scripts" not in sandbox and "allow-same-origin" not in sandbox
+    expect(cell.frame_locator("iframe.output-html").first.locator("b")).to_have_text("bold")
+    tab.page.wait_for_timeout(500)  # give any script that could run the time to do so
+    assert tab.page.title() == title
+    assert tab.page.evaluate("document.title") == title
+    assert not [m for m in tab.console if "pwned" in m], tab.console
+    # kernel HTML never entered the page's own DOM; its style did not leak out
+    assert tab.page.locator("body > b, .cell-outputs > b, .cell-outputs script").count() == 0
+    assert tab.page.evaluate("getComputedStyle(document.body).backgroundColor") != "rgb(255, 0, 0)"
+    tab.shot(shots / "script-blocked.png")
+
+
+def test_interrupt_a_running_cell_from_the_page(tab: Tab, shots: Path) -> None:
+    tab.new_session()
+    cell = tab.submit("import time\nprint('sleeping', flush=True)\ntime.sleep(120)")
+    expect(cell.locator(".stream-stdout")).to_have_text("sleeping\n", timeout=20_000)
+    interrupt = tab.page.locator("#interrupt")
+    expect(interrupt).to_be_enabled()
+    interrupt.click()
+    expect(cell).to_have_attribute("data-status", "interrupted", timeout=30_000)
+    expect(cell.locator(".output-error .error-title")).to_contain_text("KeyboardInterrupt")
+    expect(interrupt).to_be_disabled()
+    tab.shot(shots / "interrupted.png")
+    after = tab.run("print('still here')")
+    assert stdout_of(after) == "still here\n"
+
+
+def test_restart_from_the_page(tab: Tab) -> None:
+    tab.new_session()
+    tab.run("x = 1")
+    tab.page.once("dialog", lambda dialog: dialog.accept())
+    tab.page.click("#restart")
+    expect(tab.page.locator(".divider")).to_have_text("kernel restarted")
+    cell = tab.run("print('x' in dir())")
+    assert stdout_of(cell) == "False\n"
+    expect(cell.locator(".prompt")).to_have_text("In [1]:")
+
+
+def test_upload_through_the_page_and_read_it_in_a_cell(tab: Tab, tmp_path: Path, shots: Path) -> None:
+    tab.new_session()
+    local = tmp_path / "greeting.txt"
+    local.write_text("hello from the browser\nsecond line\n")
+    tab.page.set_input_files("#upload-input", str(local))
+    expect(tab.page.locator("#file-list")).to_contain_text("greeting.txt")
+    cell = tab.run("print(open('greeting.txt').read(), end='')")
+    assert stdout_of(cell) == "hello from the browser\nsecond line\n"
+    tab.shot(shots / "upload.png")
+
+
+def test_download_artifacts_files_and_notebook(tab: Tab, tmp_path: Path) -> None:
+    sid = tab.new_session()
+    cell = tab.run("open('report.txt', 'w').write('made in a cell\\n')\nprint('written')")
+    link = cell.locator(".artifacts a.file-link")
+    expect(link).to_have_text("⬇ report.txt")
+    with tab.page.expect_download() as info:
+        link.click()
+    assert info.value.suggested_filename == "report.txt"
+    assert Path(info.value.path()).read_text() == "made in a cell\n"
+    # the same file from the file list
+    listed = tab.page.locator("#file-list a.file-link", has_text="report.txt")
+    expect(listed).to_be_visible()
+    with tab.page.expect_download() as info:
+        listed.click()
+    assert Path(info.value.path()).read_text() == "made in a cell\n"
+    with tab.page.expect_download() as info:
+        tab.page.click("#notebook")
+    assert info.value.suggested_filename == f"kernelgw-{sid}.ipynb"
+    notebook = json.loads(Path(info.value.path()).read_text())
+    sources = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in notebook["cells"]]
+    assert any("report.txt" in s for s in sources)
+
+
+def test_two_tabs_watch_one_session_live(
+    browser: BrowserContext, gateway: RunningGateway, tabs: list[Tab], shots: Path
+) -> None:
+    a = open_tab(browser, gateway.url, tabs)
+    sid = a.new_session()
+    a.run("x = 41\nprint('an earlier cell')")
+    # a tab opened later shows the session's earlier cells (the replay buffer)
+    b = open_tab(browser, gateway.url, tabs)
+    b.open(sid)
+    earlier = b.page.locator(".cell").first
+    expect(earlier.locator(".stream-stdout")).to_have_text("an earlier cell\n")
+    expect(earlier.locator(".cell-input")).to_contain_text("x = 41")
+    expect(earlier).to_have_attribute("data-status", "ok")
+    # a cell run in tab A streams into tab B while it runs
+    cell_a = a.submit("import time\nfor i in range(6):\n    print(f'step {i}', flush=True)\n    time.sleep(0.5)")
+    execution_id = cell_a.get_attribute("data-execution-id")
+    assert execution_id
+    cell_b = b.cell(execution_id)
+    expect(cell_b.locator(".stream-stdout")).to_contain_text("step 0", timeout=20_000)
+    assert cell_b.get_attribute("data-status") == "running"
+    assert "step 5" not in stdout_of(cell_b)
+    expect(cell_b.locator(".cell-input")).to_contain_text("print(f'step {i}'")
+    expect(a.page.locator("#watchers")).to_have_text("2 watching", timeout=10_000)
+    expect(cell_a).to_have_attribute("data-status", "ok")
+    expect(cell_b).to_have_attribute("data-status", "ok")
+    assert stdout_of(cell_a) == stdout_of(cell_b) == "".join(f"step {i}\n" for i in range(6))
+    # and the other way round
+    from_b = b.run("print(x + 1)")
+    cell_in_a = a.cell(from_b.get_attribute("data-execution-id") or "")
+    expect(cell_in_a.locator(".stream-stdout")).to_have_text("42\n")
+    expect(cell_in_a.locator(".prompt")).to_have_text("In [3]:")
+    a.shot(shots / "two-tabs-a.png")
+    b.shot(shots / "two-tabs-b.png")
+
+
+def test_reconnect_resumes_without_losing_or_repeating_events(tab: Tab, http: httpx.Client) -> None:
+    sid = tab.new_session()
+    tab.run("print('before the drop')")
+    # drop the connection and keep it down for a while; meanwhile another client runs a cell
+    tab.page.evaluate("() => { window.kernelgw.reconnectDelay = 3000; window.kernelgw.ws.close(); }")
+    expect(tab.page.locator("#conn-state")).to_have_text("reconnecting")
+    result = run(http, sid, "print('while the page was away')", execution_id="rest-while-away")
+    assert result["status"] == "ok"
+    expect(tab.page.locator("#conn-state")).to_have_text("live", timeout=15_000)
+    missed = tab.cell("rest-while-away")
+    expect(missed).to_have_attribute("data-status", "ok")
+    assert stdout_of(missed) == "while the page was away\n"
+    assert tab.page.locator(".cell").count() == 2
+    after = tab.run("print('after the drop')")
+    assert stdout_of(after) == "after the drop\n"
+    assert tab.page.locator(".cell").count() == 3
+
+
+def test_clear_output_and_update_display(tab: Tab) -> None:
+    tab.new_session()
+    cell = tab.run(
+        "from IPython.display import display, clear_output\n"
+        "import time\n"
+        "h = display('first version', display_id=True)\n"
+        "print('to be cleared', flush=True)\n"
+        "time.sleep(0.3)\n"
+        "clear_output()\n"
+        "h = display('draft', display_id=True)\n"
+        "print('kept')\n"
+        "h.update('final version')"
+    )
+    text = cell.locator(".cell-outputs").inner_text()
+    assert "to be cleared" not in text and "first version" not in text
+    assert "'final version'" in text and "draft" not in text and "kept" in text
+    # a display updated from a later cell
+    later = tab.run("h.update('updated by a later cell')")
+    expect(cell.locator(".cell-outputs")).to_contain_text("'updated by a later cell'")
+    assert later.locator(".cell-outputs").inner_text().strip() == ""
+
+
+def test_a_refused_cell_shows_the_gateways_message(tab: Tab) -> None:
+    tab.new_session()
+    too_big = "x = 1\n" + "#" * (1024 * 1024 + 10_000)  # over the gateway's max_code_bytes
+    cell = tab.submit(too_big)
+    expect(cell).to_have_attribute("data-status", "refused")
+    expect(cell.locator(".cell-foot")).to_contain_text("larger than the limit")
+    expect(tab.page.locator("#conn-state")).to_have_text("live")  # the connection stays
+    assert stdout_of(tab.run("print('fine')")) == "fine\n"
+
+
+@pytest.fixture(scope="module")
+def small_gateway(gateway: RunningGateway) -> Iterator[RunningGateway]:
+    """A gateway with a tiny replay buffer and output cap."""
+    gw = start_gateway(
+        gateway_settings(gateway_name=f"{gateway.settings.gateway_name}w", replay_buffer=10, max_output_bytes=20_000)
+    )
+    yield gw
+    gw.stop()
+
+
+def test_truncated_output_is_marked(browser: BrowserContext, small_gateway: RunningGateway, tabs: list[Tab]) -> None:
+    tab = open_tab(browser, small_gateway.url, tabs)
+    tab.new_session()
+    cell = tab.run("for i in range(2000):\n    print('y' * 50)\nprint('never shown')")
+    expect(cell.locator(".output-note.warn")).to_be_visible()
+    assert "never shown" not in stdout_of(cell)
+    assert len(stdout_of(cell)) <= 20_000
+
+
+def test_gap_is_filled_from_history_and_an_ended_session_shows_its_cells(
+    browser: BrowserContext, small_gateway: RunningGateway, tabs: list[Tab], shots: Path
+) -> None:
+    """A session older than the replay buffer: the page asks the history for the rest."""
+    with httpx.Client(base_url=small_gateway.url, timeout=120) as http:
+        sid = http.post("/v1/sessions", json={}).json()["id"]
+        for i in range(5):
+            assert run(http, sid, f"print('cell {i}')")["status"] == "ok"
+        tab = open_tab(browser, small_gateway.url, tabs)
+        tab.open(sid)  # replay holds the last 10 of 20 events: a gap of 1..10 first
+        cells = tab.page.locator(".cell")
+        expect(cells).to_have_count(5)
+        for i in range(5):
+            expect(cells.nth(i).locator(".stream-stdout")).to_have_text(f"cell {i}\n")
+            expect(cells.nth(i).locator(".cell-input")).to_have_text(f"print('cell {i}')")
+            expect(cells.nth(i)).to_have_attribute("data-status", "ok")
+            expect(cells.nth(i).locator(".prompt")).to_have_text(f"In [{i + 1}]:")
+        live = tab.run("print('live')")
+        assert stdout_of(live) == "live\n"
+        # deleting the session ends the page's session; reopening shows the stored cells
+        assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+        expect(tab.page.locator("#session-state")).to_have_text("ended", timeout=15_000)
+        tab.page.reload()
+        expect(tab.page.locator("#session-state")).to_have_text("ended", timeout=15_000)
+        expect(tab.page.locator(".cell")).to_have_count(6)
+        expect(tab.page.locator("#code")).to_be_disabled()
+        expect(tab.page.locator("#banner")).to_contain_text("ended")
+        tab.shot(shots / "ended-session.png")
