@@ -1,0 +1,389 @@
+"""Write docs/benchmarks.md from the JSON results of the bench_*.py scripts.
+
+Run by scripts/bench.sh after the benchmarks; by hand:
+    .venv/bin/python benchmarks/report.py [--dir docs/bench] [--out docs/benchmarks.md]
+Every number and every met/missed verdict in the page comes from the JSON files,
+so a new run regenerates a consistent page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DOCS_BENCH, REPO, machine_line, table_lines  # noqa: E402
+
+# targets of the "Performance" issue
+WARM_START_P50_MS = 50.0
+WS_OVER_FLOOR_MS = 1.0
+IDLE_SESSIONS = 100
+GATEWAY_RSS_MB = 300.0  # MB = 10^6 bytes
+FLOOD_P50_MS = 1.0  # "not slowed": p50 at most this much worse under the flood ...
+FLOOD_P95_RATIO = 1.25  # ... and p95 at most this many times the idle p95
+
+
+def load(d: Path, name: str) -> dict[str, Any] | None:
+    p = d / f"{name}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def row(rows: list[dict[str, Any]], startswith: str) -> dict[str, Any] | None:
+    return next((r for r in rows if r["name"].startswith(startswith)), None)
+
+
+def rel(path: Path, out: Path) -> str:
+    return os.path.relpath(path, out.parent)
+
+
+def table(rows: list[dict[str, Any]], floor: str | None, label: str = "floor") -> str:
+    return "\n".join(table_lines(rows, floor, floor_label=label))
+
+
+def verdict(ok: bool | None) -> str:
+    return {True: "**met**", False: "**missed**", None: "not measured"}[ok]
+
+
+def targets(start: Any, exec_: Any, scale: Any, flood: Any, core: Any) -> tuple[list[str], list[str]]:
+    """(summary table lines, explanation paragraphs)."""
+    lines = ["| target | measured | verdict | by how much |", "|---|---|---|---|"]
+    why: list[str] = []
+
+    # 1. warm pool start
+    if start:
+        warm = row(start["rows"], "kernelgw warm pool")
+        cold = row(start["rows"], "kernelgw cold container: create")
+        first = next((r for r in start["rows"] if "warm" in r["name"] and "first" in r["name"]), None)
+        cold_first = row(start["rows"], "kernelgw cold: create + first")
+        pool = start.get("pool", {})
+        active = bool(pool.get("active"))
+        ok = active and warm is not None and warm["p50_ms"] < WARM_START_P50_MS
+        lines.append(f"| session start from the warm pool, p50 < {WARM_START_P50_MS:.0f} ms | "
+                     f"p50 {warm['p50_ms']:.1f} ms, p95 {warm['p95_ms']:.1f} ms (n={warm['n']}) | {verdict(ok)} | "
+                     f"{WARM_START_P50_MS - warm['p50_ms']:+.1f} ms of margin |")
+        if active:
+            why.append(
+                f"**Warm pool start.** {pool.get('sample_hits')}/{pool.get('samples')} timed creates were served from "
+                f"the pool (`kernelgw_pool_hits` on `/metrics`; pool size {pool.get('size')}). A hit is a hand-over of "
+                f"a kernel that is already running and answered `kernel_info`, so `POST /v1/sessions` costs "
+                f"{warm['p50_ms']:.1f} ms at p50 instead of {cold['p50_ms']:.0f} ms for a cold container "
+                f"({cold['p50_ms'] / warm['p50_ms']:.0f}x less). The first `1+1` right after a pooled create takes "
+                f"{first['p50_ms'] - warm['p50_ms']:.1f} ms (create + first result: {first['p50_ms']:.1f} ms p50), more than "
+                f"a later `1+1` (~4-5 ms); after a cold create the first `1+1` takes "
+                f"{cold_first['p50_ms'] - cold['p50_ms']:.1f} ms: every kernel's first cell is slower. "
+                f"Each sample waited until the pool was full again: this is the latency of a pool that keeps up with "
+                f"demand; a burst larger than the pool gets cold starts (and raises the pool's target).")
+        else:
+            why.append("**Warm pool start.** No create was a pool hit (no `kernelgw_pool_hits` on `/metrics`): the "
+                       "gateway measured had no working pool, so the 'warm pool' rows are cold starts.")
+
+    # 2. 1+1 over the WebSocket vs the raw floor
+    if exec_:
+        t = exec_["tables"]["1+1"]
+        floor, ws = t[0], row(t, "kernelgw WebSocket")
+        d = ws["p50_ms"] - floor["p50_ms"]
+        ok = d <= WS_OVER_FLOOR_MS
+        lines.append(f"| `1+1` over the WebSocket, p50 within {WS_OVER_FLOOR_MS:.0f} ms of raw jupyter_client | "
+                     f"{ws['p50_ms']:.2f} ms vs floor {floor['p50_ms']:.2f} ms (n={ws['n']}) | {verdict(ok)} | "
+                     f"{d:+.2f} ms over the floor ({WS_OVER_FLOOR_MS - d:+.2f} ms of margin) |")
+        cross = []
+        if core:
+            c_ws, c_raw = row(core["rows"], "1+1 kernelgw WebSocket"), row(core["rows"], "1+1 raw")
+            cross.append(f"{c_ws['p50_ms'] - c_raw['p50_ms']:+.2f} ms in bench_core (blocks of {c_ws['n'] // 5} per "
+                         f"transport and round)")
+        if flood:
+            f_ws, f_raw = row(flood["rows"], "A kernelgw WebSocket, B idle"), flood["rows"][0]
+            cross.append(f"{f_ws['p50_ms'] - f_raw['p50_ms']:+.2f} ms in bench_flood's idle phases")
+        why.append(
+            f"**`1+1` over the WebSocket.** All four kernelgw-side transports were open at once and alternated "
+            f"sample by sample (the order rotating), against one session. The WebSocket adds {d:+.2f} ms at p50 and "
+            f"{ws['p95_ms'] - floor['p95_ms']:+.2f} ms at p95 to raw jupyter_client on the same kernel"
+            + (f" (the same comparison elsewhere in this run: {'; '.join(cross)})" if cross else "") +
+            ". What the gateway adds per execution: one JSON WebSocket frame in and four out (queued, busy, result, "
+            "done), the mapping of each iopub message to an event, and the artifact scan of /workspace in the "
+            "kernel (a `user_expressions` entry on the same request, no extra round trip). The floor itself is "
+            "jupyter_client's asyncio client in Python, so it is a practical floor, not a physical one.")
+
+    # 3. 100 idle sessions, gateway RSS
+    if scale:
+        idle = scale["idle"]
+        rss_mb = idle["gateway_rss_mib"] * 1.048576
+        ok = idle["alive"] >= IDLE_SESSIONS and rss_mb < GATEWAY_RSS_MB
+        lines.append(f"| {IDLE_SESSIONS} idle sessions alive at once, gateway under {GATEWAY_RSS_MB:.0f} MB RSS | "
+                     f"{idle['alive']} alive; gateway {rss_mb:.0f} MB RSS | {verdict(ok)} | "
+                     f"{GATEWAY_RSS_MB - rss_mb:+.0f} MB of margin |")
+        why.append(
+            f"**{scale['sessions']} idle sessions.** All {idle['created']} sessions were created "
+            f"({scale['args']['create_concurrency']} at a time, {idle['create_seconds']:.0f} s in all) and answered a "
+            f"`1+1`, then idled. The gateway process grew from {idle['gateway_rss_mib_before']:.0f} to "
+            f"{idle['gateway_rss_mib']:.0f} MiB RSS ({idle['gateway_rss_mib_per_session'] * 1024:.0f} KiB per "
+            f"session: a kernel client with its ZMQ sockets, the replay buffer and the session's records); after the "
+            f"concurrency test it was {scale['gateway_rss_mib_after_load']:.0f} MiB, peak (VmHWM) "
+            f"{scale['gateway_vmhwm_mib']:.0f} MiB. The memory that limits density is the kernels': see Scale.")
+
+    # 4. output flood
+    if flood:
+        r = {x["name"]: x for x in flood["rows"]}
+        wi, wf = r["A kernelgw WebSocket, B idle"], r["A kernelgw WebSocket, B flooding"]
+        ri, rf = flood["rows"][0], r["A raw jupyter_client, B flooding"]
+        d50, r95 = wf["p50_ms"] - wi["p50_ms"], wf["p95_ms"] / wi["p95_ms"]
+        ok = d50 <= FLOOD_P50_MS and r95 <= FLOOD_P95_RATIO
+        fl = flood["flood"]
+        lines.append(f"| no execution slowed by another session's output flood (p50 +{FLOOD_P50_MS:.0f} ms, p95 "
+                     f"x{FLOOD_P95_RATIO} at most) | `1+1` p50 {wi['p50_ms']:.2f} -> {wf['p50_ms']:.2f} ms, p95 "
+                     f"{wi['p95_ms']:.2f} -> {wf['p95_ms']:.2f} ms | {verdict(ok)} | p50 {d50:+.2f} ms, p95 "
+                     f"x{r95:.2f}, p99 {wi['p99_ms']:.1f} -> {wf['p99_ms']:.1f} ms |")
+        gw_idle = wi["p95_ms"] - ri["p95_ms"]
+        gw_flood = wf["p95_ms"] - rf["p95_ms"]
+        why.append(
+            f"**Output flood.** Session B printed {fl['mb_per_execution']} MB per cell, back to back "
+            f"({fl['executions']} cells, {fl['bytes_received'] / 1e6:,.0f} MB delivered to B's WebSocket client, "
+            f"{'complete, no truncation' if fl['complete'] else 'NOT complete'}, {fl['mb_per_s']:.0f} MB/s). "
+            f"Session A's `1+1` over the WebSocket: p50 {wi['p50_ms']:.2f} -> {wf['p50_ms']:.2f} ms, p95 "
+            f"{wi['p95_ms']:.2f} -> {wf['p95_ms']:.2f} ms, p99 {wi['p99_ms']:.1f} -> {wf['p99_ms']:.1f} ms. "
+            f"The raw floor on A's kernel, which bypasses the gateway, moved too: p50 {ri['p50_ms']:.2f} -> "
+            f"{rf['p50_ms']:.2f} ms, p95 {ri['p95_ms']:.2f} -> {rf['p95_ms']:.2f} ms: that part is the machine "
+            f"(2 cores shared by B's kernel at its 1-CPU quota, the gateway relaying {fl['mb_per_s']:.0f} MB/s of "
+            f"JSON, B's client decoding it, and A). The gateway's own share is the WebSocket-minus-raw difference: "
+            f"at p50 {wi['p50_ms'] - ri['p50_ms']:+.2f} ms idle vs {wf['p50_ms'] - rf['p50_ms']:+.2f} ms flooding, "
+            f"at p95 {gw_idle:+.2f} ms vs {gw_flood:+.2f} ms. "
+            + _flood_cause(flood, ok)
+            + "Verdict rule: met if A's p50 grows by at most "
+            f"{FLOOD_P50_MS:.0f} ms and its p95 by at most {(FLOOD_P95_RATIO - 1) * 100:.0f}%.")
+    return lines, why
+
+
+def _flood_cause(flood: dict[str, Any], ok: bool) -> str:
+    fl, cpu = flood["flood"], flood.get("cpu_cores")
+    parts = []
+    if cpu:
+        i, f = cpu["idle"], cpu["flood"]
+        parts.append(
+            f"CPU in cores (of {flood['machine']['cores']}), A idle-phase vs flood-phase: gateway process "
+            f"{i['gateway']:.2f} vs {f['gateway']:.2f}, B's kernel {i.get('container:B', 0):.2f} vs "
+            f"{f.get('container:B', 0):.2f}, A's kernel {i.get('container:A', 0):.2f} vs "
+            f"{f.get('container:A', 0):.2f}, whole machine {i['machine']:.2f} vs {f['machine']:.2f}. ")
+    if fl.get("stream_events"):
+        parts.append(
+            f"B's output reached the gateway as {fl['stream_events']} stream messages of "
+            f"{fl['mean_event_bytes'] / 1e6:.1f} MB on average (max {fl['max_event_bytes'] / 1e6:.1f} MB: ipykernel "
+            f"batches a tight print loop per flush interval). ")
+    if not ok:
+        parts.append(
+            "A's cells never queue behind B's (each session has its own queue and fan-out), and the gateway is far "
+            "from saturated on average; but it is one Python process with one event loop, and each multi-MB message "
+            "is decoded, mapped to one event, re-encoded and written to B's socket in one piece (and queued for the "
+            "history store). While that runs, A's few-byte events wait behind it, which shows in the tail more "
+            "than in the median. Ways to close it: split "
+            "large stream messages into bounded chunks before they are re-encoded, or move decoding/encoding of "
+            "big payloads off the event loop. ")
+    return "".join(parts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, default=DOCS_BENCH, help="where the JSON results and charts are")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
+    args = ap.parse_args()
+    d, out = args.dir, args.out
+    core, start, exec_, scale, flood, agent = (load(d, n) for n in ("core", "start", "exec", "scale", "flood", "agent"))
+    present = [x for x in (start, exec_, scale, flood, agent, core) if x]
+    if not present:
+        sys.exit(f"no results in {d}")
+    m = present[0]["machine"]
+    if isinstance(m, str):  # bench_core's older format
+        m = present[0].get("machine_info", {})
+    dates = sorted(x["date"] for x in present)
+    llmsb = next((x.get("llm_sandbox_version") for x in present if x.get("llm_sandbox_version")), None)
+    quick = any(x.get("args", {}).get("quick") for x in present)
+
+    md: list[str] = []
+    w = md.append
+    w("# Benchmarks\n")
+    w(f"Measured {dates[0][:16].replace('T', ' ')} to {dates[-1][:16].replace('T', ' ')} UTC, all in one run of "
+      f"`scripts/bench.sh{' --quick' if quick else ''}` on one machine:\n")
+    w(f"- machine: {m.get('cores')} cores ({m.get('cpu')}), {m.get('ram_gib')} GiB RAM, {m.get('os')}, "
+      f"Linux kernel {m.get('kernel')}")
+    w(f"- Docker {m.get('docker_version')}, runtime {m.get('docker_runtime')}, cgroup v{m.get('cgroup_version')}, "
+      f"{m.get('storage_driver')}")
+    w(f"- image `{m.get('image')}` ({m.get('image_id')}, {m.get('image_size_mb')} MB), Python {m.get('python')} "
+      f"on the host")
+    commit = m.get("kernelgw_commit")
+    dirty = m.get("kernelgw_uncommitted") or []
+    w(f"- kernelgw at commit {commit}" + (f" plus uncommitted changes in {', '.join(f'`{p}`' for p in dirty)}"
+                                           if dirty else ""))
+    w(f"- llm-sandbox {llmsb} from PyPI (the `bench` extra), Docker backend, the same image\n")
+    if quick:
+        w("**This is a `--quick` run: small n, percentiles are rough.**\n")
+    busy = []
+    for x in present:
+        for when in ("activity_start", "activity_end"):
+            a = (x["machine"].get(when) if isinstance(x["machine"], dict) else None) or x.get(when) or {}
+            if a.get("pytest_processes") or a.get("other_containers"):
+                busy.append(f"{x.get('benchmark', 'core')} ({when[9:]}: {a.get('pytest_processes')} pytest "
+                            f"processes, {a.get('other_containers')} other containers)")
+    if busy:
+        w("**Other work ran on the machine during part of this run** (numbers of those scripts are less "
+          "reliable): " + "; ".join(busy) + ".\n")
+    w("Every script starts its own gateway (`python -m kernelgw serve`, a separate process, as in production) "
+      "and removes everything it started. Rows that are compared with each other were measured interleaved "
+      "(in rounds, or sample by sample) so that drift in the machine's load hits them alike. p50/p95/p99 are "
+      "linear-interpolated percentiles; with n below 100, p99 is close to the maximum. The 'floor' is the fastest "
+      "way to get the same result without kernelgw: raw `jupyter_client` on the same kernel's sockets. Reproduce "
+      "with `scripts/bench.sh` (about 10 minutes; `--quick` for a smoke run); each script also runs alone "
+      "(`.venv/bin/python benchmarks/bench_X.py --help`).\n")
+
+    w("## Targets\n")
+    tl, why = targets(start, exec_, scale, flood, core)
+    md.extend(tl)
+    w("")
+    for p in why:
+        w(p + "\n")
+
+    if start:
+        w("## Session start\n")
+        w(f"`benchmarks/bench_start.py`. Time until a sandbox can run code, then until the first `1+1` result. "
+          f"Reference row (ratio column): `{start['reference']}`, the one-container-per-snippet pattern of most "
+          f"tutorials, which pays this on every snippet. kernelgw rows are `POST /v1/sessions` (and a blocking "
+          f"`POST .../execute`); the warm pool is `KERNELGW_POOL_SIZE={start['pool']['size']}`.\n")
+        w(table(start["rows"], start["reference"], "ref"))
+        w(f"\n![session start]({rel(d / 'start.png', out)})\n")
+        w("Teardown (not part of the start):\n")
+        w(table(start["teardown"], None))
+        w("")
+        for note in start.get("llm_sandbox_default_setup", []):
+            w(f"- {note['name']}: {note['ms'] / 1000:.1f} s, {note['outcome']}")
+        w("")
+        w("llm-sandbox 'open' returns once its container runs (no interpreter is started until `run`); "
+          "kernelgw's create returns once the kernel has answered `kernel_info`, so 'open + first run' is the "
+          "comparable pair.\n")
+
+    if exec_:
+        w("## Execute round trip\n")
+        w("`benchmarks/bench_exec.py`. One session each, started beforehand; each timing ends when the caller "
+          "holds the whole result. kernelgw rows and the floor alternate sample by sample; the llm-sandbox rows "
+          "run in the same rounds. Code: " + "; ".join(f"{k}: `{v['kernel'].splitlines()[-1]}`"
+                                                         for k, v in exec_["code"].items()) +
+          " (the PNG cell draws a 6x4 in line chart at 100 dpi).\n")
+        for wl, rows in exec_["tables"].items():
+            size = rows[1].get("output_bytes") or 0
+            w(f"**{wl}**" + (f" (output on the client: about {size:,} bytes)\n" if size > 100 else "\n"))
+            w(table(rows, exec_["floor"]))
+            w("")
+        w(f"![execute round trip]({rel(d / 'exec.png', out)})\n")
+        w("- llm-sandbox `run` writes the code to a file in the container (a `docker exec mkdir` plus an archive "
+          "upload) and runs `python file.py` with `docker exec`: a new interpreter per call, and nothing survives "
+          "between calls but files. Its PNG row uses `ArtifactSandboxSession` (which wraps `plt.show()` to save "
+          "figures and reads them back) with `clear_plots=True`.\n"
+          "- llm-sandbox interactive `run` copies a command file into the container and polls for the result "
+          "file with `docker exec test -f` every 0.1 s (its runner polls its command directory at the same "
+          "interval), then copies the result out: the polling sets its floor. Its PNG is saved to a file and "
+          "copied out with `copy_from_runtime`.\n")
+
+    if agent:
+        w("## A data-analysis agent trace (10 turns)\n")
+        w(f"`benchmarks/bench_agent.py`, {agent['reps']} repetitions, systems interleaved. Turns: "
+          + ", ".join(t["name"] for t in agent["turns"]) +
+          ". Stateful systems send each turn's code once; the stateless llm-sandbox `run` must re-import pandas and "
+          "re-build what earlier turns made (load, clean, aggregate, pivot) in every turn. Every system ends with "
+          f"the same summary line: `{agent['final_summary']}`. kernelgw's start is a cold container (no pool).\n")
+        w(table(agent["rows"], agent["floor"]))
+        w("\nPer turn, p50 ms:\n")
+        names = list(agent["per_turn"])
+        w("| turn | " + " | ".join(names) + " |")
+        w("|---|" + "---:|" * len(names))
+        for t in agent["turns"]:
+            w(f"| {t['name']} | " + " | ".join(f"{agent['per_turn'][n][t['name']]['p50_ms']:.0f}" for n in names)
+              + " |")
+        w(f"\n![agent trace]({rel(d / 'agent.png', out)})\n")
+
+    if scale:
+        idle, tp = scale["idle"], scale["throughput"]
+        cm = idle["container_mib"]
+        w("## Scale\n")
+        w(f"`benchmarks/bench_scale.py`: one gateway with `KERNELGW_MAX_SESSIONS={scale['sessions'] + 10}`, "
+          f"`KERNELGW_MEMORY_MB={scale['memory_mb']}` (memory limit per session), no pool, on "
+          f"{m.get('cores')} cores / {m.get('ram_gib')} GiB.\n")
+        w(f"- {idle['alive']} of {scale['sessions']} sessions alive and idle at once, created "
+          f"{scale['args']['create_concurrency']} at a time in {idle['create_seconds']:.0f} s; all deleted in "
+          f"{scale['delete_seconds']:.1f} s, {scale['leftover_containers']} containers left.")
+        w(f"- Gateway RSS: {idle['gateway_rss_mib_before']:.0f} MiB before, {idle['gateway_rss_mib']:.0f} MiB with "
+          f"{scale['sessions']} sessions ({idle['gateway_rss_mib_per_session'] * 1024:.0f} KiB per session), "
+          f"{scale['gateway_rss_mib_after_load']:.0f} MiB after the concurrency test (peak "
+          f"{scale['gateway_vmhwm_mib']:.0f} MiB).")
+        w(f"- Per idle kernel container ({idle['cgroup_source']}): working set {cm['working_set']['mean_mib']:.1f} "
+          f"MiB mean (max {cm['working_set']['max_mib']:.1f}), of which anonymous {cm['rss']['mean_mib']:.1f} MiB; "
+          f"cgroup usage {cm['usage']['mean_mib']:.1f} MiB; tmpfs {cm['shmem']['mean_mib']:.2f} MiB.")
+        w(f"- Outside the cgroup: the containerd-shim of each container, {idle['shim_pss_mib_per_container']:.1f} MiB "
+          f"PSS. Docker daemons: "
+          + ", ".join(f"{k} {idle['daemons_rss_mib_before'].get(k, 0):.0f} -> {v:.0f} MiB"
+                      for k, v in idle["daemons_rss_mib"].items()) + ".")
+        w(f"- **{idle['per_session_mib']:.1f} MiB per idle session** (working set + shim + gateway share) = "
+          f"**{idle['sessions_per_gib']:.1f} sessions per GiB**; by the host's MemAvailable drop "
+          f"({idle['host_memavailable_drop_mib_per_session']:.1f} MiB per session) "
+          f"{idle['sessions_per_gib_host'] or 0:.1f} per GiB. An idle session costs memory only: a busy one uses "
+          f"what its code allocates, up to its limit.")
+        w(f"- Throughput of `1+1` over WebSockets: {tp['alone_exec_per_s']:.0f} executions/s with one session, "
+          f"{tp['concurrent_exec_per_s']:.0f}/s with {scale['busy']} sessions at once "
+          f"({tp['concurrent_exec_per_s'] / tp['alone_exec_per_s']:.1f}x; the other "
+          f"{scale['sessions'] - scale['busy']} idle), client in one asyncio process on the same 2 cores.\n")
+        w(table(scale["rows"], scale["rows"][0]["name"]))
+        w(f"\n![scale]({rel(d / 'scale.png', out)})\n")
+
+    if flood:
+        w("## Output flood isolation\n")
+        w(f"`benchmarks/bench_flood.py`: `1+1` in session A (WebSocket and raw floor alternating) while session B "
+          f"prints {flood['flood']['mb_per_execution']} MB per cell back to back to a WebSocket reader in another "
+          f"process; baseline and flood phases alternate over {flood.get('rounds')} rounds of {flood.get('n_per_phase_round')} samples per transport. The gateway's "
+          f"output cap was raised to 64 MiB so that all of B's output flows through it.\n")
+        w(table(flood["rows"], flood["floor"]))
+        w(f"\n![flood]({rel(d / 'flood.png', out)})\n")
+
+    if core:
+        w("## Core (bench_core.py)\n")
+        w("The original core benchmark (transports in blocks per round), kept for continuity with the README.\n")
+        w(table(core["rows"], row(core["rows"], "1+1 raw")["name"]))
+        w(f"\n![core]({rel(d / 'core.png', out)})\n")
+
+    w("## Fairness and caveats\n")
+    w("- **Isolation differs.** kernelgw sessions run with network none, a read-only root file system, tmpfs "
+      "`/tmp` and `/workspace`, uid 1000, `cap_drop=ALL`, `no-new-privileges`, memory (no swap), CPU and pids "
+      "limits, tini as PID 1. The llm-sandbox containers got network none, the same memory/CPU/pids limits and "
+      "tini (`init`, so that `close` does not wait Docker's 10 s stop timeout), but run as root with a writable "
+      "root file system and default capabilities: llm-sandbox writes its code files into `/sandbox` and runs as "
+      "root by default. `docker run` rows use `--network none` and nothing else. Stricter settings cost kernelgw "
+      "a little at container start (tmpfs mounts), if anything.")
+    w("- **llm-sandbox needed configuration to work offline here.** Its default environment setup makes a venv "
+      "(`python -m venv --system-site-packages`) and runs `pip install --upgrade pip`; without network pip fails "
+      "after its retries, and the venv sits on the image's base interpreter, which cannot see the packages in "
+      "`/opt/kernel` (see the Session start notes for the measured outcome). So the stateless rows use "
+      "`skip_environment_setup=True` (documented for pre-built images), which runs `python` from the image's PATH "
+      "(`/opt/kernel/bin/python`). Its interactive mode needs that venv for `pip install ipython` and its runner; "
+      "it fails offline with the default setup, so the benchmark skips the setup and points the venv path at "
+      "`/opt/kernel` with a symlink (one `docker exec`, included in the timings); pip then finds IPython already "
+      "installed. Image `CMD` is replaced by `sleep infinity` (our image's CMD starts a Jupyter kernel). "
+      "`MPLBACKEND=Agg` is set for llm-sandbox.")
+    w("- **Same machine for everything.** The clients, the gateway, the Docker engine and the kernels share 2 "
+      "cores; concurrency and flood results include that contention (the raw floor shows how much).")
+    w("- **What the floor is.** Raw jupyter_client is a Python asyncio client, the same library the gateway uses "
+      "to talk to kernels; a leaner client could go lower. The floor never pays for other transports' messages "
+      "(queued iopub messages are drained before each timed sample).")
+    w("- **kernelgw's REST rows** use httpx's AsyncClient (keep-alive); the SDK rows use the sync SDK "
+      "(`Client.run`, httpx sync), which also parses every event into pydantic models.")
+    w("- **Memory.** Container memory comes from the cgroup (page cache of files the kernel read counts as "
+      "usage; inactive file pages are excluded from the working set, as `docker stats` does). The host "
+      "MemAvailable drop is a cross-check that includes everything (shims, engine bookkeeping, page cache), and "
+      "is noisier.")
+    w("- **Not measured:** gVisor (`runsc`), other llm-sandbox backends (Podman, Kubernetes), llm-sandbox's own "
+      "container pool, many gateways.\n")
+
+    out.write_text("\n".join(md))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

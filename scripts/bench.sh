@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Run the whole benchmark suite, one script after the other, and regenerate
+# docs/benchmarks.md from the results (docs/bench/*.json and *.png).
+#
+#   scripts/bench.sh            full run, about 10 minutes on a 2-core machine
+#   scripts/bench.sh --quick    small n, a few minutes; results go to /tmp/kernelgw-bench-quick
+#                               (docs/ is left alone) unless --out is given
+#   scripts/bench.sh --out DIR  JSON/PNG to DIR, the page to DIR/benchmarks.md
+#
+# Sets up nothing heavy: it installs the `bench` extra into .venv (matplotlib,
+# llm-sandbox) and expects a running Docker engine and the kernel image
+# (scripts/setup.sh or scripts/serve.sh provide both). Run it on a quiet machine:
+# everything (clients, gateway, kernels) shares the same cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=""
+out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick="--quick" ;;
+    --out) out="$2"; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "unknown option: $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ -z "$out" ]; then
+  if [ -n "$quick" ]; then out=/tmp/kernelgw-bench-quick; else out=docs/bench; fi
+fi
+if [ "$out" = docs/bench ]; then page=docs/benchmarks.md; else page="$out/benchmarks.md"; fi
+mkdir -p "$out"
+
+image=${KERNELGW_IMAGE:-kernelgw/python:latest}
+docker info >/dev/null 2>&1 || { echo "no Docker engine answers: run scripts/ensure-docker.sh first" >&2; exit 1; }
+docker image inspect "$image" >/dev/null 2>&1 || {
+  echo "kernel image $image is missing: run scripts/setup.sh (or .venv/bin/kernelgw image build)" >&2; exit 1; }
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+echo "==> pip install -e '.[bench]'"
+.venv/bin/python -m pip install -q -e '.[bench]'
+
+py=.venv/bin/python
+start=$(date +%s)
+run() {
+  local name=$1; shift
+  echo
+  echo "==> benchmarks/bench_$name.py $*"
+  local t0; t0=$(date +%s)
+  "$py" "benchmarks/bench_$name.py" $quick --image "$image" --json "$out/$name.json" --chart "$out/$name.png" "$@"
+  echo "    ($(( $(date +%s) - t0 )) s)"
+}
+run core
+run start
+run exec
+run agent
+run flood
+run scale
+echo
+"$py" benchmarks/report.py --dir "$out" --out "$page"
+echo "==> all benchmarks done in $(( $(date +%s) - start )) s; results in $out, page $page"
