@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     max_code_bytes: int = 1024 * 1024
     replay_buffer: int = 2000
     """Events kept per session for WebSocket clients that resume."""
+    replay_buffer_bytes: int = 4 * 1024 * 1024
+    """Bytes of event JSON kept per session for resuming clients; older events
+    give way first (a resuming client then gets a ``gap`` event)."""
     subscriber_queue: int = 10000
     """Events buffered for one slow WebSocket client before it is dropped."""
     subscriber_max_bytes: int = 64 * 1024 * 1024

@@ -135,6 +135,7 @@ class SessionManager:
             replay_buffer=s.replay_buffer,
             subscriber_queue=s.subscriber_queue,
             subscriber_max_bytes=s.subscriber_max_bytes,
+            replay_buffer_bytes=s.replay_buffer_bytes,
             state_poll_s=s.state_poll_s,
         )
 

@@ -129,6 +129,7 @@ class SessionConfig:
     subscriber_queue: int
     state_poll_s: float
     subscriber_max_bytes: int = 64 * 1024 * 1024
+    replay_buffer_bytes: int = 4 * 1024 * 1024
 
 
 class KernelSession:
@@ -163,7 +164,10 @@ class KernelSession:
         self._by_msg_id: dict[str, QueuedExecution] = {}
         self._recent_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._seq = 0
-        self._replay: collections.deque[Published] = collections.deque(maxlen=config.replay_buffer)
+        # (seq, json) only: the event models are not kept for replay, and the
+        # buffer is bounded by count and by bytes (large outputs age out fast).
+        self._replay: collections.deque[tuple[int, str]] = collections.deque()
+        self._replay_bytes = 0
         self._subscribers: set[Subscription] = set()
         self._lifecycle = asyncio.Lock()
 
@@ -320,7 +324,12 @@ class KernelSession:
         self._seq += 1
         event = event.model_copy(update={"seq": self._seq})
         pub = Published(self._seq, event, event.model_dump_json())
-        self._replay.append(pub)
+        self._replay.append((pub.seq, pub.json))
+        self._replay_bytes += len(pub.json)
+        while self._replay and (
+            len(self._replay) > self.config.replay_buffer or self._replay_bytes > self.config.replay_buffer_bytes
+        ):
+            self._replay_bytes -= len(self._replay.popleft()[1])
         if rec is not None:
             rec.published.append(pub)
         for sub in list(self._subscribers):
@@ -337,13 +346,13 @@ class KernelSession:
         """
         sub = Subscription(self.config.subscriber_queue, self.config.subscriber_max_bytes)
         if last_seq is not None and last_seq < self._seq:
-            oldest = self._replay[0].seq if self._replay else self._seq + 1
+            oldest = self._replay[0][0] if self._replay else self._seq + 1
             if oldest > last_seq + 1:
                 gap = ev.Gap(first_missing=last_seq + 1, last_missing=oldest - 1)
                 sub.offer(gap.model_dump_json())
-            for pub in self._replay:
-                if pub.seq > last_seq:
-                    sub.offer(pub.json)
+            for seq, text in self._replay:
+                if seq > last_seq:
+                    sub.offer(text)
         if self.state == "closed":
             sub.close()
         else:

@@ -58,6 +58,18 @@ async def test_resume_beyond_buffer_starts_with_a_gap() -> None:
     assert [e["seq"] for e in events[1:]] == [4, 5, 6]
 
 
+async def test_replay_buffer_is_bounded_by_bytes() -> None:
+    session = make_session(replay=1000)
+    session.config.replay_buffer_bytes = 1000
+    for i in range(10):
+        session._publish(ev.Stream(name="stdout", text=f"{i}" * 200))
+    kept = [seq for seq, _ in session._replay]
+    assert kept and kept[-1] == 10 and len(kept) < 10
+    assert session._replay_bytes == sum(len(text) for _, text in session._replay) <= 1000
+    events = drain(session.subscribe(last_seq=0))
+    assert events[0]["type"] == "gap" and events[0]["last_missing"] == kept[0] - 1
+
+
 async def test_up_to_date_client_gets_nothing_replayed() -> None:
     session = make_session()
     session._publish(ev.Stream(name="stdout", text="x"))
