@@ -104,7 +104,7 @@ def table_lines(rows: Sequence[dict[str, Any]], floor: str | None = None, *, flo
     if floor is not None:
         cols += [f"p50 - {floor_label}", f"p50 / {floor_label}"]
     widths = [max(9, len(c)) for c in cols]
-    header = f"| {'measurement':<{width}} | " + " | ".join(f"{c:>{w}}" for c, w in zip(cols, widths)) + " |"
+    header = f"| {'measurement':<{width}} | " + " | ".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)) + " |"
     lines = [header, "|" + "|".join("-" * len(c) for c in header.split("|")[1:-1]) + "|"]
     for r in rows:
         if r.get("error") or not r.get("n"):
@@ -119,7 +119,7 @@ def table_lines(rows: Sequence[dict[str, Any]], floor: str | None = None, *, flo
                 delta = r["p50_ms"] - base["p50_ms"]
                 ratio = r["p50_ms"] / base["p50_ms"] if base["p50_ms"] else float("nan")
                 cells += [f"{delta:+.2f} ms" if abs(delta) < 100 else f"{delta:+,.0f} ms", f"{ratio:.2f}x"]
-        lines.append(f"| {r['name']:<{width}} | " + " | ".join(f"{c:>{w}}" for c, w in zip(cells, widths)) + " |")
+        lines.append(f"| {r['name']:<{width}} | " + " | ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)) + " |")
     return lines
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import sys
 import time
 from pathlib import Path
@@ -50,6 +49,7 @@ from _common import (  # noqa: E402
     summary,
     write_json,
 )
+
 from kernelgw import Client  # noqa: E402
 
 GENERATE = """\

@@ -52,6 +52,7 @@ from _common import (  # noqa: E402
     summary,
     write_json,
 )
+
 from kernelgw import Client  # noqa: E402
 
 PLOT = ("import matplotlib.pyplot as plt\n"
@@ -270,7 +271,8 @@ def main() -> None:
     if args.json:
         write_json(args.json, result)
     if args.chart:
-        draw_bars([(f"{w} (output: ~{tables[w][1].get('output_bytes') or 0:,} bytes)", rows)
+        draw_bars([(w + (f" (output: ~{size:,} bytes)" if (size := tables[w][1].get("output_bytes") or 0) > 100
+                         else ""), rows)
                    for w, rows in tables.items()],
                   args.chart, title=f"Execute round trip, {result['date'][:10]}, {machine['cores']} cores",
                   floor_names=[FLOOR])

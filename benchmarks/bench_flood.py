@@ -27,11 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     DEFAULT_IMAGE,
-    CpuMeter,
     DOCS_BENCH,
+    CpuMeter,
     Gateway,
     RawKernel,
     WsConn,
@@ -43,7 +45,6 @@ from _common import (  # noqa: E402
     summary,
     write_json,
 )
-import httpx  # noqa: E402
 
 
 def flood_code(mb: int) -> str:
@@ -55,9 +56,10 @@ def flooder(ws_url: str, code: str, started: Any, stop: Any, out: Any) -> None:
     """B's driver (own process): flood back to back until `stop`; report what arrived."""
 
     async def run() -> dict[str, Any]:
-        from websockets.asyncio.client import connect
         import json
         import uuid
+
+        from websockets.asyncio.client import connect
 
         stats: dict[str, Any] = {"executions": 0, "bytes": 0, "seconds": [], "truncated": 0, "statuses": [],
                                  "stream_events": 0, "max_event_bytes": 0}

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
 
+import zmq
+import zmq.asyncio
 from jupyter_client.asynchronous import AsyncKernelClient
 
 from kernelgw import events as ev
@@ -39,6 +41,15 @@ log = logging.getLogger(__name__)
 
 SessionState = Literal["starting", "idle", "busy", "dead", "closed"]
 _OUTPUT_EVENTS = (ev.Stream, ev.Display, ev.UpdateDisplay, ev.Result)
+RECEIVE_HWM = 100_000
+"""Messages ZMQ may queue on our side of a kernel's sockets. The default (1000,
+plus the kernel's 1000 send HWM) let a burst of small flushed prints overflow
+while the event loop was busy elsewhere: PUB/SUB then drops silently, output
+was lost and, when the dropped message was ``status: idle``, the execution
+never finished."""
+IOPUB_QUIET_S = 1.0
+"""After the execute_reply, iopub silent this long without an idle for the
+request means the idle was lost: finish anyway instead of hanging."""
 ARTIFACTS_EXPRESSION = "__import__('kernelgw_kernel').artifacts()"
 """Evaluated by the kernel after a cell (a user_expression: no extra round trip).
 ``kernelgw_kernel`` ships in the image; its text/plain is a JSON list of artifacts."""
@@ -74,6 +85,7 @@ class QueuedExecution:
     artifacts: list[ev.Artifact] = field(default_factory=list)
     silent: bool = False
     """A gateway-internal request: its iopub messages are not published."""
+    idle_lost: bool = False
     recorded: bool = False
 
 
@@ -168,6 +180,7 @@ class KernelSession:
         # buffer is bounded by count and by bytes (large outputs age out fast).
         self._replay: collections.deque[tuple[int, str]] = collections.deque()
         self._replay_bytes = 0
+        self._last_iopub = time.monotonic()
         self._subscribers: set[Subscription] = set()
         self._lifecycle = asyncio.Lock()
 
@@ -186,7 +199,11 @@ class KernelSession:
         self.state = "starting"
         self._handle = await self.backend.start(self.spec)
         try:
-            kc = AsyncKernelClient()
+            # Socket options must be set before connect: use a context whose defaults
+            # raise the receive HWM for the sockets jupyter_client creates.
+            context = zmq.asyncio.Context.instance()
+            context.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+            kc = AsyncKernelClient(context=context)
             kc.load_connection_info(self._handle.connection)
             kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
             self._kc = kc
@@ -480,6 +497,12 @@ class KernelSession:
                 return "finished"
             except TimeoutError:
                 pass
+            if rec.reply is not None and time.monotonic() - self._last_iopub > IOPUB_QUIET_S:
+                # the reply is in and iopub has gone quiet without our idle: it was
+                # dropped somewhere; everything before it has been read
+                log.warning("session %s: no idle status for %s; finishing on the reply", self.id, rec.execution_id)
+                rec.idle_lost = True
+                return "finished"
             handle = self._handle
             if handle is None:
                 return "finished" if rec.abort_reason else KernelState(status="missing")
@@ -591,7 +614,8 @@ class KernelSession:
             self.execution_count = count
         status = reply.get("status")
         if status == "ok":
-            self._finish(rec, "ok", None, execution_count=count)
+            lost = "the kernel's end-of-cell status message was lost; output may be incomplete"
+            self._finish(rec, "ok", lost if rec.idle_lost else None, execution_count=count)
         elif rec.interrupted and reply.get("ename") == "KeyboardInterrupt":
             self._finish(rec, "interrupted", "interrupted on request; variables are kept", execution_count=count)
         else:
@@ -630,6 +654,7 @@ class KernelSession:
     async def _read_iopub(self, kc: AsyncKernelClient) -> None:
         while True:
             msg = await self._next(kc.get_iopub_msg, "iopub")
+            self._last_iopub = time.monotonic()
             parent = (msg.get("parent_header") or {}).get("msg_id")
             rec = self._by_msg_id.get(parent) if parent else None
             if rec is None or rec.silent or rec.finished.is_set():

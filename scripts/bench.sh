@@ -57,5 +57,8 @@ run agent
 run flood
 run scale
 echo
+echo "==> benchmarks/probe_iopub_hwm.py (a probe for a known issue, not a benchmark)"
+"$py" benchmarks/probe_iopub_hwm.py --image "$image" --json "$out/probe_iopub_hwm.json"
+echo
 "$py" benchmarks/report.py --dir "$out" --out "$page"
 echo "==> all benchmarks done in $(( $(date +%s) - start )) s; results in $out, page $page"
