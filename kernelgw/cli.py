@@ -30,6 +30,16 @@ EXIT_GATEWAY = 3
 EXIT_SIGINT = 130
 
 
+server_option = click.option(
+    "--server",
+    envvar="KERNELGW_URL",
+    default="http://127.0.0.1:8000",
+    show_default=True,
+    help="Gateway URL [env KERNELGW_URL].",
+)
+"""The gateway a client command talks to (run, export, mcp)."""
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """kernelgw: a stateful, sandboxed code interpreter for AI agents."""
@@ -160,13 +170,7 @@ def _read_code(code: str | None) -> str:
 
 @main.command()
 @click.argument("code", required=False)
-@click.option(
-    "--server",
-    envvar="KERNELGW_URL",
-    default="http://127.0.0.1:8000",
-    show_default=True,
-    help="Gateway URL [env KERNELGW_URL].",
-)
+@server_option
 @click.option("--session", "session_id", default=None, help="Run in this existing session.")
 @click.option("--timeout", type=float, default=None, help="Execution timeout in seconds.")
 @click.option(
@@ -315,13 +319,7 @@ def _quiet_delete(session: Any) -> None:
     default=None,
     help="Write the notebook here (default: stdout).",
 )
-@click.option(
-    "--server",
-    envvar="KERNELGW_URL",
-    default="http://127.0.0.1:8000",
-    show_default=True,
-    help="Gateway URL [env KERNELGW_URL].",
-)
+@server_option
 def export(session_id: str, output: Path | None, server: str) -> None:
     """Export a session (live, or deleted while its history is kept) as a notebook.
 
@@ -355,13 +353,7 @@ def export(session_id: str, output: Path | None, server: str) -> None:
 
 
 @main.command("mcp")
-@click.option(
-    "--server",
-    envvar="KERNELGW_URL",
-    default="http://127.0.0.1:8000",
-    show_default=True,
-    help="Gateway URL [env KERNELGW_URL].",
-)
+@server_option
 @click.option(
     "--transport",
     type=click.Choice(["stdio", "http"]),
