@@ -1,6 +1,9 @@
 """The ``kernelgw`` command: run a gateway, build the kernel image, run code.
 
-    kernelgw serve [--host H] [--port P] [--config FILE]
+    kernelgw serve [--host H] [--port P] [--config FILE] [--log-format json|text]
+                   [--insecure-allow-remote]
+    kernelgw keys create NAME [--admin] [--max-sessions N] ... | keys list | keys revoke ID
+    kernelgw audit [--since 2h] [--key ID] [--session ID] [--kind K] [--json]
     kernelgw image build [--tag T] [--base auto|debootstrap|IMAGE] [--force]
     kernelgw run [CODE | -] [--server URL] [--session ID] [--timeout S]
                  [--save-images DIR] [--keep] [--upload FILE ...] [--save-artifacts DIR]
@@ -30,14 +33,31 @@ EXIT_GATEWAY = 3
 EXIT_SIGINT = 130
 
 
-server_option = click.option(
-    "--server",
-    envvar="KERNELGW_URL",
-    default="http://127.0.0.1:8000",
-    show_default=True,
-    help="Gateway URL [env KERNELGW_URL].",
-)
-"""The gateway a client command talks to (run, export, mcp)."""
+def _use_api_key(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    # The SDK clients read KERNELGW_API_KEY when given no key: set it for this process.
+    if value:
+        import os
+
+        os.environ["KERNELGW_API_KEY"] = value
+
+
+def server_option(f: Any) -> Any:
+    """The gateway a client command talks to (run, export, mcp), and its API key."""
+    f = click.option(
+        "--api-key",
+        envvar="KERNELGW_API_KEY",
+        default=None,
+        expose_value=False,
+        callback=_use_api_key,
+        help="API key for a gateway that requires one [env KERNELGW_API_KEY].",
+    )(f)
+    return click.option(
+        "--server",
+        envvar="KERNELGW_URL",
+        default="http://127.0.0.1:8000",
+        show_default=True,
+        help="Gateway URL [env KERNELGW_URL].",
+    )(f)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -58,11 +78,26 @@ def main() -> None:
     default=None,
     help="Settings file (.json or .toml); KERNELGW_* env vars and options override it.",
 )
-def serve(host: str | None, port: int | None, config_file: Path | None) -> None:
+@click.option(
+    "--log-format",
+    type=click.Choice(["json", "text"]),
+    default=None,
+    help="Logs on stderr: JSON lines or text [env KERNELGW_LOG_FORMAT; json].",
+)
+@click.option(
+    "--insecure-allow-remote",
+    is_flag=True,
+    default=False,
+    help="Listen beyond loopback without API keys (only behind something that authenticates).",
+)
+def serve(
+    host: str | None, port: int | None, config_file: Path | None, log_format: str | None, insecure_allow_remote: bool
+) -> None:
     """Run the gateway."""
     import uvicorn
     from pydantic import ValidationError
 
+    from . import logs
     from .api.app import create_app
     from .config import Settings
 
@@ -71,17 +106,48 @@ def serve(host: str | None, port: int | None, config_file: Path | None) -> None:
         overrides["host"] = host
     if port is not None:
         overrides["port"] = port
+    if log_format is not None:
+        overrides["log_format"] = log_format
+    if insecure_allow_remote:
+        overrides["allow_remote_without_auth"] = True
     try:
         settings = Settings.load(config_file, **overrides)
     except (ValidationError, ValueError) as exc:
         raise click.ClickException(f"invalid settings: {exc}") from exc
-    import logging
+    # the gateway's own lines (pool warm-up, orphan clean-up, sessions, refusals)
+    logs.configure(settings.log_format)
+    _refuse_open_remote(settings)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        ws="websockets-sansio",  # uvicorn's implementation on websockets' maintained API
+        ws_max_size=settings.ws_max_message_bytes,  # a bigger frame: close 1009
+        log_config=None,  # uvicorn's loggers go through ours (JSON or text)
+    )
 
-    # the gateway's own progress lines (pool warm-up, orphan clean-up, sessions)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kernelgw").setLevel(logging.INFO)
-    # websockets-sansio: uvicorn's implementation on websockets' maintained API
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, ws="websockets-sansio")
+
+def _refuse_open_remote(settings: Any) -> None:
+    """Fail before binding when no key exists and the address is not loopback."""
+    import asyncio
+
+    from .api.auth import Authenticator, InsecureBind
+    from .storage import Store
+
+    async def check() -> None:
+        store = Store.from_settings(settings)
+        await store.start(background=False)
+        try:
+            await Authenticator(settings, store).check_startup()
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(check())
+    except InsecureBind as exc:
+        raise click.ClickException(exc.message) from exc
+    except KernelGWError as exc:
+        raise click.ClickException(f"cannot open the gateway's database: {exc.message}") from exc
 
 
 # ------------------------------------------------------------------------ image
@@ -410,6 +476,13 @@ def mcp_command(
         mcp_server.run_stdio(server, **options)
     else:
         mcp_server.run_http(server, host=host, port=port, path=mcp_path, **options)
+
+
+# ------------------------------------------------------------------------ admin
+from .admin_cli import audit, keys  # noqa: E402  (the group must exist first)
+
+main.add_command(keys)
+main.add_command(audit)
 
 
 if __name__ == "__main__":

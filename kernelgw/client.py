@@ -55,6 +55,8 @@ __all__ = [
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+API_KEY_ENV = "KERNELGW_API_KEY"
+"""Where `Client` and `AsyncClient` find an API key when none is passed."""
 DEFAULT_TIMEOUT = 30.0
 """Seconds for ordinary requests."""
 START_TIMEOUT = 120.0
@@ -261,11 +263,16 @@ class _BaseClient:
         timeout: float | None,
         start_timeout: float | None,
         headers: Mapping[str, str] | None,
+        api_key: str | None = None,
     ) -> None:
         self.base_url = _normalize_base_url(base_url)
         self.timeout = timeout
         self.start_timeout = start_timeout
         self.headers = dict(headers or {})
+        key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        if key:
+            # on every request and on the WebSocket handshake
+            self.headers["Authorization"] = f"Bearer {key}"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.base_url!r})"
@@ -725,7 +732,9 @@ class Client(_BaseClient):
 
     ``timeout`` applies to ordinary requests, ``start_timeout`` to those that
     start a kernel; executions get their own timeout plus a margin. ``transport``
-    is passed to httpx (e.g. ``httpx.MockTransport`` in tests).
+    is passed to httpx (e.g. ``httpx.MockTransport`` in tests). ``api_key``
+    (default: the ``KERNELGW_API_KEY`` environment variable) goes as a Bearer
+    token on every request and on the WebSocket handshake.
     """
 
     _session_cls = Session
@@ -738,8 +747,9 @@ class Client(_BaseClient):
         start_timeout: float | None = START_TIMEOUT,
         headers: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
+        api_key: str | None = None,
     ) -> None:
-        super().__init__(base_url, timeout=timeout, start_timeout=start_timeout, headers=headers)
+        super().__init__(base_url, timeout=timeout, start_timeout=start_timeout, headers=headers, api_key=api_key)
         self._http = httpx.Client(timeout=timeout, headers=self.headers, transport=transport)
 
     def _send(self, call: _Call[T]) -> T:
@@ -931,8 +941,9 @@ class AsyncClient(_BaseClient):
         start_timeout: float | None = START_TIMEOUT,
         headers: Mapping[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        api_key: str | None = None,
     ) -> None:
-        super().__init__(base_url, timeout=timeout, start_timeout=start_timeout, headers=headers)
+        super().__init__(base_url, timeout=timeout, start_timeout=start_timeout, headers=headers, api_key=api_key)
         self._http = httpx.AsyncClient(timeout=timeout, headers=self.headers, transport=transport)
 
     async def _send(self, call: _Call[T]) -> T:

@@ -41,6 +41,51 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
 
+    # --- security: authentication, quotas, caps, audit, code policy
+    auth: Literal["auto", "required", "off"] = "auto"
+    """``auto``: API keys are required as soon as one exists (revoked ones count);
+    ``required``: always (no key, no access); ``off``: never."""
+    allow_remote_without_auth: bool = False
+    """A gateway without authentication refuses to listen on anything but loopback
+    unless this is set (``kernelgw serve --insecure-allow-remote``)."""
+    allowed_origins: list[str] = Field(default_factory=list)
+    """Web origins (``https://chat.example.com``) besides the gateway's own whose pages
+    may open session WebSockets; ``"*"`` allows any. Clients that send no Origin
+    (SDKs, agents) are not affected."""
+    auth_cache_s: float = Field(2.0, ge=0)
+    """How long a looked-up key is trusted before the database is asked again: a
+    key revoked from the CLI stops working within this time."""
+    browser_token_ttl_s: float = Field(300.0, gt=0)
+    """Lifetime of the short-lived tokens browsers use on WebSocket URLs."""
+    max_sessions_per_key: int | None = Field(None, gt=0)
+    """Sessions one key may hold at once (a key's own quota wins); None: only ``max_sessions``."""
+    executions_per_minute: int | None = Field(None, gt=0)
+    """Executions one key may start per minute (a key's own quota wins); None: unlimited."""
+    max_message_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    """Largest single message frame accepted from a kernel (ZMQ_MAXMSGSIZE): a kernel
+    that sends more is cut off for that message and the execution gets ``truncated``."""
+    max_image_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    """Largest image (its base64 text) one display may carry; bigger ones are replaced
+    by a note and a ``truncated`` event."""
+    max_request_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    """Largest HTTP request body, file uploads excepted (they have ``max_upload_bytes``)."""
+    max_ws_message_bytes: int | None = Field(None, gt=0)
+    """Largest WebSocket frame a client may send; None: ``max_code_bytes`` + 64 KiB."""
+    audit_retention_days: float = Field(365.0, ge=0)
+    policy_deny_imports: list[str] = Field(default_factory=list)
+    """Static code policy (defence in depth; off when all three are empty): modules a
+    cell may not import, e.g. ``["subprocess", "ctypes"]``."""
+    policy_deny_calls: list[str] = Field(default_factory=list)
+    """Calls a cell may not make, e.g. ``["os.system", "eval"]``."""
+    policy_deny_shell: bool = False
+    """Refuse IPython shell escapes (``!cmd``, ``%%bash``, ``%system``)."""
+    log_format: Literal["json", "text"] = "json"
+    """The gateway's own logs on stderr: JSON lines, or text for people."""
+
+    @property
+    def ws_max_message_bytes(self) -> int:
+        return self.max_ws_message_bytes or self.max_code_bytes + 64 * 1024
+
     # --- identity: containers carry this name as a label; a gateway removes the
     # containers of its own name left by a crashed predecessor when it starts.
     gateway_name: str = "default"

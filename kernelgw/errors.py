@@ -4,7 +4,10 @@
     ├── BadRequest                 400
     │   ├── LimitExceeded          400  (asked for more than the gateway allows)
     │   ├── InvalidPath            400  (workspace path: absolute, .., NUL, symlink, ...)
-    │   └── PackageNotAllowed      400  (not on the gateway's package allowlist)
+    │   ├── PackageNotAllowed      400  (not on the gateway's package allowlist)
+    │   └── PolicyViolation        400  (the code policy refused a cell; names the rule)
+    ├── Unauthorized               401  (missing, malformed, unknown or revoked key/token)
+    ├── Forbidden                  403  (an admin-only endpoint, asked by a user key)
     ├── PayloadTooLarge            413
     │   └── QuotaExceeded          413  (per-file or workspace quota, or tmpfs full)
     ├── FileNotFoundInWorkspace    404
@@ -14,6 +17,7 @@
     ├── HistoryNotFound            404  (no stored history for that session id)
     ├── SessionBusy                409
     ├── SessionLimitReached        429
+    ├── RateLimited                429  (executions per minute; carries Retry-After)
     ├── KernelDied                 409  (the kernel is gone; restart the session)
     ├── BackendError               503
     │   ├── EngineUnavailable      503  (Docker engine not answering)
@@ -45,6 +49,34 @@ class BadRequest(KernelGWError):
 
 class LimitExceeded(BadRequest):
     code = "limit_exceeded"
+
+
+class PolicyViolation(BadRequest):
+    code = "policy_violation"
+
+
+class Unauthorized(KernelGWError):
+    """One message for every failure: which part was wrong is not revealed."""
+
+    status_code = 401
+    code = "unauthorized"
+
+    def __init__(self, message: str = "A valid API key is required: send 'Authorization: Bearer <key>'.") -> None:
+        super().__init__(message)
+
+
+class Forbidden(KernelGWError):
+    status_code = 403
+    code = "forbidden"
+
+
+class RateLimited(KernelGWError):
+    status_code = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class PayloadTooLarge(KernelGWError):

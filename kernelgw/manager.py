@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from kernelgw.backend.base import Backend, KernelSpec
 from kernelgw.config import Settings
 from kernelgw.errors import LimitExceeded, SessionLimitReached, SessionNotFound
+from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
 from kernelgw.metrics import Metrics
 from kernelgw.pool import PoolProfile, WarmPool
 from kernelgw.recorder import Recorder
@@ -49,6 +50,7 @@ class SessionManager:
         self.metrics = metrics
         self._sessions: dict[str, KernelSession] = {}
         self._starting = 0
+        self._starting_by: dict[str, int] = {}
         self._reaper: asyncio.Task[None] | None = None
         self.pools: dict[PoolProfile, WarmPool] = {}
 
@@ -94,18 +96,21 @@ class SessionManager:
         )
 
     # ------------------------------------------------------------------ CRUD
-    def _spec(self, session_id: str, opts: SessionOptions) -> KernelSpec:
+    def _spec(self, session_id: str, opts: SessionOptions, quotas: KeyQuotas | None = None) -> KernelSpec:
+        """The container's spec, within the gateway's maximums and the key's quotas."""
         s = self.settings
-        memory = opts.memory_mb if opts.memory_mb is not None else s.memory_mb
-        cpus = opts.cpus if opts.cpus is not None else s.cpus
-        if not 64 <= memory <= s.max_memory_mb:
-            raise LimitExceeded(f"memory_mb must be between 64 and {s.max_memory_mb}; got {memory}")
-        if not 0.05 <= cpus <= s.max_cpus:
-            raise LimitExceeded(f"cpus must be between 0.05 and {s.max_cpus:g}; got {cpus:g}")
-        if opts.timeout is not None and not 0 < opts.timeout <= s.max_exec_timeout_s:
-            raise LimitExceeded(
-                f"timeout must be greater than 0 and at most {s.max_exec_timeout_s:g} seconds"
-            )
+        q = quotas or KeyQuotas()
+        max_memory = min(s.max_memory_mb, q.max_memory_mb or s.max_memory_mb)
+        max_cpus = min(s.max_cpus, q.max_cpus or s.max_cpus)
+        max_timeout = min(s.max_exec_timeout_s, q.max_timeout_s or s.max_exec_timeout_s)
+        memory = opts.memory_mb if opts.memory_mb is not None else min(s.memory_mb, max_memory)
+        cpus = opts.cpus if opts.cpus is not None else min(s.cpus, max_cpus)
+        if not 64 <= memory <= max_memory:
+            raise LimitExceeded(f"memory_mb must be between 64 and {max_memory}; got {memory}")
+        if not 0.05 <= cpus <= max_cpus:
+            raise LimitExceeded(f"cpus must be between 0.05 and {max_cpus:g}; got {cpus:g}")
+        if opts.timeout is not None and not 0 < opts.timeout <= max_timeout:
+            raise LimitExceeded(f"timeout must be greater than 0 and at most {max_timeout:g} seconds")
         image = opts.image or s.image
         allowed = {s.image, *s.allowed_images}
         if image not in allowed:
@@ -124,11 +129,12 @@ class SessionManager:
             env=dict(opts.env),
         )
 
-    def _session_config(self, opts: SessionOptions) -> SessionConfig:
+    def _session_config(self, opts: SessionOptions, quotas: KeyQuotas | None = None) -> SessionConfig:
         s = self.settings
+        max_timeout = min(s.max_exec_timeout_s, (quotas and quotas.max_timeout_s) or s.max_exec_timeout_s)
         return SessionConfig(
-            exec_timeout_s=opts.timeout if opts.timeout is not None else s.exec_timeout_s,
-            max_exec_timeout_s=s.max_exec_timeout_s,
+            exec_timeout_s=opts.timeout if opts.timeout is not None else min(s.exec_timeout_s, max_timeout),
+            max_exec_timeout_s=max_timeout,
             interrupt_grace_s=s.interrupt_grace_s,
             kernel_start_timeout_s=s.kernel_start_timeout_s,
             max_output_bytes=s.max_output_bytes,
@@ -137,43 +143,58 @@ class SessionManager:
             subscriber_max_bytes=s.subscriber_max_bytes,
             replay_buffer_bytes=s.replay_buffer_bytes,
             state_poll_s=s.state_poll_s,
+            max_image_bytes=s.max_image_bytes,
+            max_message_bytes=s.max_message_bytes,
         )
 
-    async def _start_session(self, opts: SessionOptions) -> KernelSession:
+    async def _start_session(self, opts: SessionOptions, quotas: KeyQuotas | None = None) -> KernelSession:
         """A started kernel session (not yet registered): what pools hold."""
         session_id = uuid.uuid4().hex
-        spec = self._spec(session_id, opts)
+        spec = self._spec(session_id, opts, quotas)
         session = KernelSession(
-            session_id, spec, self.backend, self._session_config(opts), self.recorder, self.metrics
+            session_id, spec, self.backend, self._session_config(opts, quotas), self.recorder, self.metrics
         )
         await session.start()
         return session
 
-    async def create(self, opts: SessionOptions | None = None) -> KernelSession:
+    async def create(self, opts: SessionOptions | None = None, principal: Principal = ANONYMOUS) -> KernelSession:
         opts = opts or SessionOptions()
-        spec = self._spec("new", opts)  # validate before anything starts
+        spec = self._spec("new", opts, principal.quotas)  # validate before anything starts
         if len(self._sessions) + self._starting >= self.settings.max_sessions:
             raise SessionLimitReached(
                 f"The gateway already runs its maximum of {self.settings.max_sessions} sessions. "
                 "Delete a session you no longer need, or retry later."
             )
+        per_key = principal.quotas.max_sessions or self.settings.max_sessions_per_key
+        if principal.key_id is not None and per_key is not None:
+            held = sum(1 for s in self._sessions.values() if s.owner == principal.key_id)
+            held += self._starting_by.get(principal.key_id, 0)
+            if held >= per_key:
+                raise SessionLimitReached(
+                    f"This API key already holds its maximum of {per_key} sessions. "
+                    "Delete a session you no longer need, or retry later."
+                )
         started = time.perf_counter()
         self._starting += 1
+        key = principal.key_id or ""
+        self._starting_by[key] = self._starting_by.get(key, 0) + 1
         try:
             pool = self.pools.get(PoolProfile(spec.image, spec.memory_mb, spec.cpus))
             session = pool.take() if pool is not None else None
             if session is not None:
                 source = "pool"
                 try:
-                    await session.adopt(self._session_config(opts), self.recorder, dict(opts.env))
+                    await session.adopt(self._session_config(opts, principal.quotas), self.recorder, dict(opts.env))
                 except BaseException:
                     await session.close()
                     raise
             else:
                 source = "cold"
-                session = await self._start_session(opts)
+                session = await self._start_session(opts, principal.quotas)
         finally:
             self._starting -= 1
+            self._starting_by[key] -= 1
+        session.owner = principal.key_id
         self._sessions[session.id] = session
         if self.metrics is not None:
             self.metrics.session_start.labels(source).observe(time.perf_counter() - started)
@@ -182,14 +203,16 @@ class SessionManager:
         log.info("session %s created (%s)", session.id, source)
         return session
 
-    def get(self, session_id: str) -> KernelSession:
-        try:
-            return self._sessions[session_id]
-        except KeyError:
-            raise SessionNotFound(session_id) from None
+    def get(self, session_id: str, principal: Principal = ANONYMOUS) -> KernelSession:
+        """The session, if it exists and ``principal`` may see it: another key's
+        session is "not found" too, so ids of others' sessions reveal nothing."""
+        session = self._sessions.get(session_id)
+        if session is None or not principal.can_see(session.owner):
+            raise SessionNotFound(session_id)
+        return session
 
-    def list(self) -> list[KernelSession]:
-        return list(self._sessions.values())
+    def list(self, principal: Principal = ANONYMOUS) -> list[KernelSession]:
+        return [s for s in self._sessions.values() if principal.can_see(s.owner)]
 
     async def delete(self, session_id: str, reason: str = "deleted") -> None:
         session = self._sessions.get(session_id)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -28,6 +29,7 @@ from typing import Any, Literal
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 from jupyter_client.asynchronous import AsyncKernelClient
 
 from kernelgw import events as ev
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 
 SessionState = Literal["starting", "idle", "busy", "dead", "closed"]
 _OUTPUT_EVENTS = (ev.Stream, ev.Display, ev.UpdateDisplay, ev.Result)
+_BUNDLE_EVENTS = (ev.Display, ev.UpdateDisplay, ev.Result)
+BundleEvent = ev.Display | ev.UpdateDisplay | ev.Result
 RECEIVE_HWM = 100_000
 """Messages ZMQ may queue on our side of a kernel's sockets. The default (1000,
 plus the kernel's 1000 send HWM) let a burst of small flushed prints overflow
@@ -142,6 +146,8 @@ class SessionConfig:
     state_poll_s: float
     subscriber_max_bytes: int = 64 * 1024 * 1024
     replay_buffer_bytes: int = 4 * 1024 * 1024
+    max_image_bytes: int = 8 * 1024 * 1024
+    max_message_bytes: int = 64 * 1024 * 1024
 
 
 class KernelSession:
@@ -155,6 +161,8 @@ class KernelSession:
         metrics: Metrics | None = None,
     ) -> None:
         self.id = session_id
+        self.owner: str | None = None
+        """The id of the API key the session belongs to (None without authentication)."""
         self.recorder = recorder
         self.metrics = metrics
         self.spec = spec
@@ -203,6 +211,9 @@ class KernelSession:
             # raise the receive HWM for the sockets jupyter_client creates.
             context = zmq.asyncio.Context.instance()
             context.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+            # A frame over the cap makes ZMQ drop the connection instead of
+            # allocating it: what a kernel sends cannot grow our memory unbounded.
+            context.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
             kc = AsyncKernelClient(context=context)
             kc.load_connection_info(self._handle.connection)
             kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
@@ -212,9 +223,11 @@ class KernelSession:
         except BaseException:
             await self._stop_kernel()
             raise
+        monitor = self._kc.iopub_channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._readers = [
             asyncio.create_task(self._read_iopub(self._kc), name=f"iopub-{self.id}"),
             asyncio.create_task(self._read_shell(self._kc), name=f"shell-{self.id}"),
+            asyncio.create_task(self._watch_oversized(monitor), name=f"iopub-monitor-{self.id}"),
         ]
         self.state = "idle"
         self.dead_reason = None
@@ -263,6 +276,8 @@ class KernelSession:
                 pass
         self._readers = []
         if self._kc is not None:
+            with contextlib.suppress(Exception):
+                self._kc.iopub_channel.socket.disable_monitor()
             self._kc.stop_channels()
             self._kc = None
         if self._handle is not None:
@@ -279,6 +294,7 @@ class KernelSession:
                 current.abort_reason = reason
                 current.finished.set()
             await self._stop_kernel()
+            self._lifecycle_event("kernel_restarted", reason)
             if self.metrics is not None:
                 self.metrics.restarts.labels("requested").inc()
             try:
@@ -322,6 +338,16 @@ class KernelSession:
         # History keeps every execution, including those the deletion ended.
         for rec in unrecorded:
             await self._record_execution(rec)
+
+    def _lifecycle_event(self, kind: str, detail: str) -> None:
+        """Tell the recorder (the audit log) that the kernel died or was restarted."""
+        hook = getattr(self.recorder, "session_event", None)
+        if hook is None:
+            return
+        try:
+            hook(self, kind, detail)
+        except Exception:
+            log.exception("recording %s for session %s failed", kind, self.id)
 
     async def _record_execution(self, rec: QueuedExecution) -> None:
         if self.recorder is None or rec.recorded or not rec.done.done():
@@ -540,6 +566,7 @@ class KernelSession:
     def _on_death(self, rec: QueuedExecution, state: KernelState) -> None:
         self.state = "dead"
         self.dead_reason = state.describe()
+        self._lifecycle_event("kernel_died", self.dead_reason)
         self._finish(rec, "dead", self.dead_reason + "; restart the session to continue", state_lost=True)
 
     async def _restart_in_worker(self) -> str | None:
@@ -548,6 +575,7 @@ class KernelSession:
             if self.state == "closed":
                 return None
             await self._stop_kernel()
+            self._lifecycle_event("kernel_restarted", "the kernel ignored an interrupt after a timeout")
             if self.metrics is not None:
                 self.metrics.restarts.labels("timeout").inc()
             try:
@@ -673,6 +701,8 @@ class KernelSession:
             if isinstance(event, _OUTPUT_EVENTS):
                 if rec.truncated:
                     continue
+                if isinstance(event, _BUNDLE_EVENTS):
+                    event = self._cap_images(event, rec)
                 rec.output_bytes += payload_size(event)
                 if rec.output_bytes > self.config.max_output_bytes:
                     rec.truncated = True
@@ -689,6 +719,53 @@ class KernelSession:
                     )
                     continue
             self._publish(event, rec)
+
+    def _cap_images(self, event: BundleEvent, rec: QueuedExecution) -> BundleEvent:
+        """Replace images over ``max_image_bytes`` with a note (and say so)."""
+        limit = self.config.max_image_bytes
+        big = {
+            mime: len(value)
+            for mime, value in event.data.items()
+            if mime.startswith("image/") and isinstance(value, str) and len(value) > limit
+        }
+        if not big:
+            return event
+        data = {k: v for k, v in event.data.items() if k not in big}
+        note = "; ".join(f"{mime} of {size} bytes" for mime, size in big.items())
+        data["text/plain"] = f"[{note} removed: larger than the gateway's image limit of {limit} bytes]"
+        self._publish(
+            ev.Truncated(
+                execution_id=rec.execution_id,
+                limit_bytes=limit,
+                message=f"an image ({note}) exceeded the limit of {limit} bytes and was replaced by a note",
+            ),
+            rec,
+        )
+        return event.model_copy(update={"data": data})
+
+    async def _watch_oversized(self, monitor: zmq.asyncio.Socket) -> None:
+        """ZMQ drops the connection on a frame over ``max_message_bytes`` (and
+        reconnects): the running execution is told its output lost a message."""
+        try:
+            while True:
+                parse_monitor_message(await monitor.recv_multipart())
+                rec = self._current
+                if rec is None or rec.silent or rec.finished.is_set():
+                    continue
+                log.warning("session %s: the kernel sent a message over the size limit; dropped", self.id)
+                self._publish(
+                    ev.Truncated(
+                        execution_id=rec.execution_id,
+                        limit_bytes=self.config.max_message_bytes,
+                        message=(
+                            f"the kernel sent a message larger than {self.config.max_message_bytes} bytes; "
+                            "it was dropped (the code kept running)"
+                        ),
+                    ),
+                    rec,
+                )
+        finally:
+            monitor.close(linger=0)
 
     async def _read_shell(self, kc: AsyncKernelClient) -> None:
         while True:
@@ -735,6 +812,7 @@ class KernelSession:
             "subscribers": self.subscriber_count,
             "last_seq": self._seq,
             "dead_reason": self.dead_reason,
+            "owner": self.owner,
         }
 
 

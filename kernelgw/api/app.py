@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,7 +15,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from kernelgw import __version__
 from kernelgw.backend import Backend, create_backend
 from kernelgw.config import Settings
-from kernelgw.errors import KernelGWError
+from kernelgw.api.auth import Authenticator
+from kernelgw.api.limits import BodySizeLimit
+from kernelgw.errors import KernelGWError, RateLimited, Unauthorized
+from kernelgw.policy import CodePolicy
+from kernelgw.ratelimit import ExecutionRateLimiter
 from kernelgw.manager import SessionManager
 from kernelgw.metrics import Metrics
 from kernelgw.storage import Store
@@ -34,6 +39,10 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "Invalid request: " + "; ".join(parts)
 
 
+def _client(request: Request) -> str | None:
+    return f"{request.client.host}:{request.client.port}" if request.client else None
+
+
 def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -43,6 +52,18 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         store = Store.from_settings(cfg)
         await store.start()
         app.state.store = store
+        # --- security: keys, rate limits, code policy
+        auth = Authenticator(cfg, store)
+        app.state.auth = auth
+        app.state.rate_limiter = ExecutionRateLimiter()
+        app.state.code_policy = CodePolicy.from_lists(
+            cfg.policy_deny_imports, cfg.policy_deny_calls, cfg.policy_deny_shell
+        )
+        try:
+            await auth.check_startup()
+        except BaseException:
+            await store.close()
+            raise
         # ---
         metrics = Metrics()
         app.state.metrics = metrics
@@ -70,7 +91,13 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
 
     @app.exception_handler(KernelGWError)
     async def _gw_error(request: Request, exc: KernelGWError) -> JSONResponse:
-        return error_response(exc.status_code, exc.code, exc.message)
+        response = error_response(exc.status_code, exc.code, exc.message)
+        if isinstance(exc, RateLimited):
+            response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+        elif isinstance(exc, Unauthorized):
+            response.headers["WWW-Authenticate"] = 'Bearer realm="kernelgw"'
+            log.warning("unauthorized request", extra={"path": request.url.path, "client": _client(request)})
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -81,8 +108,12 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))
 
+    from kernelgw.api import auth as auth_routes
     from kernelgw.api import history, routes, ws
 
+    app.add_middleware(BodySizeLimit)
+    app.include_router(routes.public)
+    app.include_router(auth_routes.router)
     app.include_router(routes.router)
     app.include_router(ws.router)
     app.include_router(history.router)

@@ -15,10 +15,11 @@ from typing import Any
 from urllib.parse import quote
 
 import anyio
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 
+from kernelgw.api.auth import authenticate, session_for
 from kernelgw.api.models import ErrorResponse
 from kernelgw.backend.base import KernelHandle
 from kernelgw.errors import BadRequest, KernelDied, SessionBusy
@@ -28,7 +29,7 @@ from kernelgw.workspace import Download, FileList, UploadResult, WorkspaceFiles,
 _errors: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 503)
 }
-router = APIRouter(tags=["files"], responses=_errors)
+router = APIRouter(tags=["files"], responses=_errors, dependencies=[Depends(authenticate)])
 
 
 def workspace_files(request: Request) -> WorkspaceFiles:
@@ -46,7 +47,7 @@ def workspace_files(request: Request) -> WorkspaceFiles:
 
 def session_handle(request: Request, session_id: str) -> tuple[KernelSession, KernelHandle]:
     """The session and its running container, or a 404/409."""
-    session: KernelSession = request.app.state.manager.get(session_id)
+    session: KernelSession = session_for(request, session_id)
     if session.state == "closed":
         raise BadRequest("The session is being deleted.")
     handle = session.handle

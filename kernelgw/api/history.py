@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 import nbformat
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 
 from kernelgw import events as ev
 from kernelgw.api.models import (
@@ -22,6 +22,8 @@ from kernelgw.api.models import (
     NoteRequest,
     NoteResponse,
 )
+from kernelgw.api.admission import check_code
+from kernelgw.api.auth import authenticate, principal_of, session_for
 from kernelgw.errors import BadRequest, HistoryNotFound, PayloadTooLarge, SessionNotFound
 from kernelgw.manager import SessionManager
 from kernelgw.notebook import InvalidNotebook, ReplayStep, build_notebook, plan_from_executions, read_notebook, replay_plan
@@ -29,7 +31,7 @@ from kernelgw.session import KernelSession
 from kernelgw.storage import SessionRecord, Store
 
 _errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 503)}
-router = APIRouter(responses=_errors, tags=["history"])
+router = APIRouter(responses=_errors, tags=["history"], dependencies=[Depends(authenticate)])
 IPYNB_MEDIA_TYPE = "application/x-ipynb+json"
 
 
@@ -42,8 +44,9 @@ def _manager(request: Request) -> SessionManager:
 
 
 async def _record(request: Request, session_id: str) -> SessionRecord:
+    """The stored session if the caller may see it (another key's is a 404)."""
     record = await _store(request).get_session(session_id)
-    if record is None:
+    if record is None or not principal_of(request).can_see(record.owner):
         raise HistoryNotFound(session_id)
     return record
 
@@ -84,7 +87,7 @@ async def export_notebook(session_id: str, request: Request) -> Response:
 async def add_note(session_id: str, body: NoteRequest, request: Request) -> dict[str, Any]:
     """Add a markdown cell at the current position: after every execution queued so
     far (also one still running), before any queued later."""
-    session = _manager(request).get(session_id)
+    session = session_for(request, session_id)
     limit = request.app.state.settings.max_code_bytes
     if len(body.markdown.encode("utf-8", "surrogatepass")) > limit:
         raise PayloadTooLarge(f"markdown is larger than the gateway's limit of {limit} bytes")
@@ -152,10 +155,9 @@ async def restore_plan(body: CreateSession, request: Request) -> list[ReplayStep
         steps = plan_from_executions(await _store(request).list_executions(body.from_session))
     else:
         return None
-    limit = request.app.state.settings.max_code_bytes
     for step in steps:
-        if len(step.code.encode("utf-8", "surrogatepass")) > limit:
-            raise PayloadTooLarge(f"cell {step.index} is larger than the gateway's limit of {limit} bytes")
+        if not step.skip_reason:
+            check_code(request.app.state, step.code, where=f"cell {step.index}: ")
     return steps
 
 

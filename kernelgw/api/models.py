@@ -50,6 +50,7 @@ class SessionInfo(BaseModel):
     subscribers: int
     last_seq: int
     dead_reason: str | None = None
+    owner: str | None = Field(None, description="The id of the API key that created the session.")
 
 
 class SessionList(BaseModel):
@@ -169,3 +170,48 @@ class WsInterrupt(_Body):
 
 
 WsMessage = Annotated[Union[WsExecute, WsInterrupt], Field(discriminator="type")]
+
+
+# ---------------------------------------------------------------- auth and keys
+class Quotas(_Body):
+    max_sessions: int | None = Field(None, gt=0, description="Sessions the key may hold at once.")
+    max_memory_mb: int | None = Field(None, ge=64, description="Most memory one of its sessions may ask for.")
+    max_cpus: float | None = Field(None, gt=0, description="Most CPUs one of its sessions may ask for.")
+    max_timeout_s: float | None = Field(None, gt=0, description="Longest execution timeout it may ask for.")
+    executions_per_minute: int | None = Field(None, gt=0, description="Executions it may start per minute.")
+
+
+class CreateApiKey(_Body):
+    name: str = Field(min_length=1, max_length=255, description="Who or what the key is for.")
+    role: Literal["user", "admin"] = "user"
+    quotas: Quotas | None = None
+
+
+class ApiKeyInfo(BaseModel):
+    id: str
+    name: str
+    role: Literal["user", "admin"]
+    quotas: dict[str, Any]
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class CreatedApiKey(ApiKeyInfo):
+    key: str = Field(description="The key itself: shown once, stored only as a hash.")
+
+
+class ApiKeyList(BaseModel):
+    keys: list[ApiKeyInfo]
+
+
+class WhoAmI(BaseModel):
+    auth: bool = Field(description="Whether the gateway requires API keys.")
+    key_id: str | None
+    name: str
+    role: Literal["user", "admin"]
+    quotas: dict[str, Any]
+
+
+class BrowserToken(BaseModel):
+    token: str = Field(description="Put it on a WebSocket URL as ?token=...; it expires soon.")
+    expires_at: datetime

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from kernelgw.api import history
+from kernelgw.api.admission import admit
+from kernelgw.api.auth import authenticate, principal_of, require_admin, session_for
 from kernelgw.api.models import (
     CreatedSession,
     CreateSession,
@@ -19,26 +21,21 @@ from kernelgw.api.models import (
     SessionInfo,
     SessionList,
 )
-from kernelgw.errors import PayloadTooLarge
 from kernelgw.manager import SessionManager, SessionOptions
 
 _errors: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 422, 429, 503)
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422, 429, 503)
 }
-router = APIRouter(responses=_errors)
+public = APIRouter(responses=_errors)
+"""Reachable without a key: the health check only."""
+router = APIRouter(responses=_errors, dependencies=[Depends(authenticate)])
 
 
 def _manager(request: Request) -> SessionManager:
     return request.app.state.manager  # type: ignore[no-any-return]
 
 
-def check_code_size(limit: int, code: str) -> None:
-    """The same limit for REST and WebSocket executions."""
-    if len(code.encode("utf-8", "surrogatepass")) > limit:
-        raise PayloadTooLarge(f"code is larger than the gateway's limit of {limit} bytes")
-
-
-@router.get("/healthz", response_model=Health, tags=["gateway"])
+@public.get("/healthz", response_model=Health, tags=["gateway"])
 async def healthz(request: Request) -> Response:
     """Engine reachable and kernel image present: 200, else 503."""
     settings = request.app.state.settings
@@ -56,7 +53,7 @@ async def healthz(request: Request) -> Response:
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
 
-@router.get("/metrics", tags=["gateway"], response_class=Response)
+@router.get("/metrics", tags=["gateway"], response_class=Response, dependencies=[Depends(require_admin)])
 async def metrics(request: Request) -> Response:
     """Prometheus metrics: sessions, pool, executions by status, latencies, output bytes."""
     from prometheus_client import CONTENT_TYPE_LATEST
@@ -74,7 +71,7 @@ async def create_session(body: CreateSession, request: Request) -> dict[str, Any
         memory_mb=body.memory_mb, cpus=body.cpus, timeout=body.timeout, image=body.image, env=body.env
     )
     steps = await history.restore_plan(body, request)  # validated before a kernel starts
-    session = await _manager(request).create(opts)
+    session = await _manager(request).create(opts, principal_of(request))
     if steps is None:
         return session.info()
     report = await history.create_restored(_manager(request), session, steps)
@@ -83,17 +80,18 @@ async def create_session(body: CreateSession, request: Request) -> dict[str, Any
 
 @router.get("/v1/sessions", response_model=SessionList, tags=["sessions"])
 async def list_sessions(request: Request) -> dict[str, Any]:
-    return {"sessions": [s.info() for s in _manager(request).list()]}
+    return {"sessions": [s.info() for s in _manager(request).list(principal_of(request))]}
 
 
 @router.get("/v1/sessions/{session_id}", response_model=SessionInfo, tags=["sessions"])
 async def get_session(session_id: str, request: Request) -> dict[str, Any]:
-    return _manager(request).get(session_id).info()
+    return session_for(request, session_id).info()
 
 
 @router.delete("/v1/sessions/{session_id}", status_code=204, tags=["sessions"])
 async def delete_session(session_id: str, request: Request) -> Response:
     """Stop the kernel and remove its container and connection directory."""
+    session_for(request, session_id)
     await _manager(request).delete(session_id)
     return Response(status_code=204)
 
@@ -101,8 +99,8 @@ async def delete_session(session_id: str, request: Request) -> Response:
 @router.post("/v1/sessions/{session_id}/execute", response_model=ExecuteResponse, tags=["execution"])
 async def execute(session_id: str, body: ExecuteRequest, request: Request) -> Response:
     """Run a cell and wait for it; returns the same events the WebSocket streams."""
-    check_code_size(request.app.state.settings.max_code_bytes, body.code)
-    session = _manager(request).get(session_id)
+    session = session_for(request, session_id)
+    admit(request.app.state, principal_of(request), body.code)
     rec = session.submit(body.code, execution_id=body.execution_id, timeout=body.timeout)
     done = await rec.done
     # Events were serialised once when published; splice them instead of re-encoding.
@@ -122,12 +120,12 @@ async def execute(session_id: str, body: ExecuteRequest, request: Request) -> Re
 )
 async def interrupt(session_id: str, request: Request) -> dict[str, bool]:
     """Send SIGINT to the kernel if a cell is running."""
-    return {"interrupted": await _manager(request).get(session_id).interrupt()}
+    return {"interrupted": await session_for(request, session_id).interrupt()}
 
 
 @router.post("/v1/sessions/{session_id}/restart", response_model=SessionInfo, tags=["sessions"])
 async def restart(session_id: str, request: Request) -> dict[str, Any]:
     """Replace the kernel with a fresh one; all variables are lost."""
-    session = _manager(request).get(session_id)
+    session = session_for(request, session_id)
     await session.restart()
     return session.info()

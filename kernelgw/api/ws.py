@@ -1,7 +1,14 @@
 """The WebSocket: live events out, execute/interrupt in, resume by ``last_seq``.
 
-Close codes: 4404 no such session; 4008 the client fell too far behind (reconnect
-with ``last_seq`` to resume); 1001 the session was deleted.
+Close codes: 4401 no valid key or token; 4403 a page from another origin;
+4404 no such session (or another key's); 4008 the client fell too far behind
+(reconnect with ``last_seq`` to resume); 1001 the session was deleted; 1009 a
+frame over the size limit (the server closes).
+
+Authentication: ``Authorization: Bearer <key>`` on the handshake, or, for
+browsers, ``?token=`` from ``POST /v1/auth/token``. Failures are reported
+after accepting, as close codes, since browsers never see a refused
+handshake's status.
 """
 
 from __future__ import annotations
@@ -14,23 +21,39 @@ from pydantic import TypeAdapter, ValidationError
 
 from kernelgw import events as ev
 from kernelgw.api.models import WsExecute, WsMessage
-from kernelgw.api.routes import check_code_size
-from kernelgw.errors import KernelGWError
+from kernelgw.api.admission import admit
+from kernelgw.api.auth import same_origin
+from kernelgw.errors import KernelGWError, Unauthorized
+from kernelgw.keys import Principal
 from kernelgw.session import KernelSession, Subscription
 
 router = APIRouter()
 _message = TypeAdapter(WsMessage)
 
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_TOO_SLOW = 4008
 CLOSE_GOING_AWAY = 1001
 
 
 @router.websocket("/v1/sessions/{session_id}/ws")
-async def session_ws(websocket: WebSocket, session_id: str, last_seq: int | None = None) -> None:
-    manager = websocket.app.state.manager
+async def session_ws(
+    websocket: WebSocket, session_id: str, last_seq: int | None = None, token: str | None = None
+) -> None:
+    state = websocket.app.state
+    if not same_origin(websocket.headers.get("origin"), websocket.headers.get("host"), state.settings.allowed_origins):
+        await websocket.accept()
+        await websocket.close(code=CLOSE_FORBIDDEN, reason="this origin may not open sessions")
+        return
     try:
-        session: KernelSession = manager.get(session_id)
+        principal = await state.auth.from_websocket(websocket.headers.get("authorization"), token)
+    except Unauthorized as exc:
+        await websocket.accept()
+        await websocket.close(code=CLOSE_UNAUTHORIZED, reason=exc.message[:120])
+        return
+    try:
+        session: KernelSession = state.manager.get(session_id, principal)
     except KernelGWError as exc:
         await websocket.accept()
         await websocket.close(code=CLOSE_NOT_FOUND, reason=exc.message[:120])
@@ -38,7 +61,7 @@ async def session_ws(websocket: WebSocket, session_id: str, last_seq: int | None
     await websocket.accept()
     sub = session.subscribe(last_seq)
     sender = asyncio.create_task(_send_events(websocket, sub))
-    receiver = asyncio.create_task(_receive_commands(websocket, session, sub))
+    receiver = asyncio.create_task(_receive_commands(websocket, session, sub, principal))
     try:
         await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -63,7 +86,9 @@ async def _send_events(websocket: WebSocket, sub: Subscription) -> None:
         await websocket.send_text(text)
 
 
-async def _receive_commands(websocket: WebSocket, session: KernelSession, sub: Subscription) -> None:
+async def _receive_commands(
+    websocket: WebSocket, session: KernelSession, sub: Subscription, principal: Principal
+) -> None:
     settings = websocket.app.state.settings
     while True:
         try:
@@ -76,8 +101,8 @@ async def _receive_commands(websocket: WebSocket, session: KernelSession, sub: S
                 return
             _reply(sub, "binary frames are not accepted; send JSON text")
             continue
-        if len(raw.encode("utf-8", "surrogatepass")) > settings.max_code_bytes + 4096:
-            _reply(sub, f"message larger than the limit of {settings.max_code_bytes} bytes of code")
+        if len(raw.encode("utf-8", "surrogatepass")) > settings.ws_max_message_bytes:
+            _reply(sub, f"message larger than the limit of {settings.ws_max_message_bytes} bytes")
             continue
         try:
             msg = _message.validate_json(raw)
@@ -86,7 +111,7 @@ async def _receive_commands(websocket: WebSocket, session: KernelSession, sub: S
             continue
         try:
             if isinstance(msg, WsExecute):
-                check_code_size(settings.max_code_bytes, msg.code)
+                admit(websocket.app.state, principal, msg.code)
                 session.submit(msg.code, execution_id=msg.execution_id, timeout=msg.timeout)
             else:
                 await session.interrupt()

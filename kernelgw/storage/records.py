@@ -20,6 +20,8 @@ class SessionRecord:
     """``deleted``, ``reaped``, ``gateway shutdown``, ... (None while it runs)."""
     language_info: dict[str, Any] = field(default_factory=dict)
     """From the kernel's ``kernel_info_reply`` (name, version, mimetype, ...)."""
+    owner: str | None = None
+    """The id of the API key that created the session (None without authentication)."""
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ sessions = Table(
     Column("ended_at", DateTime(timezone=True), nullable=True),
     Column("end_reason", Text, nullable=True),
     Column("language_info", Text, nullable=False, default="{}"),  # JSON, from kernel_info
+    Column("owner", String(32), nullable=True),  # the API key id that created it
     Index("kgw_sessions_ended", "ended_at"),
     Index("kgw_sessions_gateway_open", "gateway_name", "ended_at"),
 )
@@ -65,3 +66,41 @@ notes = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Index("kgw_notes_session", "session_id", "after_seq"),
 )
+
+api_keys = Table(
+    "kgw_api_keys",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("name", String(255), nullable=False),
+    Column("secret_sha256", String(64), nullable=False),  # never the secret itself
+    Column("role", String(16), nullable=False),
+    Column("quotas", Text, nullable=False, default="{}"),  # JSON, see kernelgw.keys.KeyQuotas
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("revoked_at", DateTime(timezone=True), nullable=True),
+)
+
+audit = Table(
+    "kgw_audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("key_id", String(32), nullable=True),
+    Column("session_id", String(64), nullable=True),
+    Column("execution_id", String(128), nullable=True),
+    Column("code", Text, nullable=True),
+    Column("code_sha256", String(64), nullable=True),
+    Column("duration_ms", Float, nullable=True),
+    Column("status", String(16), nullable=True),
+    Column("output_bytes", Integer, nullable=True),
+    Column("error_name", String(255), nullable=True),
+    Column("detail", Text, nullable=True),
+    Index("kgw_audit_at", "at"),
+    Index("kgw_audit_key", "key_id", "at"),
+    Index("kgw_audit_session", "session_id", "at"),
+)
+
+MIGRATIONS: dict[str, dict[str, str]] = {
+    "kgw_sessions": {"owner": "VARCHAR(32)"},
+}
+"""Columns added to tables after their first release (see `Store._migrate`)."""

@@ -28,8 +28,9 @@ from sqlalchemy import delete, event, insert, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from kernelgw import events as ev
 from kernelgw.errors import StorageUnavailable
-from kernelgw.storage import schema
+from kernelgw.storage import audit, schema
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord
 
 if TYPE_CHECKING:
@@ -80,6 +81,19 @@ def _now() -> datetime:
 Write = Callable[[AsyncConnection], Awaitable[Any]]
 
 
+def _migrate(conn: Any) -> None:
+    """Add the columns newer releases added to tables an older one created."""
+    from sqlalchemy import inspect, text
+
+    inspector = inspect(conn)
+    for table, columns in schema.MIGRATIONS.items():
+        present = {c["name"] for c in inspector.get_columns(table)}
+        for name, sql_type in columns.items():
+            if name not in present:
+                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}"))
+                log.info("storage: added column %s.%s", table, name)
+
+
 @dataclass
 class _Op:
     what: str
@@ -103,12 +117,14 @@ class Store:
         *,
         gateway_name: str = "default",
         retention_days: float = 30.0,
+        audit_retention_days: float = 365.0,
         purge_interval_s: float = 3600.0,
         max_pending: int = 10000,
     ) -> None:
         self.url = async_database_url(url)
         self.gateway_name = gateway_name
         self.retention_days = retention_days
+        self.audit_retention_days = audit_retention_days
         self.purge_interval_s = purge_interval_s
         self._queue: asyncio.Queue[_Op] = asyncio.Queue(max_pending)
         self._engine: AsyncEngine | None = None
@@ -126,6 +142,7 @@ class Store:
             database_url_for(settings),
             gateway_name=settings.gateway_name,
             retention_days=settings.history_retention_days,
+            audit_retention_days=settings.audit_retention_days,
             purge_interval_s=settings.history_purge_interval_s,
         )
 
@@ -142,8 +159,14 @@ class Store:
         return self._ready
 
     # ------------------------------------------------------------ lifecycle
-    async def start(self) -> None:
+    async def start(self, background: bool = True) -> None:
+        """``background=False`` (the CLI): connect and create tables only; no
+        writer, no purge, no clean-up of a running gateway's sessions."""
         self._engine = self._create_engine()
+        if not background:
+            if not await self._ensure_ready(force=True):
+                raise StorageUnavailable(f"The database at {self.display_url} does not answer.")
+            return
         if await self._ensure_ready(force=True):
             try:
                 await self._close_abandoned_sessions()
@@ -207,6 +230,7 @@ class Store:
         try:
             async with self._engine.begin() as conn:
                 await conn.run_sync(schema.metadata.create_all)
+                await conn.run_sync(_migrate)
         except Exception as exc:
             log.error("history storage at %s is unavailable: %s", self.display_url, exc)
             return False
@@ -215,7 +239,8 @@ class Store:
         return True
 
     # ------------------------------------------------------------ the writer
-    def _enqueue(self, what: str, write: Write, future: asyncio.Future[Any] | None = None) -> None:
+    def enqueue(self, what: str, write: Write, future: asyncio.Future[Any] | None = None) -> None:
+        """Queue a write for the writer task; never waits (a full queue drops it, loudly)."""
         try:
             self._queue.put_nowait(_Op(what, write, future))
         except asyncio.QueueFull:
@@ -290,13 +315,20 @@ class Store:
             "image": session.spec.image,
             "created_at": _utc(session.created_at),
             "language_info": json.dumps(session.kernel_info.get("language_info") or {}),
+            "owner": session.owner,
         }
         self._positions[session.id] = 0
 
         async def write(conn: AsyncConnection) -> None:
             await conn.execute(insert(schema.sessions).values(**values))
 
-        self._enqueue(f"session {session.id}", write)
+        self.enqueue(f"session {session.id}", write)
+        spec = session.spec
+        self._audit(
+            "session_created",
+            session,
+            detail=json.dumps({"image": spec.image, "memory_mb": spec.memory_mb, "cpus": spec.cpus, "runtime": spec.runtime}),
+        )
 
     async def execution_finished(self, session: "KernelSession", execution: "QueuedExecution") -> None:
         done = execution.done.result() if execution.done.done() and not execution.done.cancelled() else None
@@ -325,7 +357,20 @@ class Store:
         async def write(conn: AsyncConnection) -> None:
             await conn.execute(insert(schema.executions).values(**values))
 
-        self._enqueue(f"execution {execution.execution_id} of session {session.id}", write)
+        self.enqueue(f"execution {execution.execution_id} of session {session.id}", write)
+        error = next((p.event for p in published if isinstance(p.event, ev.Error)), None)
+        self._audit(
+            "execution",
+            session,
+            execution_id=execution.execution_id,
+            code=execution.code,
+            code_sha256=audit.code_sha256(execution.code),
+            duration_ms=duration,
+            status=done.status,
+            output_bytes=execution.output_bytes,
+            error_name=error.ename[:255] if error is not None else None,
+            detail=done.reason,
+        )
 
     async def session_ended(self, session: "KernelSession", reason: str) -> None:
         self._positions.pop(session.id, None)
@@ -338,7 +383,16 @@ class Store:
                 .values(ended_at=ended_at, end_reason=reason)
             )
 
-        self._enqueue(f"end of session {session.id}", write)
+        self.enqueue(f"end of session {session.id}", write)
+        kind = {"deleted": "session_deleted", "reaped": "session_reaped"}.get(reason, "session_ended")
+        self._audit(kind, session, detail=reason)
+
+    def session_event(self, session: "KernelSession", kind: str, detail: str) -> None:
+        """A kernel died or was restarted (audit only)."""
+        self._audit(kind, session, detail=detail)
+
+    def _audit(self, kind: str, session: "KernelSession", **values: Any) -> None:
+        audit.record(self, audit.AuditRecord(at=_now(), kind=kind, key_id=session.owner, session_id=session.id, **values))
 
     # ------------------------------------------------------------ notes
     async def add_note(self, session_id: str, after_seq: int, markdown: str) -> NoteRecord:
@@ -354,11 +408,12 @@ class Store:
             return note
 
         future: asyncio.Future[NoteRecord] = asyncio.get_running_loop().create_future()
-        self._enqueue(f"note for session {session_id}", write, future)
+        self.enqueue(f"note for session {session_id}", write, future)
         return await future
 
     # ------------------------------------------------------------ queries
-    async def _read(self) -> AsyncEngine:
+    async def read_engine(self) -> AsyncEngine:
+        """The engine, after every queued write is committed: readers see their own writes."""
         await self.flush()
         if not await self._ensure_ready() or self._engine is None:
             raise StorageUnavailable(
@@ -367,7 +422,7 @@ class Store:
         return self._engine
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
-        engine = await self._read()
+        engine = await self.read_engine()
         async with engine.connect() as conn:
             row = (
                 await conn.execute(select(schema.sessions).where(schema.sessions.c.id == session_id))
@@ -382,10 +437,11 @@ class Store:
             ended_at=_utc(row.ended_at),
             end_reason=row.end_reason,
             language_info=json.loads(row.language_info or "{}"),
+            owner=row.owner,
         )
 
     async def list_executions(self, session_id: str) -> list[ExecutionRecord]:
-        engine = await self._read()
+        engine = await self.read_engine()
         t = schema.executions
         async with engine.connect() as conn:
             rows = (
@@ -410,7 +466,7 @@ class Store:
         ]
 
     async def list_notes(self, session_id: str) -> list[NoteRecord]:
-        engine = await self._read()
+        engine = await self.read_engine()
         t = schema.notes
         async with engine.connect() as conn:
             rows = (
@@ -430,7 +486,7 @@ class Store:
     async def purge(self, now: datetime | None = None) -> int:
         """Delete sessions that ended more than ``retention_days`` ago, with their
         executions and notes; returns how many sessions went."""
-        engine = await self._read()
+        engine = await self.read_engine()
         cutoff = (now or _now()) - timedelta(days=self.retention_days)
         s = schema.sessions
         purged = 0
@@ -447,6 +503,9 @@ class Store:
                 await conn.execute(delete(schema.notes).where(schema.notes.c.session_id.in_(ids)))
                 await conn.execute(delete(s).where(s.c.id.in_(ids)))
             purged += len(ids)
+        async with engine.begin() as conn:
+            audit_cutoff = (now or _now()) - timedelta(days=self.audit_retention_days)
+            await conn.execute(delete(schema.audit).where(schema.audit.c.at < audit_cutoff))
         if purged:
             log.info("history storage: purged %d sessions older than %g days", purged, self.retention_days)
         return purged

@@ -112,8 +112,11 @@ def test_serve_options_override_env_which_overrides_the_config_file(monkeypatch,
     monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(run=(host, port)))
 
     config = tmp_path / "kgw.toml"
-    config.write_text('host = "10.0.0.1"\nport = 9000\nmax_sessions = 7\nidle_timeout_s = 60.0\n')
-    env = {"KERNELGW_PORT": "9100", "KERNELGW_MAX_SESSIONS": "8"}
+    config.write_text(
+        'host = "10.0.0.1"\nport = 9000\nmax_sessions = 7\nidle_timeout_s = 60.0\n'
+        "allow_remote_without_auth = true\n"  # no keys in this data dir: needed off loopback
+    )
+    env = {"KERNELGW_PORT": "9100", "KERNELGW_MAX_SESSIONS": "8", "KERNELGW_DATA_DIR": str(tmp_path)}
     result = invoke("serve", "--config", str(config), "--port", "9200", env=env)
     assert result.exit_code == 0, result.output
     settings = seen["settings"]

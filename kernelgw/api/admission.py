@@ -1,0 +1,39 @@
+"""What every new execution must pass, on REST and WebSocket alike: code size,
+the optional code policy, and the key's executions-per-minute quota."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernelgw import policy
+from kernelgw.errors import PayloadTooLarge, PolicyViolation, RateLimited
+from kernelgw.keys import Principal
+
+
+def check_code_size(limit: int, code: str) -> None:
+    if len(code.encode("utf-8", "surrogatepass")) > limit:
+        raise PayloadTooLarge(f"code is larger than the gateway's limit of {limit} bytes")
+
+
+def check_code(state: Any, code: str, where: str = "") -> None:
+    """Size and code policy (also for cells a restore replays)."""
+    check_code_size(state.settings.max_code_bytes, code)
+    code_policy: policy.CodePolicy = state.code_policy
+    if code_policy.enabled:
+        try:
+            code_policy.check(code)
+        except policy.PolicyViolation as exc:
+            raise PolicyViolation(f"{where}{exc}") from None
+
+
+def admit(state: Any, principal: Principal, code: str) -> None:
+    """Raise the error that refuses this execution, if any."""
+    settings = state.settings
+    check_code(state, code)
+    per_minute = principal.quotas.executions_per_minute or settings.executions_per_minute
+    if per_minute is not None:
+        wait = state.rate_limiter.acquire(principal.key_id or "", per_minute)
+        if wait > 0:
+            raise RateLimited(
+                f"This API key may start {per_minute} executions per minute; retry in {wait:.1f}s.", wait
+            )
