@@ -147,7 +147,8 @@ def _refuse_open_remote(settings: Any) -> None:
     except InsecureBind as exc:
         raise click.ClickException(exc.message) from exc
     except KernelGWError as exc:
-        raise click.ClickException(f"cannot open the gateway's database: {exc.message}") from exc
+        # the gateway starts and answers 503 until its database answers
+        click.echo(f"kernelgw: warning: cannot open the gateway's database: {exc.message}", err=True)
 
 
 # ------------------------------------------------------------------------ image

@@ -32,7 +32,7 @@ from kernelgw.api.models import (
     WhoAmI,
 )
 from kernelgw.config import Settings
-from kernelgw.errors import Forbidden, KernelGWError, Unauthorized
+from kernelgw.errors import Forbidden, KernelGWError, StorageUnavailable, Unauthorized
 from kernelgw.keys import ANONYMOUS, ApiKey, KeyQuotas, Principal, bearer, parse_key
 from kernelgw.storage import Store
 from kernelgw.storage import audit as audit_log
@@ -72,9 +72,15 @@ class Authenticator:
     async def check_startup(self) -> None:
         """Refuse to serve beyond loopback without authentication (unless told to)."""
         s = self.settings
-        enabled = await self.enabled()
-        if s.auth == "required" and await self.keys.count() == 0:
-            log.warning("authentication is required but no API key exists: create one with `kernelgw keys create`")
+        try:
+            enabled = await self.enabled()
+            if s.auth == "required" and await self.keys.count() == 0:
+                log.warning("authentication is required but no API key exists: create one with `kernelgw keys create`")
+        except StorageUnavailable:
+            # Keys cannot be read: requests are refused (503) until the database
+            # answers, so starting is safe; sessions already running are unaffected.
+            log.error("cannot read API keys: the database does not answer; requests get 503 until it does")
+            return
         if not enabled and not is_loopback(s.host) and not s.allow_remote_without_auth:
             raise InsecureBind(
                 f"Refusing to listen on {s.host} without authentication: create an API key "
@@ -106,6 +112,13 @@ class Authenticator:
             self._cache.clear()
         self._cache[key_id] = (key, now)
         return key
+
+    async def key_active(self, key_id: str) -> bool:
+        try:
+            key = await self._key(key_id)
+        except KernelGWError:
+            return True  # the database is down: keep what is open, refuse what is new
+        return key is not None and key.active
 
     def forget(self, key_id: str) -> None:
         self._cache.pop(key_id, None)
@@ -140,7 +153,8 @@ class Authenticator:
 
     def issue_token(self, principal: Principal) -> tuple[str, datetime]:
         expires = datetime.now(timezone.utc) + timedelta(seconds=self.settings.browser_token_ttl_s)
-        return self._tokens.dumps({"k": principal.key_id}), expires
+        # the nonce makes every token distinct, also two issued in the same second
+        return self._tokens.dumps({"k": principal.key_id, "n": secrets.token_hex(8)}), expires
 
 
 # ---------------------------------------------------------------- dependencies

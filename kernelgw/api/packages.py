@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from kernelgw.api.auth import authenticate, session_for
+from kernelgw.api.auth import authenticate
 from kernelgw.api.files import session_handle
 from kernelgw.api.models import ErrorResponse
 from kernelgw.packages import (
@@ -50,7 +50,6 @@ async def install_packages(session_id: str, body: InstallRequest, request: Reque
     import in the next cell, without a restart. 400: not on the allowlist;
     422: no fitting wheel, or a conflict with what the image has."""
     installer = package_installer(request)
-    session_for(request, session_id)  # another key's session: 404 before anything else
     check_request(body.packages, installer.allowlist)  # 400 before the session is touched
     session, handle = session_handle(request, session_id)
     result = await installer.install(handle, session.spec.image, body.packages)

@@ -22,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 from kernelgw import events as ev
 from kernelgw.api.models import WsExecute, WsMessage
 from kernelgw.api.admission import admit
-from kernelgw.api.auth import same_origin
+from kernelgw.api.auth import Authenticator, same_origin
 from kernelgw.errors import KernelGWError, Unauthorized
 from kernelgw.keys import Principal
 from kernelgw.session import KernelSession, Subscription
@@ -62,20 +62,37 @@ async def session_ws(
     sub = session.subscribe(last_seq)
     sender = asyncio.create_task(_send_events(websocket, sub))
     receiver = asyncio.create_task(_receive_commands(websocket, session, sub, principal))
+    tasks = {sender, receiver}
+    watcher = None
+    if principal.key_id is not None:
+        watcher = asyncio.create_task(_watch_key(state.auth, principal.key_id))
+        tasks.add(watcher)
     try:
-        await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         session.unsubscribe(sub)
-        for task in (sender, receiver):
+        for task in tasks:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
-        if sub.overflowed:
+        if watcher is not None and watcher.done() and not watcher.cancelled():
+            code, reason = CLOSE_UNAUTHORIZED, "the API key was revoked"
+        elif sub.overflowed:
             code, reason = CLOSE_TOO_SLOW, "client too slow; reconnect with last_seq to resume"
         else:
             code, reason = CLOSE_GOING_AWAY, "session closed"
         with contextlib.suppress(Exception):
             await websocket.close(code=code, reason=reason)
+
+
+async def _watch_key(auth: Authenticator, key_id: str) -> None:
+    """Return (closing the socket) once the key is revoked: an open WebSocket
+    must not outlive the key that opened it."""
+    interval = max(auth.settings.auth_cache_s, 1.0)
+    while True:
+        await asyncio.sleep(interval)
+        if not await auth.key_active(key_id):
+            return
 
 
 async def _send_events(websocket: WebSocket, sub: Subscription) -> None:

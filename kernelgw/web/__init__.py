@@ -8,6 +8,11 @@ rendered by the page in ``<iframe sandbox srcdoc=...>`` frames without
 ``allow-scripts`` or ``allow-same-origin``, which also inherit this policy;
 inline styles are allowed because pandas styles its tables with a ``<style>``
 element.
+
+With API keys the page asks for one when ``/v1/auth/whoami`` answers 401, keeps
+it in the tab's ``sessionStorage`` only, sends it as ``Authorization: Bearer``,
+and opens WebSockets with short-lived tokens from ``POST /v1/auth/token``; the
+page itself and its assets need no key.
 """
 
 from __future__ import annotations

@@ -471,7 +471,8 @@ def _stand_in_session(session_id: str) -> Any:
     """What the store reads of a KernelSession (no kernel needed to record one)."""
     return SimpleNamespace(
         id=session_id,
-        spec=SimpleNamespace(image="img:test"),
+        spec=SimpleNamespace(image="img:test", memory_mb=512, cpus=1.0, runtime="runc"),
+        owner=None,
         created_at=datetime.now(timezone.utc),
         kernel_info={"language_info": {"name": "python", "version": "3.11"}},
     )
@@ -576,9 +577,13 @@ def test_history_expires_after_the_retention(
 
 
 def test_a_database_that_is_down_does_not_break_sessions(docker_client: docker.DockerClient) -> None:
+    # auth "off": with keys possible ("auto"), a gateway that cannot read its keys
+    # refuses new requests instead (tests/security/test_auth.py)
     gateway = start_gateway(
         gateway_settings(
-            gateway_name=f"nodb{os.getpid()}", database_url="postgresql://postgres@127.0.0.1:9/nothing-here"
+            gateway_name=f"nodb{os.getpid()}",
+            database_url="postgresql://postgres@127.0.0.1:9/nothing-here",
+            auth="off",
         )
     )
     try:

@@ -9,14 +9,28 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from playwright.sync_api import BrowserContext, Locator, Page, expect, sync_playwright
+from playwright.sync_api import (
+    BrowserContext,
+    Locator,
+    Page,
+    Request,
+    WebSocket,
+    WebSocketRoute,
+    expect,
+    sync_playwright,
+)
 
 from tests.integration.conftest import (
     RunningGateway,
@@ -404,7 +418,7 @@ def test_a_refused_cell_shows_the_gateways_message(tab: Tab) -> None:
     too_big = "x = 1\n" + "#" * (1024 * 1024 + 10_000)  # over the gateway's max_code_bytes
     cell = tab.submit(too_big)
     expect(cell).to_have_attribute("data-status", "refused")
-    expect(cell.locator(".cell-foot")).to_contain_text("larger than the limit")
+    expect(cell.locator(".cell-foot")).to_contain_text(re.compile(r"larger than the (gateway's )?limit"))
     expect(tab.page.locator("#conn-state")).to_have_text("live")  # the connection stays
     assert stdout_of(tab.run("print('fine')")) == "fine\n"
 
@@ -456,3 +470,367 @@ def test_gap_is_filled_from_history_and_an_ended_session_shows_its_cells(
         expect(tab.page.locator("#code")).to_be_disabled()
         expect(tab.page.locator("#banner")).to_contain_text("ended")
         tab.shot(shots / "ended-session.png")
+
+
+# ------------------------------------------------- a gateway that requires keys
+#
+# Its own data_dir (its keys turn authentication on for it alone) and its own
+# gateway_name; keys are made with the real `kernelgw keys` CLI on that data dir.
+
+KEYED_DATA_DIR = Path(f"/tmp/kgwt-webkeys-{os.getpid()}")
+WRONG_KEY = "kgw_000000000000_" + "A" * 43
+KEY_STORAGE = "kernelgw.apiKey"
+
+
+def keys_cli(*args: str) -> str:
+    env = {**os.environ, "KERNELGW_DATA_DIR": str(KEYED_DATA_DIR)}
+    env.pop("KERNELGW_API_KEY", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelgw", "keys", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def new_key(name: str) -> dict[str, Any]:
+    return json.loads(keys_cli("create", name, "--json"))  # type: ignore[no-any-return]
+
+
+@dataclass
+class KeyedGateway:
+    gw: RunningGateway
+    key: str  # the key "web" the browser is given
+    other: str  # another user's key
+
+    @property
+    def url(self) -> str:
+        return self.gw.url
+
+    def client(self, key: str | None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.gw.url, headers=headers, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def keyed(docker_client: Any) -> Iterator[KeyedGateway]:
+    shutil.rmtree(KEYED_DATA_DIR, ignore_errors=True)
+    web, other = new_key("web"), new_key("other")
+    gw = start_gateway(
+        gateway_settings(gateway_name=f"webkeys{os.getpid()}", data_dir=str(KEYED_DATA_DIR), auth_cache_s=0.2)
+    )
+    try:
+        yield KeyedGateway(gw, web["key"], other["key"])
+    finally:
+        gw.stop()
+        left = docker_client.containers.list(
+            all=True, filters={"label": f"kernelgw.gateway={gw.settings.gateway_name}"}
+        )
+        shutil.rmtree(KEYED_DATA_DIR, ignore_errors=True)
+        assert not left, f"containers left behind: {[c.name for c in left]}"
+
+
+@dataclass
+class Traffic:
+    """Every HTTP request and WebSocket a page made."""
+
+    requests: list[Request] = field(default_factory=list)
+    sockets: list[WebSocket] = field(default_factory=list)
+
+    @property
+    def ws_urls(self) -> list[str]:
+        return [ws.url for ws in self.sockets]
+
+    def api(self, method: str | None = None, path: str | None = None) -> list[Request]:
+        return [
+            r
+            for r in self.requests
+            if urlsplit(r.url).path.startswith("/v1/")
+            and (method is None or r.method == method)
+            and (path is None or urlsplit(r.url).path == path)
+        ]
+
+
+def watch(tab: Tab) -> Traffic:
+    traffic = Traffic()
+    tab.page.on("request", lambda r: traffic.requests.append(r))
+    tab.page.on("websocket", lambda ws: traffic.sockets.append(ws))
+    return traffic
+
+
+def session_storage_key(tab: Tab) -> str | None:
+    return tab.page.evaluate("k => sessionStorage.getItem(k)", KEY_STORAGE)  # type: ignore[no-any-return]
+
+
+def give_key(tab: Tab, key: str) -> None:
+    form = tab.page.locator("#auth-overlay")
+    expect(form).to_be_visible()
+    tab.page.fill("#api-key", key)
+    tab.page.click("#auth-submit")
+
+
+def sign_in(tab: Tab, key: str) -> None:
+    tab.page.goto(tab.base_url + "/")
+    give_key(tab, key)
+    expect(tab.page.locator("#auth-overlay")).to_be_hidden()
+    expect(tab.page.locator("#home")).to_be_visible()
+
+
+def test_without_keys_the_page_asks_for_none(tab: Tab) -> None:
+    traffic = watch(tab)
+    tab.new_session()
+    tab.run("print('no key')")
+    expect(tab.page.locator("#auth-overlay")).to_be_hidden()
+    expect(tab.page.locator("#auth-meta")).to_be_hidden()
+    assert not traffic.api("POST", "/v1/auth/token")  # no tokens when the gateway wants none
+    assert traffic.ws_urls and all("token=" not in url for url in traffic.ws_urls)
+    assert all("authorization" not in r.all_headers() for r in traffic.api())
+    assert session_storage_key(tab) is None
+
+
+def test_keyed_gateway_asks_for_a_key_then_runs_cells_live(
+    browser: BrowserContext, keyed: KeyedGateway, tabs: list[Tab], shots: Path
+) -> None:
+    tab = open_tab(browser, keyed.url, tabs)
+    traffic = watch(tab)
+    page = tab.page
+    page.goto(keyed.url + "/")
+    # the form, and nothing behind it asked the gateway for more than whoami
+    overlay = page.locator("#auth-overlay")
+    expect(overlay).to_be_visible()
+    expect(overlay).to_contain_text("kernelgw keys create")
+    assert page.locator("#api-key").get_attribute("type") == "password"
+    expect(page.locator("#auth-error")).to_be_hidden()
+    expect(page.locator("#home")).to_be_hidden()
+    assert [urlsplit(r.url).path for r in traffic.api()] == ["/v1/auth/whoami"]
+    tab.shot(shots / "key-form.png")
+
+    # a wrong key: the gateway's own message, and the form again
+    with keyed.client(WRONG_KEY) as c:
+        refusal = c.get("/v1/auth/whoami").json()["error"]["message"]
+    give_key(tab, WRONG_KEY)
+    expect(page.locator("#auth-error")).to_contain_text(refusal)
+    expect(overlay).to_be_visible()
+    expect(page.locator("#api-key")).to_be_focused()
+    assert session_storage_key(tab) is None
+    tab.shot(shots / "key-refused.png")
+
+    # the right key: a session, a cell, its output over a WebSocket opened with a token
+    page.fill("#api-key", "")
+    give_key(tab, keyed.key)
+    expect(overlay).to_be_hidden()
+    expect(page.locator("#auth-meta")).to_contain_text("web")
+    assert session_storage_key(tab) == keyed.key
+    sid = tab.new_session()
+    cell = tab.submit("import time\nprint(6*7, flush=True)\ntime.sleep(2)\nprint('end')")
+    expect(cell.locator(".stream-stdout")).to_have_text("42\n", timeout=20_000)
+    assert cell.get_attribute("data-status") == "running"  # streamed live, before the cell ended
+    expect(cell).to_have_attribute("data-status", "ok", timeout=30_000)
+    assert stdout_of(cell) == "42\nend\n"
+    assert any("token=" in url for url in traffic.ws_urls)
+    tab.shot(shots / "key-session.png")
+    # the session is this key's: the other key does not see it
+    with keyed.client(keyed.other) as c:
+        assert c.get(f"/v1/sessions/{sid}").status_code == 404
+
+    # a reload keeps the key for this tab: no form, the session and its cell are back
+    page.reload()
+    expect(page.locator("#conn-state")).to_have_text("live")
+    expect(overlay).to_be_hidden()
+    expect(page.locator(".cell").first.locator(".stream-stdout")).to_have_text("42\nend\n")
+    assert session_storage_key(tab) == keyed.key
+    # a new tab is another sessionStorage: it asks again
+    other_tab = open_tab(browser, keyed.url, tabs)
+    other_tab.page.goto(f"{keyed.url}/?session={sid}")
+    expect(other_tab.page.locator("#auth-overlay")).to_be_visible()
+    assert session_storage_key(other_tab) is None
+
+    # "forget key" clears it: the form again, nothing of the session on the page
+    page.click("#forget-key")
+    expect(overlay).to_be_visible()
+    expect(page.locator("#auth-error")).to_be_hidden()
+    expect(page.locator(".cell")).to_have_count(0)
+    expect(page.locator("#auth-meta")).to_be_hidden()
+    assert session_storage_key(tab) is None
+    page.reload()
+    expect(overlay).to_be_visible()
+    # and giving it again carries on with the session in the URL
+    give_key(tab, keyed.key)
+    expect(page.locator("#conn-state")).to_have_text("live")
+    expect(page.locator(".cell")).to_have_count(1)
+    with keyed.client(keyed.key) as c:
+        c.delete(f"/v1/sessions/{sid}")
+
+
+def test_the_key_never_leaves_the_tab_except_as_a_header(
+    browser: BrowserContext, keyed: KeyedGateway, tabs: list[Tab], tmp_path: Path
+) -> None:
+    tab = open_tab(browser, keyed.url, tabs)
+    traffic = watch(tab)
+    page = tab.page
+    sign_in(tab, keyed.key)
+    sid = tab.new_session()
+    tab.run("open('out.txt', 'w').write('hi')\nprint('written')")
+    # a dropped connection reconnects with a fresh token
+    page.evaluate("() => window.kernelgw.ws.close()")
+    expect(page.locator("#conn-state")).to_have_text("live", timeout=15_000)
+    assert stdout_of(tab.run("print('again')")) == "again\n"
+    # uploads and downloads carry the key as a header too
+    local = tmp_path / "up.txt"
+    local.write_text("uploaded\n")
+    page.set_input_files("#upload-input", str(local))
+    expect(page.locator("#file-list")).to_contain_text("up.txt")
+    with page.expect_download() as info:
+        page.locator("#file-list a.file-link", has_text="out.txt").click()
+    assert Path(info.value.path()).read_text() == "hi"
+    with page.expect_download() as info:
+        page.click("#notebook")
+    assert info.value.suggested_filename == f"kernelgw-{sid}.ipynb"
+    assert "written" in Path(info.value.path()).read_text()
+    page.reload()
+    expect(page.locator("#conn-state")).to_have_text("live")
+
+    key = keyed.key
+    secret = key.rsplit("_", 1)[1]
+    # every API request had the header, and no URL ever held the key
+    api_requests = traffic.api()
+    assert len(api_requests) > 10
+    for r in api_requests:
+        if urlsplit(r.url).path == "/v1/auth/whoami" and r.all_headers().get("authorization") is None:
+            continue  # the very first question, before the user gave a key
+        assert r.all_headers().get("authorization") == f"Bearer {key}", (r.method, r.url)
+    assert any(r.method == "PUT" for r in api_requests)
+    for url in [r.url for r in traffic.requests] + traffic.ws_urls + [page.url]:
+        assert secret not in url, url
+    # the WebSockets used tokens only, a fresh one fetched for each connect
+    # (tokens made in the same second for the same key are identical: compare fetches)
+    assert len(traffic.ws_urls) >= 3
+    for url in traffic.ws_urls:
+        query = parse_qs(urlsplit(url).query)
+        assert set(query) == {"token", "last_seq"}, url
+        assert query["token"][0] != key
+    assert len(traffic.api("POST", "/v1/auth/token")) == len(traffic.ws_urls)
+    # stored in this tab's sessionStorage only: not localStorage, cookies, the DOM or the console
+    assert page.evaluate("() => localStorage.length") == 0
+    assert page.evaluate("() => document.cookie") == ""
+    assert session_storage_key(tab) == key
+    assert page.evaluate("() => Object.keys(sessionStorage)") == [KEY_STORAGE]
+    assert secret not in page.content()
+    assert page.input_value("#api-key") == ""
+    assert not [m for m in tab.console if secret in m]
+    with keyed.client(key) as c:
+        c.delete(f"/v1/sessions/{sid}")
+
+
+def refuse_sockets(page: Page, refuse: list[int], code: int, reason: str) -> list[str]:
+    """Routes the page's WebSockets: the first ``refuse[0]`` are closed with ``code``
+    the way the gateway does it (accepted, then closed); the rest go through."""
+    urls: list[str] = []
+
+    def handler(ws: WebSocketRoute) -> None:
+        urls.append(ws.url)
+        if refuse[0] > 0:
+            refuse[0] -= 1
+            ws.close(code=code, reason=reason)
+        else:
+            ws.connect_to_server()
+
+    page.route_web_socket(re.compile(r".*/ws\?.*"), handler)
+    return urls
+
+
+def test_a_refused_token_is_replaced_once_then_the_key_is_asked_for(
+    browser: BrowserContext, keyed: KeyedGateway, tabs: list[Tab], shots: Path
+) -> None:
+    tab = open_tab(browser, keyed.url, tabs)
+    page = tab.page
+    traffic = watch(tab)
+    refuse = [0]
+    urls = refuse_sockets(page, refuse, 4401, "The token is invalid or expired")
+    sign_in(tab, keyed.key)
+    sid = tab.new_session()
+    # one refusal: a fresh token and the connection comes back, with what was typed meanwhile
+    refuse[0] = 1
+    page.evaluate("() => { window.kernelgw.reconnectDelay = 1500; window.kernelgw.ws.close(); }")
+    expect(page.locator("#conn-state")).to_have_text("reconnecting")
+    cell = tab.submit("print('sent while away')")
+    expect(cell).to_have_attribute("data-status", "ok", timeout=30_000)
+    assert stdout_of(cell) == "sent while away\n"
+    expect(page.locator("#auth-overlay")).to_be_hidden()
+    assert len(urls) == 3
+    assert len(traffic.api("POST", "/v1/auth/token")) == 3  # a new token for each connect
+    # refused again after the fresh token too: the key form, with the gateway's reason
+    refuse[0] = 2
+    page.evaluate("() => window.kernelgw.ws.close()")
+    expect(page.locator("#auth-overlay")).to_be_visible()
+    expect(page.locator("#auth-error")).to_contain_text("The token is invalid or expired")
+    expect(page.locator("#conn-state")).to_have_text("offline")
+    assert len(urls) == 5
+    assert len(traffic.api("POST", "/v1/auth/token")) == 5
+    assert session_storage_key(tab) is None
+    tab.shot(shots / "key-ws-refused.png")
+    page.wait_for_timeout(1000)
+    assert len(urls) == 5  # no more attempts while the form is up
+    # the key again: connected, the cells are still there
+    give_key(tab, keyed.key)
+    expect(page.locator("#conn-state")).to_have_text("live")
+    assert stdout_of(tab.run("print('back')")) == "back\n"
+    assert page.locator(".cell").count() == 2
+    with keyed.client(keyed.key) as c:
+        c.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_revoked_key_brings_back_the_form(browser: BrowserContext, keyed: KeyedGateway, tabs: list[Tab]) -> None:
+    doomed = new_key("doomed")
+    tab = open_tab(browser, keyed.url, tabs)
+    page = tab.page
+    sign_in(tab, doomed["key"])
+    tab.new_session()
+    tab.run("x = 1")
+    keys_cli("revoke", doomed["id"])
+    # the gateway closes the live connection (4401), or the page's next request
+    # (it polls the session) or reconnect is refused: the form, either way
+    page.evaluate("() => window.kernelgw.ws?.close()")
+    expect(page.locator("#auth-overlay")).to_be_visible(timeout=15_000)
+    expect(page.locator("#auth-error")).to_contain_text("refused the key")
+    assert session_storage_key(tab) is None
+
+
+def test_another_keys_session_is_not_found(browser: BrowserContext, keyed: KeyedGateway, tabs: list[Tab]) -> None:
+    with keyed.client(keyed.other) as c:
+        sid = c.post("/v1/sessions", json={}).json()["id"]
+        try:
+            tab = open_tab(browser, keyed.url, tabs)
+            tab.page.goto(f"{keyed.url}/?session={sid}")
+            give_key(tab, keyed.key)
+            expect(tab.page.locator("#session-state")).to_have_text("ended", timeout=15_000)
+            expect(tab.page.locator("#banner")).to_contain_text(
+                f"There is no session {sid} that this API key can see", timeout=15_000
+            )
+            expect(tab.page.locator("#code")).to_be_disabled()
+            # and the other key's session was not touched
+            assert c.get(f"/v1/sessions/{sid}").json()["state"] == "idle"
+        finally:
+            c.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_refused_origin_is_explained_not_retried(
+    browser: BrowserContext, keyed: KeyedGateway, tabs: list[Tab]
+) -> None:
+    tab = open_tab(browser, keyed.url, tabs)
+    page = tab.page
+    urls = refuse_sockets(page, [100], 4403, "this origin may not open sessions")
+    sign_in(tab, keyed.key)
+    page.click("#new-session")
+    expect(page.locator("#banner")).to_contain_text("this origin may not open sessions")
+    expect(page.locator("#banner")).to_contain_text("allowed_origins")
+    expect(page.locator("#conn-state")).to_have_text("offline")
+    page.wait_for_timeout(1500)
+    assert len(urls) == 1
+    sid = page.locator("#session-id").inner_text()
+    with keyed.client(keyed.key) as c:
+        c.delete(f"/v1/sessions/{sid}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import time
@@ -186,14 +185,21 @@ def test_revoked_key_stops_working_on_a_live_gateway(authgw: RunningGateway) -> 
 
 
 def test_keys_are_stored_only_as_hashes(keys: Keys, authgw: RunningGateway) -> None:
-    db = DATA_DIR / "kernelgw.db"
-    raw = b"".join(p.read_bytes() for p in DATA_DIR.glob("kernelgw.db*"))
+    # Read the database from another process: opening and closing its files in
+    # this one (the gateway's) would drop SQLite's POSIX locks (fcntl semantics).
+    script = (
+        "import glob, json, sqlite3, sys\n"
+        "raw = b''.join(open(p, 'rb').read() for p in glob.glob(sys.argv[1] + '/kernelgw.db*'))\n"
+        "conn = sqlite3.connect(sys.argv[1] + '/kernelgw.db')\n"
+        "cols = [r[1] for r in conn.execute('PRAGMA table_info(kgw_api_keys)')]\n"
+        "print(json.dumps({'raw': raw.decode('latin-1'), 'columns': cols}))\n"
+    )
+    out = json.loads(subprocess.run([sys.executable, "-c", script, str(DATA_DIR)], capture_output=True, text=True, check=True).stdout)
     for key in (keys.admin, keys.alice, keys.bob):
         secret = key["key"].rsplit("_", 1)[1]
-        assert secret.encode() not in raw
-    with sqlite3.connect(db) as conn:
-        columns = [row[1] for row in conn.execute("PRAGMA table_info(kgw_api_keys)")]
-    assert "secret_sha256" in columns and not any("secret" == c or "key" == c for c in columns)
+        assert secret not in out["raw"]
+        assert key["id"] in out["raw"]  # the rows are there, by id
+    assert "secret_sha256" in out["columns"] and not {"secret", "key"} & set(out["columns"])
 
 
 def test_key_never_reaches_the_container(alice: httpx.Client, alice_session: str, keys: Keys) -> None:
@@ -220,11 +226,13 @@ def test_another_keys_session_is_not_found(
     alice: httpx.Client, bob: httpx.Client, alice_session: str, method: str, path: str, body: Any
 ) -> None:
     resp = bob.request(method, path.format(sid=alice_session), json=body)
-    assert resp.status_code == 404, resp.text
-    # the same answer as for an id that never existed
+    # exactly the answer for an id that never existed (404, or a 400 about the
+    # request itself that comes before any session lookup, like an empty allowlist)
     missing = bob.request(method, path.format(sid="0" * 32), json=body)
-    assert missing.status_code == 404
-    assert resp.json()["error"]["code"] == missing.json()["error"]["code"]
+    assert resp.status_code == missing.status_code
+    assert resp.json()["error"] == {**missing.json()["error"], "message": resp.json()["error"]["message"]}
+    assert resp.json()["error"]["message"].replace(alice_session, "0" * 32) == missing.json()["error"]["message"]
+    assert resp.status_code == (400 if path.endswith("/packages") else 404), resp.text
     assert alice.get(f"/v1/sessions/{alice_session}").json()["state"] in ("idle", "busy")
 
 
@@ -400,3 +408,17 @@ def test_gateway_without_keys_refuses_a_public_address(tmp_path: Path) -> None:
     proc = cli("serve", "--host", "0.0.0.0", "--port", port, data_dir=tmp_path, check=False)
     assert proc.returncode != 0
     assert "without authentication" in proc.stderr and "kernelgw keys create" in proc.stderr
+
+
+def test_an_open_websocket_is_closed_when_its_key_is_revoked(authgw: RunningGateway, admin: httpx.Client) -> None:
+    key = new_key("revoked-while-connected")
+    with client(authgw, key) as c:
+        sid = c.post("/v1/sessions", json={}).json()["id"]
+        try:
+            with connect(ws_url(authgw, sid), additional_headers={"Authorization": f"Bearer {key['key']}"}) as ws:
+                cli("keys", "revoke", key["id"])
+                with pytest.raises(ConnectionClosed) as closed:
+                    ws.recv(timeout=30)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+        finally:
+            assert admin.delete(f"/v1/sessions/{sid}").status_code == 204

@@ -124,6 +124,21 @@ def test_scripts_never_turn_kernel_output_into_page_html() -> None:
     assert "iframe.srcdoc = " in render
 
 
+def test_the_api_key_lives_in_session_storage_only() -> None:
+    """The key goes in sessionStorage and the Authorization header: never
+    localStorage, cookies, the console, or a URL (WebSockets get tokens)."""
+    source = (STATIC_DIR / "app.js").read_text()
+    code = re.sub(r"^\s*//.*$|\s//\s.*$", "", source, flags=re.MULTILINE)
+    assert "sessionStorage" in code
+    for leak in ("localStorage", "document.cookie", "console."):
+        assert leak not in code, leak
+    assert "authorization = `Bearer ${used}`" in code
+    assert "token=${encodeURIComponent(token)}" in code
+    page = (STATIC_DIR / "index.html").read_text()
+    assert re.search(r'<input id="api-key" type="password"', page)
+    assert "kernelgw keys create" in page
+
+
 def test_every_static_file_ships_as_package_data() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"]["kernelgw.web"]

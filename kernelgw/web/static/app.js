@@ -6,6 +6,9 @@
 // every event by its execution_id. Cells run by other tabs or clients arrive as
 // `queued` events. After a drop it reconnects with the last seq it saw; a `gap`
 // (events older than the replay buffer) is filled from the stored history.
+// With API keys, every request carries the key and every connect a fresh token
+// (see "the API key" below); close codes 4401/4403/4404 are shown, not retried
+// forever.
 
 import { StreamOutput, ansiNodes, fitFrames, formatBytes, renderBundle } from "./render.js";
 
@@ -34,8 +37,65 @@ function sessionUrl(id, suffix = "") {
   return `/v1/sessions/${encodeURIComponent(id)}${suffix}`;
 }
 
-async function api(method, url, body, headers = {}) {
+// ------------------------------------------------------------- the API key
+//
+// A gateway with API keys wants "Authorization: Bearer <key>" on every /v1
+// request. The page asks for the key when the gateway says so (401) and keeps it
+// in sessionStorage only: this tab, until it closes or the user forgets it. It is
+// never put in localStorage, a URL or the console. WebSockets cannot carry
+// headers, so before each connect the page trades the key for a short-lived
+// token (POST /v1/auth/token) and puts that on the WebSocket URL instead.
+
+const KEY_STORAGE = "kernelgw.apiKey";
+
+const auth = {
+  required: false, // the gateway wants keys (whoami said so, or a 401 did)
+  locked: false, // waiting for the user to give a key: no requests meanwhile
+  key: null,
+  onRejected: null, // (message, keySent) => void, set by the App
+
+  load() {
+    try {
+      this.key = sessionStorage.getItem(KEY_STORAGE) || null;
+    } catch {
+      this.key = null; // storage disabled: the key lasts as long as the page
+    }
+  },
+
+  save(key) {
+    this.key = key;
+    try {
+      sessionStorage.setItem(KEY_STORAGE, key);
+    } catch {
+      // kept in memory only
+    }
+  },
+
+  clear() {
+    this.key = null;
+    try {
+      sessionStorage.removeItem(KEY_STORAGE);
+    } catch {
+      // nothing stored
+    }
+  },
+};
+
+class HttpError extends Error {
+  constructor(message, status) {
+    super(message);
+    this.status = status;
+  }
+}
+
+// A fetch with the key; the response if it is 2xx, else an HttpError with the
+// gateway's message. `key` checks a key the user typed instead of the stored one.
+async function request(method, url, { body, headers = {}, key } = {}) {
+  const checking = key !== undefined;
+  if (auth.locked && !checking) throw new HttpError("An API key is needed.", 401);
+  const used = checking ? key : auth.key;
   const init = { method, headers: { ...headers } };
+  if (used) init.headers.authorization = `Bearer ${used}`;
   if (body !== undefined) {
     if (body instanceof Blob) init.body = body;
     else {
@@ -44,15 +104,19 @@ async function api(method, url, body, headers = {}) {
     }
   }
   const resp = await fetch(url, init);
+  if (resp.ok) return resp;
   const type = resp.headers.get("content-type") || "";
   const data = type.includes("json") ? await resp.json().catch(() => null) : null;
-  if (!resp.ok) {
-    const message = (data && data.error && data.error.message) || `${method} ${url}: HTTP ${resp.status}`;
-    const err = new Error(message);
-    err.status = resp.status;
-    throw err;
-  }
-  return data;
+  const message = (data && data.error && data.error.message) || `${method} ${url}: HTTP ${resp.status}`;
+  // the key in use was refused (not an older one a slow request carried)
+  if (resp.status === 401 && !checking && auth.key === used && auth.onRejected) auth.onRejected(message, Boolean(used));
+  throw new HttpError(message, resp.status);
+}
+
+async function api(method, url, body, headers = {}) {
+  const resp = await request(method, url, { body, headers });
+  const type = resp.headers.get("content-type") || "";
+  return type.includes("json") ? resp.json().catch(() => null) : null;
 }
 
 function toast(message, kind = "info", ms = 5000) {
@@ -283,18 +347,137 @@ class App {
     this.ended = false;
     this.infoTimer = null;
     this.filesTimer = null;
+    this.connectAttempt = 0; // a newer connect() makes an older one's token fetch moot
+    this.tokenRetried = false; // a 4401 gets one retry with a fresh token
+    this.begun = false;
   }
 
   // ---- start-up and navigation
 
-  start() {
-    const id = new URLSearchParams(location.search).get("session");
+  async start() {
     this.bindGlobal();
+    auth.load();
+    auth.onRejected = (message, keySent) => this.needKey(keySent ? `The gateway refused the key: ${message}` : null);
+    let who = null;
+    try {
+      who = await api("GET", "/v1/auth/whoami");
+    } catch (err) {
+      if (err.status === 401) return; // the key form is up; begin() once a key is accepted
+      // a gateway without whoami (404) or a network error: go on as without keys
+    }
+    this.signedIn(who);
+    this.begin();
+  }
+
+  begin() {
+    this.begun = true;
+    const id = new URLSearchParams(location.search).get("session");
     if (id) this.openSession(id);
     else this.showHome();
   }
 
+  // ---- the API key
+
+  signedIn(who) {
+    auth.required = Boolean(who && who.auth);
+    const meta = $("auth-meta");
+    meta.hidden = !auth.required || !auth.key;
+    if (!meta.hidden) {
+      $("auth-name").textContent = who.name || who.key_id || "";
+      $("auth-name").title = `key id ${who.key_id}${who.role ? `, role ${who.role}` : ""}`;
+    }
+  }
+
+  // The gateway refused the key (or wants one): stop talking to it and ask.
+  needKey(message) {
+    auth.required = true;
+    auth.clear();
+    $("auth-meta").hidden = true;
+    if (!auth.locked) {
+      auth.locked = true;
+      clearTimeout(this.reconnectTimer);
+      this.connectAttempt++;
+      if (this.ws) {
+        const ws = this.ws;
+        this.ws = null;
+        ws.close();
+      }
+      if (this.sessionId && !this.ended) this.setConn("closed");
+    }
+    const error = $("auth-error");
+    error.textContent = message || "";
+    error.hidden = !message;
+    $("auth-overlay").hidden = false;
+    $("api-key").focus();
+  }
+
+  async submitKey() {
+    const input = $("api-key");
+    const key = input.value.trim();
+    const error = $("auth-error");
+    const showError = (text) => {
+      error.textContent = text;
+      error.hidden = false;
+      input.focus();
+      input.select();
+    };
+    if (!key) return showError("Paste the key first.");
+    if (/[^\x21-\x7e]/.test(key)) return showError("A key has no spaces or special characters: it looks like kgw_…_… .");
+    const button = $("auth-submit");
+    button.disabled = true;
+    button.textContent = "Checking…";
+    let who;
+    try {
+      who = await request("GET", "/v1/auth/whoami", { key }).then((r) => r.json());
+    } catch (err) {
+      showError(err.status === 401 ? `The gateway refused this key: ${err.message}` : `Could not check the key: ${err.message}`);
+      return;
+    } finally {
+      button.disabled = false;
+      button.textContent = "Use key";
+    }
+    input.value = "";
+    error.hidden = true;
+    $("auth-overlay").hidden = true;
+    auth.locked = false;
+    if (who.auth) auth.save(key); // a gateway without keys needs none
+    this.signedIn(who);
+    this.resume();
+  }
+
+  // Carry on where the key form stopped the page.
+  resume() {
+    if (!this.begun) this.begin();
+    else if (this.sessionId && !this.ended) {
+      if (!this.ws) this.connect();
+      this.refreshInfo();
+      this.refreshFiles();
+    } else if (this.sessionId) {
+      if (this.cells.size === 0) this.showStoredCells();
+    } else this.showHome();
+  }
+
+  forgetKey() {
+    auth.clear();
+    // start afresh: nothing the key showed stays on the page
+    location.reload();
+  }
+
   bindGlobal() {
+    $("auth-form").addEventListener("submit", (e) => {
+      e.preventDefault();
+      this.submitKey();
+    });
+    $("forget-key").addEventListener("click", () => this.forgetKey());
+    // downloads are links; with a key they are fetched with the header instead
+    document.addEventListener("click", (e) => {
+      const link = e.target instanceof Element && e.target.closest("a[download]");
+      if (!link || !auth.key || e.defaultPrevented || e.button !== 0) return;
+      const target = new URL(link.href, location.href);
+      if (target.origin !== location.origin || !target.pathname.startsWith("/v1/")) return; // e.g. the blob: below
+      e.preventDefault();
+      this.download(link);
+    });
     $("new-session").addEventListener("click", () => this.createSession());
     $("open-form").addEventListener("submit", (e) => {
       e.preventDefault();
@@ -338,6 +521,7 @@ class App {
   async showHome() {
     document.title = "kernelgw";
     $("home").hidden = false;
+    $("home-error").hidden = true;
     const body = $("sessions").tBodies[0];
     try {
       const { sessions } = await api("GET", "/v1/sessions");
@@ -463,11 +647,20 @@ class App {
         cell.setStatus("dead");
       }
     }
-    if (fromHistory) {
-      this.loadHistory().catch((err) => {
-        banner(err.status === 404 ? `There is no session ${this.sessionId}, running or stored.` : `This session has ended; its history is unavailable: ${err.message}`, "error");
-      });
-    }
+    if (fromHistory) this.showStoredCells();
+  }
+
+  showStoredCells() {
+    this.loadHistory().catch((err) => {
+      if (err.status === 401) return; // the key form is up; resume() comes back here
+      let text = `This session has ended; its history is unavailable: ${err.message}`;
+      if (err.status === 404) {
+        text = auth.required
+          ? `There is no session ${this.sessionId} that this API key can see: it does not exist, or another key started it.`
+          : `There is no session ${this.sessionId}, running or stored.`;
+      }
+      banner(text, "error");
+    });
   }
 
   async loadHistory(first = 1, last = Infinity) {
@@ -489,23 +682,42 @@ class App {
     node.textContent = { open: "live", connecting: "connecting", reconnecting: "reconnecting", closed: "offline" }[state];
   }
 
-  connect() {
-    if (this.ended) return;
-    const proto = location.protocol === "https:" ? "wss:" : "ws:";
-    const url = `${proto}//${location.host}${sessionUrl(this.sessionId, "/ws")}?last_seq=${this.lastSeq}`;
-    const ws = new WebSocket(url);
-    this.ws = ws;
+  async connect() {
+    if (this.ended || auth.locked) return;
+    clearTimeout(this.reconnectTimer);
+    const attempt = ++this.connectAttempt;
     this.setConn(this.lastSeq ? "reconnecting" : "connecting");
+    let token = null;
+    if (auth.required) {
+      // a fresh token for every connect: they live only minutes
+      try {
+        ({ token } = await api("POST", "/v1/auth/token"));
+      } catch (err) {
+        if (attempt !== this.connectAttempt || err.status === 401) return; // 401: the key form is up
+        this.retryLater();
+        return;
+      }
+      if (attempt !== this.connectAttempt || this.ended || auth.locked) return;
+    }
+    const proto = location.protocol === "https:" ? "wss:" : "ws:";
+    const query = (token ? `token=${encodeURIComponent(token)}&` : "") + `last_seq=${this.lastSeq}`;
+    const ws = new WebSocket(`${proto}//${location.host}${sessionUrl(this.sessionId, "/ws")}?${query}`);
+    // The gateway accepts a WebSocket before it checks the token, then closes a
+    // refused one (4401) unread: what went out before its first event is kept
+    // so that it can be sent again on the next connection.
+    ws.unconfirmed = [];
+    this.ws = ws;
     ws.addEventListener("open", () => {
       if (this.ws !== ws) return;
       this.setConn("open");
       this.reconnectDelay = 250;
       const pending = this.outbox.splice(0);
-      for (const msg of pending) ws.send(JSON.stringify(msg));
+      for (const msg of pending) this.sendOn(ws, msg);
       this.refreshInfo();
     });
     ws.addEventListener("message", (msg) => {
       if (this.ws !== ws) return;
+      ws.unconfirmed = null; // the gateway took this connection
       let event;
       try {
         event = JSON.parse(msg.data);
@@ -518,20 +730,51 @@ class App {
       if (this.ws !== ws) return;
       this.ws = null;
       if (e.code === 4404) {
+        // no such session, or (with keys) another key's
         this.sessionEnded();
         return;
       }
-      this.setConn("reconnecting");
+      if (e.code === 4403) {
+        this.setConn("closed");
+        banner(`The gateway does not accept live connections from this page's origin (${location.origin}): ` +
+          `${e.reason || "origin not allowed"}. Open the page at the gateway's own address, ` +
+          "or add this origin to the gateway's allowed_origins.", "error");
+        return;
+      }
+      if (e.code === 4401) {
+        // the token was refused: expired on the way, or the key was revoked
+        auth.required = true;
+        if (ws.unconfirmed) this.outbox.unshift(...ws.unconfirmed);
+        if (!this.tokenRetried) {
+          this.tokenRetried = true;
+          this.connect();
+        } else {
+          this.tokenRetried = false;
+          this.needKey(`The gateway refused the live connection: ${e.reason || "the key or token is not valid"}`);
+        }
+        return;
+      }
+      this.tokenRetried = false;
       if (e.code === 1001) this.refreshInfo(); // deleted? then 404 ends it
-      clearTimeout(this.reconnectTimer);
-      this.reconnectTimer = setTimeout(() => this.connect(), this.reconnectDelay);
-      this.reconnectDelay = Math.min(this.reconnectDelay * 2, 5000);
+      this.retryLater();
     });
   }
 
+  retryLater() {
+    this.setConn("reconnecting");
+    clearTimeout(this.reconnectTimer);
+    this.reconnectTimer = setTimeout(() => this.connect(), this.reconnectDelay);
+    this.reconnectDelay = Math.min(this.reconnectDelay * 2, 5000);
+  }
+
   send(msg) {
-    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(msg));
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.sendOn(this.ws, msg);
     else this.outbox.push(msg);
+  }
+
+  sendOn(ws, msg) {
+    ws.send(JSON.stringify(msg));
+    if (ws.unconfirmed) ws.unconfirmed.push(msg);
   }
 
   onEvent(event) {
@@ -760,7 +1003,7 @@ class App {
       }
       $("files-empty").hidden = files.length > 0;
     } catch (err) {
-      if (this.ended || err.status === 409) return; // gone, or the kernel is (re)starting
+      if (this.ended || err.status === 409 || err.status === 401) return; // gone, (re)starting, or the key form is up
       $("files-empty").hidden = false;
       $("files-empty").textContent = `Files unavailable: ${err.message}`;
     }
@@ -782,6 +1025,28 @@ class App {
       }
     }
     this.refreshFiles();
+  }
+
+  // A download link, fetched with the key (a plain link cannot send the header).
+  async download(link) {
+    const name = link.getAttribute("download") || "";
+    const progress = toast(`Downloading ${name}…`, "info", 600000);
+    try {
+      const resp = await request("GET", link.href);
+      const url = URL.createObjectURL(await resp.blob());
+      const save = el("a");
+      save.href = url;
+      save.download = name;
+      save.hidden = true;
+      document.body.append(save);
+      save.click();
+      save.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60000);
+    } catch (err) {
+      if (err.status !== 401) toast(`Download of ${name} failed: ${err.message}`, "error", 10000);
+    } finally {
+      progress.remove();
+    }
   }
 
   bindDrop() {
