@@ -191,6 +191,10 @@ class KernelSession:
         self._last_iopub = time.monotonic()
         self._subscribers: set[Subscription] = set()
         self._lifecycle = asyncio.Lock()
+        self._iopub_stale = False
+        """ZMQ dropped the iopub connection (an oversized message): resubscribe
+        before the next execution, or its output would go nowhere."""
+        self._iopub_probes: dict[str, asyncio.Event] = {}
 
     @property
     def handle(self) -> KernelHandle | None:
@@ -223,11 +227,11 @@ class KernelSession:
         except BaseException:
             await self._stop_kernel()
             raise
-        monitor = self._kc.iopub_channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._readers = [
             asyncio.create_task(self._read_iopub(self._kc), name=f"iopub-{self.id}"),
             asyncio.create_task(self._read_shell(self._kc), name=f"shell-{self.id}"),
-            asyncio.create_task(self._watch_oversized(monitor), name=f"iopub-monitor-{self.id}"),
+            asyncio.create_task(self._watch_oversized("iopub", self._kc.iopub_channel.socket), name=f"iopub-monitor-{self.id}"),
+            asyncio.create_task(self._watch_oversized("shell", self._kc.shell_channel.socket), name=f"shell-monitor-{self.id}"),
         ]
         self.state = "idle"
         self.dead_reason = None
@@ -276,8 +280,9 @@ class KernelSession:
                 pass
         self._readers = []
         if self._kc is not None:
-            with contextlib.suppress(Exception):
-                self._kc.iopub_channel.socket.disable_monitor()
+            for channel in (self._kc.iopub_channel, self._kc.shell_channel):
+                with contextlib.suppress(Exception):
+                    channel.socket.disable_monitor()
             self._kc.stop_channels()
             self._kc = None
         if self._handle is not None:
@@ -481,6 +486,8 @@ class KernelSession:
         if self.state == "dead" or self._kc is None:
             self._finish(rec, "dead", self.dead_reason or "the kernel is not running; restart the session")
             return
+        if self._iopub_stale:
+            await self._resync_iopub(self._kc)
         self.state = "busy"
         rec.msg_id = self._kc.execute(
             rec.code,
@@ -598,6 +605,29 @@ class KernelSession:
             reply = await self._silent_request("", {"artifacts": ARTIFACTS_EXPRESSION}) or {}
         rec.artifacts = parse_artifacts(reply)
 
+    async def _resync_iopub(self, kc: AsyncKernelClient, timeout: float = 10.0) -> None:
+        """Ask kernel_info until its iopub status arrives: the SUB socket has
+        reconnected and subscribed again (the readiness nudge, after a drop)."""
+        deadline = time.monotonic() + timeout
+        seen = asyncio.Event()
+        ids: list[str] = []
+        try:
+            while time.monotonic() < deadline:
+                msg_id = kc.kernel_info()
+                ids.append(msg_id)
+                self._iopub_probes[msg_id] = seen
+                try:
+                    async with asyncio.timeout(0.2):
+                        await seen.wait()
+                    self._iopub_stale = False
+                    return
+                except TimeoutError:
+                    continue
+            log.warning("session %s: iopub did not come back within %gs", self.id, timeout)
+        finally:
+            for msg_id in ids:
+                self._iopub_probes.pop(msg_id, None)
+
     async def _silent_request(
         self, code: str, user_expressions: dict[str, str] | None = None, timeout: float = 5.0
     ) -> dict[str, Any] | None:
@@ -684,6 +714,10 @@ class KernelSession:
             msg = await self._next(kc.get_iopub_msg, "iopub")
             self._last_iopub = time.monotonic()
             parent = (msg.get("parent_header") or {}).get("msg_id")
+            probe = self._iopub_probes.get(parent) if parent else None
+            if probe is not None:
+                probe.set()
+                continue
             rec = self._by_msg_id.get(parent) if parent else None
             if rec is None or rec.silent or rec.finished.is_set():
                 continue  # not a request we sent, an internal one, or already over
@@ -743,23 +777,35 @@ class KernelSession:
         )
         return event.model_copy(update={"data": data})
 
-    async def _watch_oversized(self, monitor: zmq.asyncio.Socket) -> None:
-        """ZMQ drops the connection on a frame over ``max_message_bytes`` (and
-        reconnects): the running execution is told its output lost a message."""
+    async def _watch_oversized(self, channel: str, sock: zmq.asyncio.Socket) -> None:
+        """A frame over ``max_message_bytes`` makes ZMQ drop the connection as a
+        protocol error, and it does not reconnect by itself: reconnect, tell the
+        running execution that output was lost, and resubscribe iopub before the
+        next one."""
+        endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         try:
             while True:
                 parse_monitor_message(await monitor.recv_multipart())
+                log.warning(
+                    "session %s: the kernel sent a %s message over the size limit; dropped", self.id, channel
+                )
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disconnect(endpoint)
+                sock.connect(endpoint)
+                if channel == "iopub":
+                    self._iopub_stale = True
                 rec = self._current
                 if rec is None or rec.silent or rec.finished.is_set():
                     continue
-                log.warning("session %s: the kernel sent a message over the size limit; dropped", self.id)
                 self._publish(
                     ev.Truncated(
                         execution_id=rec.execution_id,
                         limit_bytes=self.config.max_message_bytes,
                         message=(
                             f"the kernel sent a message larger than {self.config.max_message_bytes} bytes; "
-                            "it was dropped (the code kept running)"
+                            "it was dropped, and output until the connection recovered may be missing "
+                            "(the code kept running)"
                         ),
                     ),
                     rec,

@@ -157,7 +157,7 @@ async def restore_plan(body: CreateSession, request: Request) -> list[ReplayStep
         return None
     for step in steps:
         if not step.skip_reason:
-            check_code(request.app.state, step.code, where=f"cell {step.index}: ")
+            await check_code(request.app.state, step.code, where=f"cell {step.index}: ")
     return steps
 
 

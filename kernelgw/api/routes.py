@@ -100,7 +100,7 @@ async def delete_session(session_id: str, request: Request) -> Response:
 async def execute(session_id: str, body: ExecuteRequest, request: Request) -> Response:
     """Run a cell and wait for it; returns the same events the WebSocket streams."""
     session = session_for(request, session_id)
-    admit(request.app.state, principal_of(request), body.code)
+    await admit(request.app.state, principal_of(request), body.code)
     rec = session.submit(body.code, execution_id=body.execution_id, timeout=body.timeout)
     done = await rec.done
     # Events were serialised once when published; splice them instead of re-encoding.

@@ -128,7 +128,7 @@ async def _receive_commands(
             continue
         try:
             if isinstance(msg, WsExecute):
-                admit(websocket.app.state, principal, msg.code)
+                await admit(websocket.app.state, principal, msg.code)
                 session.submit(msg.code, execution_id=msg.execution_id, timeout=msg.timeout)
             else:
                 await session.interrupt()
