@@ -51,6 +51,9 @@ plus the kernel's 1000 send HWM) let a burst of small flushed prints overflow
 while the event loop was busy elsewhere: PUB/SUB then drops silently, output
 was lost and, when the dropped message was ``status: idle``, the execution
 never finished."""
+RETRY_GRACE_S = 0.5
+"""After a disconnect, how long to wait for ZMQ's own reconnect attempt before
+concluding it refused an oversized message (and will not retry)."""
 IOPUB_QUIET_S = 1.0
 """After the execute_reply, iopub silent this long without an idle for the
 request means the idle was lost: finish anyway instead of hanging."""
@@ -779,14 +782,24 @@ class KernelSession:
 
     async def _watch_oversized(self, channel: str, sock: zmq.asyncio.Socket) -> None:
         """A frame over ``max_message_bytes`` makes ZMQ drop the connection as a
-        protocol error, and it does not reconnect by itself: reconnect, tell the
-        running execution that output was lost, and resubscribe iopub before the
-        next one."""
+        protocol error, and then it does not reconnect by itself (after an
+        ordinary disconnect, a kernel restarting or dying, it schedules a retry
+        at once). So: a disconnect with no retry behind it means a message was
+        refused; reconnect, tell the running execution that output was lost,
+        and resubscribe iopub before the next one."""
         endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
         try:
             while True:
-                parse_monitor_message(await monitor.recv_multipart())
+                if parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_DISCONNECTED:
+                    continue
+                try:
+                    async with asyncio.timeout(RETRY_GRACE_S):
+                        while parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_CONNECT_RETRIED:
+                            pass
+                    continue  # ZMQ reconnects by itself: not a refused message
+                except TimeoutError:
+                    pass
                 log.warning(
                     "session %s: the kernel sent a %s message over the size limit; dropped", self.id, channel
                 )

@@ -23,18 +23,26 @@ from tests.integration.test_history import database_url  # noqa: F401  (the sqli
 pytestmark = pytest.mark.integration
 
 
+PREFIX = "kst-"
+"""Names of the keys these tests make: removed afterwards, since other tests'
+gateways share the PostgreSQL database and would otherwise require keys."""
+
+
 @pytest.fixture
 async def store(database_url: str) -> AsyncIterator[Store]:  # noqa: F811
     s = Store(database_url, gateway_name=f"keys{os.getpid()}")
     await s.start()
     yield s
+    engine = await s.read_engine()
+    async with engine.begin() as conn:
+        await conn.execute(text("DELETE FROM kgw_api_keys WHERE name LIKE :p"), {"p": PREFIX + "%"})
     await s.close()
 
 
 async def test_keys_are_created_listed_revoked_and_never_stored_in_clear(store: Store) -> None:
     keys = KeyStore(store)
     before = await keys.count()
-    key, text_ = await keys.create("alice", quotas=KeyQuotas(max_sessions=3, executions_per_minute=30))
+    key, text_ = await keys.create(PREFIX + "alice", quotas=KeyQuotas(max_sessions=3, executions_per_minute=30))
     parsed = parse_key(text_)
     assert parsed is not None and parsed[0] == key.id
     assert key.matches(parsed[1]) and key.active
@@ -45,7 +53,7 @@ async def test_keys_are_created_listed_revoked_and_never_stored_in_clear(store: 
     async with engine.connect() as conn:
         row = (await conn.execute(text("SELECT * FROM kgw_api_keys WHERE id = :i"), {"i": key.id})).mappings().one()
     assert parsed[1] not in " ".join(str(v) for v in row.values())
-    admin, _ = await keys.create("ops", role="admin")
+    admin, _ = await keys.create(PREFIX + "ops", role="admin")
     assert (await keys.get(admin.id)).role == "admin"  # type: ignore[union-attr]
     revoked = await keys.revoke(key.id)
     assert revoked is not None and not revoked.active
@@ -54,7 +62,7 @@ async def test_keys_are_created_listed_revoked_and_never_stored_in_clear(store: 
     active = {k.id for k in await keys.list(include_revoked=False)}
     assert key.id not in active and admin.id in active
     with pytest.raises(ValueError):
-        await keys.create("x", role="root")  # type: ignore[arg-type]
+        await keys.create(PREFIX + "x", role="root")  # type: ignore[arg-type]
 
 
 async def test_audit_rows_are_written_and_filtered(store: Store) -> None:
