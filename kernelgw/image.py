@@ -74,6 +74,7 @@ CONTEXT_FILES = (
     "kernelgw_kernel/__init__.py",
     "kernelgw_kernel/fs.py",
     "kernelgw_kernel/pkg.py",
+    "kernelgw_kernel/launcher.py",
 )
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import orjson
+
 from kernelgw import events as ev
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -73,11 +75,45 @@ def to_event(msg: dict[str, Any], execution_id: str) -> ev.Event | None:
 
 
 def payload_size(event: ev.Event) -> int:
-    """Approximate bytes of user-visible output an event carries (for output caps)."""
+    """Approximate bytes of output an event carries (for output caps): everything
+    the kernel controls, metadata included."""
     if isinstance(event, ev.Stream):
         return len(event.text)
     if isinstance(event, (ev.Display, ev.UpdateDisplay, ev.Result)):
-        return sum(len(v) if isinstance(v, str) else len(str(v)) for v in event.data.values())
+        size = sum(len(v) if isinstance(v, str) else len(str(v)) for v in event.data.values())
+        return size + (len(orjson.dumps(event.metadata)) if event.metadata else 0)
     if isinstance(event, ev.Error):
-        return sum(len(line) for line in event.traceback) + len(event.evalue)
+        lines = sum(len(line) for line in event.traceback) + sum(len(line) for line in event.traceback_text)
+        return len(event.ename) + len(event.evalue) + lines
+    if isinstance(event, ev.ClearOutput):
+        return 16  # nothing shown, but 100,000 of them are still a flood
     return 0
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"... [{len(text) - limit} characters cut]"
+
+
+def trim_error(event: ev.Error, max_bytes: int) -> ev.Error:
+    """The error with its message and traceback cut to about ``max_bytes``: the
+    name, the start of the message and the last frames are what matter."""
+    if payload_size(event) <= max_bytes:
+        return event
+    part = max_bytes // 4
+    keep = 20  # the innermost frames (and the final line naming the error)
+
+    def lines(tb: list[str]) -> list[str]:
+        tail = [_cut(line, part // keep) for line in tb[-keep:]]
+        cut = len(tb) - len(tail)
+        return ([f"... [{cut} traceback lines cut]"] if cut else []) + tail
+
+    return event.model_copy(
+        update={
+            "ename": _cut(event.ename, 200),
+            "evalue": _cut(event.evalue, part),
+            "traceback": lines(event.traceback),
+            "traceback_text": lines(event.traceback_text),
+        }
+    )

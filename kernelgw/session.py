@@ -35,14 +35,14 @@ from jupyter_client.asynchronous import AsyncKernelClient
 from kernelgw import events as ev
 from kernelgw.backend.base import Backend, KernelHandle, KernelSpec, KernelState
 from kernelgw.errors import BadRequest, KernelStartFailed
-from kernelgw.iopub import payload_size, to_event
+from kernelgw.iopub import payload_size, to_event, trim_error
 from kernelgw.metrics import Metrics
 from kernelgw.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
 SessionState = Literal["starting", "idle", "busy", "dead", "closed"]
-_OUTPUT_EVENTS = (ev.Stream, ev.Display, ev.UpdateDisplay, ev.Result)
+_OUTPUT_EVENTS = (ev.Stream, ev.Display, ev.UpdateDisplay, ev.Result, ev.ClearOutput)
 _BUNDLE_EVENTS = (ev.Display, ev.UpdateDisplay, ev.Result)
 BundleEvent = ev.Display | ev.UpdateDisplay | ev.Result
 RECEIVE_HWM = 100_000
@@ -51,6 +51,10 @@ plus the kernel's 1000 send HWM) let a burst of small flushed prints overflow
 while the event loop was busy elsewhere: PUB/SUB then drops silently, output
 was lost and, when the dropped message was ``status: idle``, the execution
 never finished."""
+ERROR_MAX_BYTES = 64 * 1024
+"""An error event is trimmed to about this (message and traceback), whatever the
+output cap: a 40 MB exception message says nothing a model can use."""
+REASON_MAX_CHARS = 2000
 RETRY_GRACE_S = 0.5
 """After a disconnect, how long to wait for ZMQ's own reconnect attempt before
 concluding it refused an oversized message (and will not retry)."""
@@ -198,6 +202,9 @@ class KernelSession:
         """ZMQ dropped the iopub connection (an oversized message): resubscribe
         before the next execution, or its output would go nowhere."""
         self._iopub_probes: dict[str, asyncio.Event] = {}
+        self._disconnect_pending = False
+        """A socket disconnected and it is not yet known whether ZMQ will retry:
+        the running execution must not be finished as "idle lost" meanwhile."""
 
     @property
     def handle(self) -> KernelHandle | None:
@@ -533,7 +540,11 @@ class KernelSession:
                 return "finished"
             except TimeoutError:
                 pass
-            if rec.reply is not None and time.monotonic() - self._last_iopub > IOPUB_QUIET_S:
+            if (
+                rec.reply is not None
+                and time.monotonic() - self._last_iopub > IOPUB_QUIET_S
+                and not self._disconnect_pending
+            ):
                 # the reply is in and iopub has gone quiet without our idle: it was
                 # dropped somewhere; everything before it has been read
                 log.warning("session %s: no idle status for %s; finishing on the reply", self.id, rec.execution_id)
@@ -681,6 +692,8 @@ class KernelSession:
             self._finish(rec, "interrupted", "interrupted on request; variables are kept", execution_count=count)
         else:
             reason = f"{reply.get('ename', 'Error')}: {reply.get('evalue', '')}" if status == "error" else None
+            if reason is not None and len(reason) > REASON_MAX_CHARS:
+                reason = reason[:REASON_MAX_CHARS] + f"... [{len(reason) - REASON_MAX_CHARS} characters cut]"
             self._finish(rec, "error", reason or f"the kernel replied {status!r}", execution_count=count)
 
     def _finish(
@@ -735,7 +748,11 @@ class KernelSession:
                 if event.state == "busy":
                     self._publish(event, rec)
                 continue
-            if isinstance(event, _OUTPUT_EVENTS):
+            if isinstance(event, ev.Error):
+                # never dropped (the error is what a model needs), but trimmed
+                event = trim_error(event, ERROR_MAX_BYTES)
+                rec.output_bytes += payload_size(event)
+            elif isinstance(event, _OUTPUT_EVENTS):
                 if rec.truncated:
                     continue
                 if isinstance(event, _BUNDLE_EVENTS):
@@ -793,6 +810,8 @@ class KernelSession:
             while True:
                 if parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_DISCONNECTED:
                     continue
+                rec = self._current
+                self._disconnect_pending = True
                 try:
                     async with asyncio.timeout(RETRY_GRACE_S):
                         while parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_CONNECT_RETRIED:
@@ -800,6 +819,8 @@ class KernelSession:
                     continue  # ZMQ reconnects by itself: not a refused message
                 except TimeoutError:
                     pass
+                finally:
+                    self._disconnect_pending = False
                 log.warning(
                     "session %s: the kernel sent a %s message over the size limit; dropped", self.id, channel
                 )
@@ -808,9 +829,17 @@ class KernelSession:
                 sock.connect(endpoint)
                 if channel == "iopub":
                     self._iopub_stale = True
-                rec = self._current
                 if rec is None or rec.silent or rec.finished.is_set():
                     continue
+                if channel == "shell" and rec.reply is None:
+                    # the refused message was this execution's reply (the shell
+                    # carries nothing else while it runs): end it when idle comes
+                    rec.reply = {
+                        "status": "error",
+                        "ename": "ReplyTooLarge",
+                        "evalue": f"the kernel's reply was larger than {self.config.max_message_bytes} bytes",
+                    }
+                    self._check_finished(rec)
                 self._publish(
                     ev.Truncated(
                         execution_id=rec.execution_id,

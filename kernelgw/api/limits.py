@@ -16,8 +16,9 @@ DEFAULT_LIMIT = 32 * 1024 * 1024
 _UPLOAD = re.compile(r"^/v1/sessions/[^/]+/files/.")
 
 
-class _BodyTooLarge(Exception):
-    pass
+class _BodyTooLarge(BaseException):
+    """A BaseException on purpose: FastAPI turns any Exception raised while it
+    reads a body into a 400 "error parsing the body", which would hide the 413."""
 
 
 class BodySizeLimit:

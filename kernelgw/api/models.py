@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kernelgw.events import DoneStatus, Event
+
+
+MAX_ENV_VARS = 100
+MAX_ENV_BYTES = 64 * 1024
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 
 
 class _Body(BaseModel):
@@ -28,6 +34,19 @@ class CreateSession(_Body):
     from_session: str | None = Field(
         None, description="Restore: replay the stored history of this (possibly deleted) session."
     )
+
+    @field_validator("env")
+    @classmethod
+    def _small_env(cls, env: dict[str, str]) -> dict[str, str]:
+        if len(env) > MAX_ENV_VARS:
+            raise ValueError(f"at most {MAX_ENV_VARS} environment variables")
+        for name in env:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name[:80]!r} is not a valid environment variable name")
+        size = sum(len(k) + len(v) for k, v in env.items())
+        if size > MAX_ENV_BYTES:
+            raise ValueError(f"environment variables total {size} characters; the limit is {MAX_ENV_BYTES}")
+        return env
 
     @model_validator(mode="after")
     def _one_source(self) -> "CreateSession":

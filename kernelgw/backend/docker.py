@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import importlib.resources
 import json
 import logging
 import os
@@ -58,6 +60,25 @@ def connection_info(ip: str, key: str) -> dict[str, Any]:
         "signature_scheme": "hmac-sha256",
         "kernel_name": "python3",
     }
+
+
+@functools.cache
+def seccomp_profile() -> str:
+    """The containers' seccomp profile (``seccomp.json`` next to this module), as
+    compact JSON text: the Docker API takes the profile's content, not a path.
+
+    It is Docker's own default profile (moby/moby ``profiles/seccomp/default.json``
+    at v20.10.24, the engine here) with ``ptrace``, ``process_vm_readv`` and
+    ``process_vm_writev`` taken out of every allow rule, so they fall to the
+    default action (EPERM); nothing else differs. Why: the default allows ptrace
+    on kernels >= 4.8 (and, from 23.0, process_vm_readv/writev too), and
+    docker-init, PID 1, runs as the kernel's own uid: code could PTRACE_ATTACH
+    to it and, by exiting without detaching, leave it stopped, so the container
+    would keep "running" after the kernel died. gVisor (runsc) ignores OCI
+    seccomp; ptrace of PID 1 already fails there.
+    """
+    text = importlib.resources.files("kernelgw.backend").joinpath("seccomp.json").read_text(encoding="utf-8")
+    return json.dumps(json.loads(text), separators=(",", ":"))
 
 
 class DockerBackend:
@@ -161,7 +182,7 @@ class DockerBackend:
                 working_dir=CONTAINER_WORKDIR,
                 user=f"{self.uid}:{self.gid}",
                 cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
+                security_opt=["no-new-privileges", "seccomp=" + seccomp_profile()],
                 pids_limit=spec.pids_limit,
                 mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m",

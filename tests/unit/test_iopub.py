@@ -65,3 +65,30 @@ def test_payload_size() -> None:
     assert payload_size(ev.Stream(name="stdout", text="abc")) == 3
     assert payload_size(ev.Display(data={"text/plain": "ab", "image/png": "cdef"})) == 6
     assert payload_size(ev.Done(status="ok", duration_ms=1)) == 0
+
+
+def test_payload_size_counts_metadata_errors_in_full_and_clear_output() -> None:
+    from kernelgw import events as ev
+    from kernelgw.iopub import payload_size
+
+    display = ev.Display(execution_id="e", data={"text/plain": "x"}, metadata={"pad": "y" * 1000})
+    assert payload_size(display) > 1000
+    error = ev.Error(execution_id="e", ename="E", evalue="v" * 10, traceback=["a" * 5], traceback_text=["a" * 5])
+    assert payload_size(error) == 1 + 10 + 5 + 5
+    assert payload_size(ev.ClearOutput(execution_id="e")) > 0
+
+
+def test_a_huge_error_is_trimmed_to_its_start_and_last_frames() -> None:
+    from kernelgw import events as ev
+    from kernelgw.iopub import payload_size, trim_error
+
+    tb = [f"frame {i}\n" for i in range(1000)] + ["ValueError: " + "x" * 100_000]
+    error = ev.Error(execution_id="e", ename="ValueError", evalue="x" * 3_000_000, traceback=tb, traceback_text=tb)
+    trimmed = trim_error(error, 64 * 1024)
+    assert payload_size(trimmed) < 80 * 1024
+    assert trimmed.ename == "ValueError" and trimmed.evalue.startswith("x" * 1000)
+    assert "characters cut" in trimmed.evalue
+    assert trimmed.traceback[0] == "... [981 traceback lines cut]"
+    assert trimmed.traceback[-1].startswith("ValueError: xxx") and trimmed.traceback[-2] == "frame 999\n"
+    small = ev.Error(execution_id="e", ename="E", evalue="v", traceback=["t"], traceback_text=["t"])
+    assert trim_error(small, 64 * 1024) is small

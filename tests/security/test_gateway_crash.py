@@ -1,0 +1,107 @@
+"""Threat: sandboxes that outlive the gateway that was supposed to police them.
+
+A real ``kernelgw serve`` process with two sessions is SIGKILLed: its containers
+really are orphaned (still running). The next gateway of the same name must
+remove them while it starts, and a clean shutdown (SIGTERM) must leave no
+container at all. (tests/integration/test_sessions.py covers one orphan with
+an in-process successor; here both gateways are real processes.)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+
+from tests.integration.conftest import IMAGE, RUNTIME, free_port
+from tests.security.conftest import gateway_containers, session_containers
+
+pytestmark = pytest.mark.integration
+
+RUNTIME_DIR = Path("/tmp/kgwk")
+
+
+@contextmanager
+def gateway_process(name: str, data_dir: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``kernelgw serve`` in its own process; killed at the end if still running."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "KERNELGW_GATEWAY_NAME": name,
+        "KERNELGW_IMAGE": IMAGE,
+        "KERNELGW_RUNTIME": RUNTIME,
+        "KERNELGW_RUNTIME_DIR": str(RUNTIME_DIR),
+        "KERNELGW_DATA_DIR": str(data_dir),
+        "KERNELGW_MEMORY_MB": "256",
+        "KERNELGW_LOG_FORMAT": "text",
+    }
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kernelgw", "serve", "--port", str(port)], env=env, stdout=out, stderr=out
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, log.read_text()[-2000:]
+            assert time.monotonic() < deadline, "the gateway did not start"
+            time.sleep(0.1)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_orphans_of_a_killed_gateway_are_removed_by_its_successor(
+    docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    name = f"crash{os.getpid()}"
+    log = tmp_path / "gateway.log"
+    try:
+        with gateway_process(name, tmp_path / "data", log) as (proc, url):
+            with httpx.Client(base_url=url, timeout=120) as http:
+                sids = [http.post("/v1/sessions", json={}).json()["id"] for _ in range(2)]
+                for sid in sids:
+                    assert http.post(f"/v1/sessions/{sid}/execute", json={"code": "x = 1"}).json()["status"] == "ok"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        # the crash is real: the sandboxes are still there, still running
+        orphans = [c for sid in sids for c in session_containers(docker_client, sid)]
+        assert len(orphans) == 2 and all(c.status == "running" for c in orphans), orphans
+
+        with gateway_process(name, tmp_path / "data", log) as (proc, url):
+            deadline = time.monotonic() + 30
+            while gateway_containers(docker_client, name):
+                assert time.monotonic() < deadline, "the successor left the orphans running"
+                time.sleep(0.2)
+            assert httpx.get(f"{url}/v1/sessions", timeout=10).json()["sessions"] == []
+            # the successor works, and stops cleanly
+            with httpx.Client(base_url=url, timeout=120) as http:
+                sid = http.post("/v1/sessions", json={}).json()["id"]
+                assert http.post(f"/v1/sessions/{sid}/execute", json={"code": "1"}).json()["status"] == "ok"
+            assert len(gateway_containers(docker_client, name)) == 1
+            proc.send_signal(signal.SIGTERM)
+            # uvicorn shuts down gracefully, then re-raises the signal (exit -15)
+            assert proc.wait(timeout=60) in (0, -signal.SIGTERM), log.read_text()[-2000:]
+            assert "Application shutdown complete" in log.read_text()
+        assert gateway_containers(docker_client, name) == []
+    finally:
+        for container in gateway_containers(docker_client, name):  # never leave them, even on failure
+            container.remove(force=True)
+        shutil.rmtree(RUNTIME_DIR / name, ignore_errors=True)

@@ -1,0 +1,185 @@
+"""Threat: output built to exhaust the gateway or its clients: floods of text,
+of messages, of image bytes, of exception text or metadata, and bytes that are
+not UTF-8. Every execution must end, its answer must stay bounded by the
+gateway's caps, other sessions must keep answering meanwhile, and the flooding
+session must keep delivering output afterwards.
+
+Covered elsewhere (tests/integration/test_execution.py): a cap of 100 kB met
+by 20,000 short prints.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.security.conftest import (
+    Bystander,
+    MiB,
+    RunningGateway,
+    done_event,
+    run,
+    stdout,
+    wait_for_state,
+)
+
+pytestmark = pytest.mark.integration
+
+SLACK = 2 * MiB
+"""What a blocking answer may carry beyond the output cap: code, events' framing."""
+
+
+def execute_raw(http: httpx.Client, sid: str, code: str, **extra: Any) -> tuple[dict[str, Any], int]:
+    """A blocking execution: the JSON body and its size in bytes."""
+    resp = http.post(f"/v1/sessions/{sid}/execute", json={"code": code, **extra})
+    assert resp.status_code == 200, resp.text[:500]
+    return resp.json(), len(resp.content)
+
+
+def assert_bounded(gateway: RunningGateway, result: dict[str, Any], size: int) -> None:
+    cap = gateway.settings.max_output_bytes
+    kinds = sorted({e["type"] for e in result["events"]})
+    assert size < cap + SLACK, f"an answer of {size} bytes ({kinds}) for an output cap of {cap}"
+    biggest = max(result["events"], key=lambda e: len(json.dumps(e)))
+    assert len(json.dumps(biggest)) < cap + 64 * 1024, f"a {biggest['type']} event of {len(json.dumps(biggest))} bytes"
+
+
+def assert_output_still_flows(http: httpx.Client, sid: str) -> None:
+    """The session's next cells deliver their output and their end normally."""
+    for i in range(2):
+        after = run(http, sid, f"print('after {i}')")
+        assert stdout(after) == f"after {i}\n", after["events"]
+        assert after["status"] == "ok" and done_event(after)["reason"] is None, done_event(after)
+
+
+FLOODS = {
+    # 100 MB in 1 MiB prints, flushed, paced so that the flood lasts two seconds at least
+    "flushed-lines": "import time\nfor _ in range(100):\n    print('x' * (1 << 20), flush=True)\n    time.sleep(0.02)",
+    # 100 MB in one write: ipykernel sends it as one message, over the gateway's message cap
+    "single-write": "import sys, time\nsys.stdout.write('x' * (100 << 20))\nsys.stdout.flush()\ntime.sleep(2)",
+}
+
+
+@pytest.mark.parametrize("kind", list(FLOODS))
+def test_stdout_flood_is_cut_bounded_and_stalls_nobody(
+    http: httpx.Client, gateway: RunningGateway, session_id: str, bystander: Bystander, kind: str
+) -> None:
+    answer: list[tuple[dict[str, Any], int, float]] = []
+
+    def flood() -> None:
+        result, size = execute_raw(http, session_id, FLOODS[kind], timeout=60)
+        answer.append((result, size, time.monotonic()))
+
+    flooding = threading.Thread(target=flood)
+    flooding.start()
+    try:
+        wait_for_state(http, session_id, "busy")
+        time.sleep(0.2)
+        # meanwhile another session answers, promptly
+        for _ in range(2):
+            started = time.monotonic()
+            assert run(http, bystander.session_id, "1 + 1")["status"] == "ok"
+            assert time.monotonic() - started < 2
+        answered = time.monotonic()
+    finally:
+        flooding.join(timeout=120)
+    result, size, flood_ended = answer[0]
+    assert answered < flood_ended, "the flood was over before the other session was asked"
+    kinds = [e["type"] for e in result["events"]]
+    assert kinds.count("truncated") >= 1, kinds
+    assert result["status"] == "ok", done_event(result)
+    assert_bounded(gateway, result, size)
+    assert_output_still_flows(http, session_id)
+
+
+def test_ten_thousand_display_messages(http: httpx.Client, session_id: str) -> None:
+    code = "from IPython.display import display\nfor i in range(10000):\n    display({'text/plain': str(i)}, raw=True)"
+    result = run(http, session_id, code, timeout=60)
+    assert result["status"] == "ok", done_event(result)
+    shown = [e["data"]["text/plain"] for e in result["events"] if e["type"] == "display"]
+    kinds = {e["type"] for e in result["events"]}
+    # all of them, in order, unless the cap cut them (then it says so)
+    assert shown == [str(i) for i in range(len(shown))]
+    assert len(shown) == 10000 or "truncated" in kinds
+    assert_output_still_flows(http, session_id)
+
+
+@pytest.mark.parametrize("megabytes", [5, 50])
+def test_huge_png_is_replaced_and_bounded(
+    http: httpx.Client, gateway: RunningGateway, session_id: str, megabytes: int
+) -> None:
+    # 5 MB: over the image cap; 50 MB (67 MB of base64): over the message cap too
+    code = (
+        "import base64, os\n"
+        "from IPython.display import display\n"
+        f"png = base64.b64encode(b'\\x89PNG\\r\\n\\x1a\\n' + os.urandom({megabytes} << 20)).decode()\n"
+        "display({'image/png': png, 'text/plain': '<a big picture>'}, raw=True)\n"
+        "del png\n"
+        "print('done drawing')\n"
+    )
+    result, size = execute_raw(http, session_id, code, timeout=60)
+    assert result["status"] == "ok", done_event(result)
+    assert "truncated" in [e["type"] for e in result["events"]]
+    image_cap = gateway.settings.max_image_bytes
+    for event in result["events"]:
+        for value in (event.get("data") or {}).values():
+            assert len(str(value)) <= image_cap
+    assert max(len(json.dumps(e)) for e in result["events"]) < image_cap + 64 * 1024
+    assert_bounded(gateway, result, size)
+    assert_output_still_flows(http, session_id)
+
+
+def test_invalid_utf8_on_stdout_arrives_replaced(http: httpx.Client, session_id: str) -> None:
+    code = (
+        "import os, sys\n"
+        "os.write(1, b'\\xff\\xfe\\xfd raw fd ok\\n')\n"
+        "sys.__stdout__.buffer.write(b'\\xc3\\x28 half a character\\n')\n"
+        "sys.__stdout__.flush()\n"
+        "os.write(2, b'\\xed\\xa0\\x80 a surrogate on stderr\\n')\n"
+        "import time; time.sleep(0.3)\n"
+    )
+    result = run(http, session_id, code)
+    assert result["status"] == "ok", done_event(result)
+    out = stdout(result)
+    err = "".join(e["text"] for e in result["events"] if e["type"] == "stream" and e["name"] == "stderr")
+    assert "\ufffd\ufffd\ufffd raw fd ok\n" in out, out
+    assert "\ufffd( half a character\n" in out, out
+    assert "a surrogate on stderr" in err and "\ufffd" in err, err
+    # the events are valid JSON text all the way (no lone surrogates passed through)
+    json.dumps(result, ensure_ascii=False).encode("utf-8")
+    assert_output_still_flows(http, session_id)
+
+
+@pytest.mark.parametrize("megabytes", [3, 40])
+def test_huge_exception_message_is_bounded_and_keeps_the_kernel(
+    http: httpx.Client, gateway: RunningGateway, session_id: str, megabytes: int
+) -> None:
+    run(http, session_id, "kept = 'yes'")
+    started = time.monotonic()
+    result, size = execute_raw(http, session_id, f"raise ValueError('x' * ({megabytes} << 20))", timeout=5)
+    elapsed = time.monotonic() - started
+    done = done_event(result)
+    # an exception is an ordinary error, however long its text
+    assert done["status"] == "error" and done["state_lost"] is False, (done["status"], done["reason"][:300])
+    assert elapsed < 5
+    assert_bounded(gateway, result, size)
+    assert stdout(run(http, session_id, "print(kept)")) == "yes\n"
+    assert_output_still_flows(http, session_id)
+
+
+def test_huge_display_metadata_is_bounded(http: httpx.Client, gateway: RunningGateway, session_id: str) -> None:
+    # the cap must count everything an event carries, not only its MIME data
+    code = (
+        "from IPython.display import display\n"
+        "for i in range(3):\n"
+        "    display({'text/plain': str(i)}, metadata={'padding': 'm' * (4 << 20)}, raw=True)\n"
+    )
+    result, size = execute_raw(http, session_id, code)
+    assert result["status"] == "ok", done_event(result)
+    assert_bounded(gateway, result, size)
+    assert_output_still_flows(http, session_id)

@@ -1,0 +1,130 @@
+"""Threat: code in a sandbox gaining privileges: root through a setuid binary,
+capabilities, another process's memory, mounts, new namespaces, chroot.
+
+Covered elsewhere (test_sandbox.py, moving here from tests/integration): the kernel runs as uid 1000
+with CapEff 0. Here: every process in the container, setuid binaries, ptrace,
+mount, unshare and chroot. Under gVisor (runsc) a user namespace can be made
+inside the sandbox's own kernel; that is accepted only if it still grants
+nothing over the container's files.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.security.conftest import RUNTIME, in_child, run_json
+
+pytestmark = pytest.mark.integration
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+
+
+def test_no_process_in_the_container_is_privileged(http: httpx.Client, session_id: str) -> None:
+    code = (
+        "import glob\n"
+        "procs = {}\n"
+        "for path in glob.glob('/proc/[0-9]*/status'):\n"
+        "    try:\n"
+        "        fields = dict(line.split(':', 1) for line in open(path) if ':' in line)\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    keys = ('Name', 'Uid', 'Gid', 'Groups', 'CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb', 'NoNewPrivs')\n"
+        "    procs[path.split('/')[2]] = {k: fields[k].split() for k in keys if k in fields}\n"
+        "print(json.dumps(procs))\n"
+    )
+    procs = run_json(http, session_id, code)
+    assert len(procs) >= 2, procs  # docker-init and the kernel at least
+    for pid, status in procs.items():
+        name = (pid, status["Name"])
+        assert status["Uid"] == ["1000"] * 4 and status["Gid"] == ["1000"] * 4, (name, status)
+        assert set(status.get("Groups", [])) <= {"1000"}, (name, status)
+        for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+            assert int(status.get(cap, ["0"])[0], 16) == 0, (name, cap, status)
+        assert status.get("NoNewPrivs", ["1"]) == ["1"], (name, status)  # gVisor has no such line
+
+
+def test_setuid_binaries_do_not_give_root(http: httpx.Client, session_id: str) -> None:
+    # Each set-id program is started with a stdin that never answers; its
+    # credentials are read right after exec (no-new-privileges: they stay 1000).
+    code = (
+        "import stat\n"
+        "root_dev = os.stat('/').st_dev\n"
+        "found = []\n"
+        "for d, dirs, files in os.walk('/', onerror=lambda e: None):\n"
+        "    dirs[:] = [n for n in dirs if os.lstat(os.path.join(d, n)).st_dev == root_dev]\n"
+        "    for n in files:\n"
+        "        p = os.path.join(d, n)\n"
+        "        try:\n"
+        "            st = os.lstat(p)\n"
+        "        except OSError:\n"
+        "            continue\n"
+        "        if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID) and st.st_mode & 0o111:\n"
+        "            found.append(p)\n"
+        "creds = {}\n"
+        "for p in found:\n"
+        "    child = subprocess.Popen([p], stdin=subprocess.PIPE,\n"
+        "                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "    lines = open(f'/proc/{child.pid}/status').read().splitlines()\n"
+        "    child.kill()\n"
+        "    child.wait()\n"
+        "    creds[p] = [l.split()[1:] for l in lines if l.startswith(('Uid:', 'Gid:'))]\n"
+        "print(json.dumps(creds))\n"
+    )
+    creds = run_json(http, session_id, code)
+    for path, (uids, gids) in creds.items():
+        assert uids == ["1000"] * 4 and gids == ["1000"] * 4, (path, uids, gids)
+
+
+def test_ptrace_attach_to_pid_1_fails(http: httpx.Client, session_id: str) -> None:
+    # PTRACE_ATTACH = 16. Should it succeed, detach at once so that PID 1 (the
+    # container's init) is not left stopped.
+    code = (
+        "attach = outcome(lambda: libc('ptrace', 16, 1, 0, 0))\n"
+        "if attach == 'ok':\n"
+        "    os.waitpid(1, 0x40000000)  # __WALL\n"
+        "    libc('ptrace', 17, 1, 0, 0)  # PTRACE_DETACH\n"
+        "print(json.dumps(attach))\n"
+    )
+    assert run_json(http, session_id, code) == "EPERM"
+
+
+def test_mount_fails(http: httpx.Client, session_id: str) -> None:
+    code = (
+        "os.makedirs('/tmp/mnt', exist_ok=True)\n"
+        "call = outcome(lambda: libc('mount', b'none', b'/tmp/mnt', b'tmpfs', 0, None))\n"
+        "binary = subprocess.run(['mount', '-t', 'tmpfs', 'none', '/tmp/mnt'], capture_output=True).returncode\n"
+        "proc = outcome(lambda: libc('mount', b'proc', b'/tmp/mnt', b'proc', 0, None))\n"
+        "mounted = any(' /tmp/mnt ' in line for line in open('/proc/self/mountinfo'))\n"
+        "print(json.dumps({'call': call, 'binary': binary, 'proc': proc, 'mounted': mounted}))\n"
+    )
+    result = run_json(http, session_id, code)
+    assert result["call"] == result["proc"] == "EPERM", result
+    assert result["binary"] != 0 and result["mounted"] is False, result
+
+
+@pytest.mark.parametrize("flag", ["CLONE_NEWUSER", "CLONE_NEWNS"])
+def test_unshare_fails_or_grants_nothing(http: httpx.Client, session_id: str, flag: str) -> None:
+    value = {"CLONE_NEWUSER": CLONE_NEWUSER, "CLONE_NEWNS": CLONE_NEWNS}[flag]
+    probe = (
+        f"result = {{'unshare': outcome(lambda: libc('unshare', {value}))}}\n"
+        "def write():\n"
+        "    open('/etc/kgw-evil', 'w').write('x')\n"
+        "result['write_etc'] = outcome(write)\n"
+        "result['read_root'] = outcome(lambda: os.listdir('/root'))\n"
+        "print(json.dumps(result))\n"
+    )
+    result = run_json(http, session_id, in_child(probe))
+    if RUNTIME == "runsc" and result["unshare"] == "ok":
+        # gVisor implements namespaces inside its own kernel: whatever the new
+        # namespace grants stays in the sandbox, and the files stay out of reach
+        assert result["write_etc"] in {"EROFS", "EACCES", "EPERM"}, result
+        assert result["read_root"] in {"EACCES", "ENOENT"}, result
+    else:
+        assert result["unshare"] == "EPERM", result
+
+
+def test_chroot_fails(http: httpx.Client, session_id: str) -> None:
+    probe = "print(json.dumps(outcome(lambda: libc('chroot', b'/tmp'))))\n"
+    assert run_json(http, session_id, in_child(probe)) == "EPERM"
