@@ -30,6 +30,7 @@ class PoolProfileSettings(BaseModel):
     image: str | None = None
     memory_mb: int | None = None
     cpus: float | None = None
+    runtime: Literal["runc", "runsc"] | None = None
     size: int = Field(1, ge=0)
     max_size: int | None = Field(None, ge=0)
 
@@ -95,6 +96,9 @@ class Settings(BaseSettings):
     allowed_images: list[str] = Field(default_factory=list)
     """Images a session may ask for besides ``image``; empty means only ``image``."""
     runtime: Literal["runc", "runsc"] = "runc"
+    allowed_runtimes: list[Literal["runc", "runsc"]] = Field(default_factory=list)
+    """Runtimes a session may ask for besides ``runtime`` (``{"runtime": "runsc"}``
+    on create); empty means only ``runtime``."""
     runtime_dir: Path = Path("/tmp/kernelgw")
     """Per-session connection directories live here; keep the path short (unix
     socket paths must stay under 107 bytes)."""

@@ -34,6 +34,7 @@ class SessionOptions:
     timeout: float | None = None
     image: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    runtime: str | None = None
 
 
 class SessionManager:
@@ -64,14 +65,14 @@ class SessionManager:
     def _start_pools(self) -> None:
         s = self.settings
         wanted = [(SessionOptions(), s.pool_size, s.pool_max_size)] + [
-            (SessionOptions(memory_mb=p.memory_mb, cpus=p.cpus, image=p.image), p.size, p.max_size)
+            (SessionOptions(memory_mb=p.memory_mb, cpus=p.cpus, image=p.image, runtime=p.runtime), p.size, p.max_size)
             for p in s.pool_profiles
         ]
         for opts, size, max_size in wanted:
             if size <= 0 and not max_size:
                 continue
             spec = self._spec("pool", opts)  # validates the profile against the maximums
-            profile = PoolProfile(spec.image, spec.memory_mb, spec.cpus)
+            profile = PoolProfile(spec.image, spec.memory_mb, spec.cpus, spec.runtime)
             pool = WarmPool(
                 profile,
                 lambda opts=opts: self._start_session(opts),  # type: ignore[misc]
@@ -111,6 +112,10 @@ class SessionManager:
             raise LimitExceeded(f"cpus must be between 0.05 and {max_cpus:g}; got {cpus:g}")
         if opts.timeout is not None and not 0 < opts.timeout <= max_timeout:
             raise LimitExceeded(f"timeout must be greater than 0 and at most {max_timeout:g} seconds")
+        runtime = opts.runtime or s.runtime
+        runtimes = {s.runtime, *s.allowed_runtimes}
+        if runtime not in runtimes:
+            raise LimitExceeded(f"runtime {runtime!r} is not allowed; allowed runtimes: {sorted(runtimes)}")
         image = opts.image or s.image
         allowed = {s.image, *s.allowed_images}
         if image not in allowed:
@@ -125,7 +130,7 @@ class SessionManager:
             workspace_size_mb=s.workspace_size_mb,
             shm_size_mb=s.shm_size_mb,
             packages_size_mb=s.packages_size_mb,
-            runtime=s.runtime,
+            runtime=runtime,  # type: ignore[arg-type]
             env=dict(opts.env),
         )
 
@@ -179,7 +184,7 @@ class SessionManager:
         key = principal.key_id or ""
         self._starting_by[key] = self._starting_by.get(key, 0) + 1
         try:
-            pool = self.pools.get(PoolProfile(spec.image, spec.memory_mb, spec.cpus))
+            pool = self.pools.get(PoolProfile(spec.image, spec.memory_mb, spec.cpus, spec.runtime))
             session = pool.take() if pool is not None else None
             if session is not None:
                 source = "pool"

@@ -29,6 +29,7 @@ class PoolProfile:
     image: str
     memory_mb: int
     cpus: float
+    runtime: str = "runc"
 
 
 class WarmPool:

@@ -26,6 +26,9 @@ class CreateSession(_Body):
     timeout: float | None = Field(None, description="Default per-execution timeout in seconds.")
     image: str | None = Field(None, description="Kernel image; must be one the gateway allows.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the kernel.")
+    runtime: Literal["runc", "runsc"] | None = Field(
+        None, description="Container runtime (runsc: gVisor); must be one the gateway allows."
+    )
     notebook: dict[str, Any] | None = Field(
         None,
         description="Restore: an nbformat v4 notebook (.ipynb JSON) whose code cells are run "

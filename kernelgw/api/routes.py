@@ -68,7 +68,12 @@ async def create_session(body: CreateSession, request: Request) -> dict[str, Any
     With ``notebook`` or ``from_session`` the session is restored: the code cells
     are replayed in order before it is returned, and ``replay`` reports each one."""
     opts = SessionOptions(
-        memory_mb=body.memory_mb, cpus=body.cpus, timeout=body.timeout, image=body.image, env=body.env
+        memory_mb=body.memory_mb,
+        cpus=body.cpus,
+        timeout=body.timeout,
+        image=body.image,
+        env=body.env,
+        runtime=body.runtime,
     )
     steps = await history.restore_plan(body, request)  # validated before a kernel starts
     session = await _manager(request).create(opts, principal_of(request))
