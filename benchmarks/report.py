@@ -405,6 +405,20 @@ def main() -> None:
         w(table(flood["rows"], flood["floor"]))
         w(f"\n![flood]({rel(d / 'flood.png', out)})\n")
 
+    security = load(d, "security")
+    if security:
+        w("## What security costs (bench_security.py)\n")
+        w("`benchmarks/bench_security.py`: four gateways in their own processes (open; an API key on every "
+          "request; a key plus a code policy denying imports, calls and shell escapes; kernels under gVisor), "
+          "`1+1` over REST and the WebSocket on each, interleaved in rounds, and cold session starts on runc and "
+          "runsc. Floors: the open gateway, and runc.\n")
+        w(table(security["rest"], "REST 1+1, open", "open"))
+        w("")
+        w(table(security["websocket"], "WS 1+1, open", "open"))
+        w("")
+        w(table(security["start"], "session start, runc", "runc"))
+        w(f"\n![security]({rel(d / 'security.png', out)})\n")
+
     if core:
         w("## Core (bench_core.py)\n")
         w("The original core benchmark (transports in blocks per round), kept for continuity with the README.\n")

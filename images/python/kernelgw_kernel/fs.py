@@ -8,11 +8,18 @@ kernel's user::
 
 (``-I``: the working directory and PYTHON* variables cannot substitute this
 module.) Every path is relative to the workspace and walked one component at a
-time from a descriptor of the workspace with ``O_NOFOLLOW``: a symbolic link
-anywhere in the path is refused when it is met, even one user code made a
-moment ago, so nothing outside the workspace is ever opened (no check-then-use
-race). ``delete`` removes a symlink named as the last component itself; it
-never follows one.
+time from a descriptor of the workspace, and every component, the last one
+included, is taken the same way (`open_at`): ``lstat`` it relative to its
+parent's descriptor and refuse a symbolic link or any kind of file not wanted
+there; open it with ``O_NOFOLLOW``; then ``fstat`` the descriptor and require
+the very file the ``lstat`` saw. A link anywhere in the path is refused when it
+is met, even one user code made a moment ago, and one swapped in between the
+two calls is caught by the identity check, so nothing outside the workspace is
+ever opened (no check-then-use race). ``O_NOFOLLOW`` alone is not enough:
+gVisor (runsc, at least Debian's 20221219 build) follows a final symbolic link
+when ``O_DIRECTORY`` is given along with it. FIFOs, sockets and devices are
+never opened (a FIFO would block, a socket gives ENXIO). ``delete`` removes a
+symlink named as the last component itself; it never follows one.
 
 Answers are JSON lines on stdout: ``{"ok": true, ...}`` or
 ``{"ok": false, "error": CODE, "message": ...}`` with CODE one of
@@ -39,6 +46,7 @@ import secrets
 import signal
 import stat
 import sys
+from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO, NoReturn
 
 from kernelgw_kernel import UPLOAD_PREFIX, WORKSPACE
@@ -46,7 +54,13 @@ from kernelgw_kernel import UPLOAD_PREFIX, WORKSPACE
 MAX_PATH_BYTES = 4096
 MAX_NAME_BYTES = 255
 CHUNK = 1 << 20
-O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Both never follow a link in the last component (except that gVisor ignores
+# O_NOFOLLOW next to O_DIRECTORY: see `open_at`) and never block: O_NONBLOCK
+# keeps a FIFO swapped in after the lstat from waiting for a writer.
+O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+LINK_HINT = {"symlink": "paths through links are refused"}
+"""Added to a refusal's message, by code, unless the caller gives its own."""
 
 
 class Refused(Exception):
@@ -86,43 +100,113 @@ def split_path(path: str, *, allow_root: bool = False) -> list[str]:
     return parts
 
 
-def _kind(dir_fd: int, name: str) -> int | None:
+def lstat(dir_fd: int | None, name: str) -> os.stat_result | None:
+    """The entry ``name`` of the directory ``dir_fd`` itself (a link is not
+    followed), or None when there is none."""
     try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return None
 
 
+def refusal(shown: str, mode: int, *, directory: bool, hints: Mapping[str, str] = LINK_HINT) -> Refused | None:
+    """Why an entry of ``mode`` may not be used as a directory (``directory``)
+    or as a regular file; None when it may. ``hints`` complete the message."""
+    if stat.S_ISLNK(mode):
+        code, what = "symlink", "is a symbolic link"
+    elif directory:
+        if stat.S_ISDIR(mode):
+            return None
+        code, what = "not_directory", "is not a directory"
+    elif stat.S_ISREG(mode):
+        return None
+    elif stat.S_ISDIR(mode):
+        code, what = "is_directory", "is a directory"
+    else:
+        code, what = "not_regular", "is not a regular file (a FIFO, a socket or a device)"
+    hint = hints.get(code)
+    return Refused(code, f"{shown!r} {what}" + (f"; {hint}" if hint else ""))
+
+
+def same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def open_at(
+    dir_fd: int | None, name: str, shown: str, *, directory: bool, hints: Mapping[str, str] = LINK_HINT
+) -> tuple[int, os.stat_result] | None:
+    """Open the entry ``name`` of the directory ``dir_fd``, which must be a
+    directory (``directory``) or else a regular file, never a symbolic link.
+    Returns the descriptor and its ``fstat``, or None when there is no such
+    entry; anything else is refused (``shown`` names it in the message).
+
+    ``O_NOFOLLOW`` is not trusted on its own: under gVisor (runsc 20221219)
+    ``O_DIRECTORY | O_NOFOLLOW`` opens what a link points to. So the entry is
+    ``lstat``-ed first, and the descriptor opened must be that very file (same
+    device and inode): a name swapped for a link (or anything else) between the
+    two calls is refused, whatever the runtime does with the flags. Checking
+    the kind first also means a FIFO, socket or device is never opened at all.
+    """
+    st = lstat(dir_fd, name)
+    if st is None:
+        return None
+    refused = refusal(shown, st.st_mode, directory=directory, hints=hints)
+    if refused:
+        raise refused
+    try:
+        fd = os.open(name, O_DIR if directory else O_FILE, dir_fd=dir_fd)
+    except OSError as exc:
+        # ELOOP (a link), ENOTDIR, ENXIO/ENODEV (a socket or device), ENOENT:
+        # the entry changed since the lstat; say what it is now
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.ENODEV, errno.ENOENT):
+            raise
+        changed(dir_fd, name, shown, directory=directory, hints=hints)
+        return None
+    try:
+        fst = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if same_file(st, fst):
+        return fd, fst
+    os.close(fd)
+    changed(dir_fd, name, shown, directory=directory, hints=hints)
+    return None
+
+
+def changed(dir_fd: int | None, name: str, shown: str, *, directory: bool, hints: Mapping[str, str]) -> None:
+    """Refuse an entry that changed between its lstat and its use: as what it
+    is now (a link, say), or else plainly. None when it is gone by now."""
+    st = lstat(dir_fd, name)
+    if st is None:
+        return
+    refused = refusal(shown, st.st_mode, directory=directory, hints=hints)
+    raise refused or Refused("invalid_path", f"{shown!r} changed while it was being used; try again")
+
+
 def walk(root_fd: int, parts: list[str], *, create: bool = False) -> tuple[int, bool]:
     """Descend from ``root_fd`` through the directories ``parts``, refusing
-    symbolic links and non-directories on the way. Returns a descriptor of the
-    deepest directory reached and whether that is all of ``parts``: a missing
-    directory ends the walk early, or is made when ``create``."""
+    symbolic links and non-directories on the way (see `open_at`). Returns a
+    descriptor of the deepest directory reached and whether that is all of
+    ``parts``: a missing directory ends the walk early, or is made when
+    ``create``."""
     fd = os.dup(root_fd)
     try:
         for i, name in enumerate(parts):
             shown = "/".join(parts[: i + 1])
-            try:
-                nfd = os.open(name, O_DIR, dir_fd=fd)
-            except FileNotFoundError:
+            opened = open_at(fd, name, shown, directory=True)
+            if opened is None:
                 if not create:
                     return fd, False
                 try:
-                    os.mkdir(name, 0o755, dir_fd=fd)
+                    os.mkdir(name, 0o755, dir_fd=fd)  # never follows a link: EEXIST
                 except FileExistsError:
                     pass
-                nfd = os.open(name, O_DIR, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                    raise
-                mode = _kind(fd, name)
-                if mode is not None and stat.S_ISLNK(mode):
-                    raise Refused(
-                        "symlink", f"{shown!r} is a symbolic link; paths through links are refused"
-                    ) from None
-                raise Refused("not_directory", f"{shown!r} is not a directory") from None
+                opened = open_at(fd, name, shown, directory=True)
+                if opened is None:
+                    raise Refused("not_found", f"{shown!r} was removed while it was being made")
             os.close(fd)
-            fd = nfd
+            fd = opened[0]
         return fd, True
     except BaseException:
         os.close(fd)
@@ -139,7 +223,10 @@ def open_dir(root_fd: int, parts: list[str], *, create: bool = False) -> int:
 
 
 def open_root(root: str) -> int:
-    return os.open(root, O_DIR)
+    opened = open_at(None, root, root, directory=True)
+    if opened is None:
+        raise Refused("not_found", f"the workspace {root} does not exist")
+    return opened[0]
 
 
 def _entry(rel: str, st: os.stat_result) -> dict[str, Any]:
@@ -171,28 +258,23 @@ def exit_on_eof(inp: BinaryIO) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+GET_HINTS = {**LINK_HINT, "symlink": "download what it points to", "is_directory": "list it instead"}
+
+
 def cmd_get(root: str, path: str, out: BinaryIO, idle_timeout: int = 0) -> None:
     parts = split_path(path)
     root_fd = open_root(root)
-    parent = open_dir(root_fd, parts[:-1])
     try:
+        parent = open_dir(root_fd, parts[:-1])
         try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
-        except FileNotFoundError:
-            raise Refused("not_found", f"{path!r} does not exist in the workspace") from None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise Refused("symlink", f"{path!r} is a symbolic link; download what it points to") from None
-            raise
+            opened = open_at(parent, parts[-1], path, directory=False, hints=GET_HINTS)
+        finally:
+            os.close(parent)
     finally:
-        os.close(parent)
         os.close(root_fd)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise Refused("is_directory", f"{path!r} is a directory; list it instead")
-        raise Refused("not_regular", f"{path!r} is not a regular file")
+    if opened is None:
+        raise Refused("not_found", f"{path!r} does not exist in the workspace")
+    fd, st = opened
     with os.fdopen(fd, "rb", buffering=0) as f:
         size = st.st_size
         say(out, {"ok": True, **_entry(path, st)})
@@ -224,66 +306,71 @@ def cmd_get(root: str, path: str, out: BinaryIO, idle_timeout: int = 0) -> None:
 
 def cmd_list(root: str, path: str, recursive: bool, max_entries: int, out: BinaryIO) -> None:
     parts = split_path(path, allow_root=True)
+    shown = "/".join(parts)
     root_fd = open_root(root)
-    entries: list[dict[str, Any]] = []
-    truncated = False
     try:
-        if parts:
+        if not parts:
+            dir_fd = os.dup(root_fd)
+        else:
             parent = open_dir(root_fd, parts[:-1])
             try:
-                mode = _kind(parent, parts[-1])
-                if mode is None:
+                st = lstat(parent, parts[-1])
+                if st is None:
                     raise Refused("not_found", f"{path!r} does not exist in the workspace")
-                if stat.S_ISLNK(mode):
-                    raise Refused("symlink", f"{path!r} is a symbolic link; paths through links are refused")
-                if not stat.S_ISDIR(mode):
-                    st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
-                    say(out, {"ok": True, "path": "/".join(parts), "entries": [_entry("/".join(parts), st)],
-                              "truncated": False})
+                if not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+                    # one file (or FIFO...) asked for: its lstat is all there is to say
+                    say(out, {"ok": True, "path": shown, "entries": [_entry(shown, st)], "truncated": False})
                     return
+                opened = open_at(parent, parts[-1], shown, directory=True)  # refuses a link
+                if opened is None:
+                    raise Refused("not_found", f"{path!r} does not exist in the workspace")
+                dir_fd = opened[0]
             finally:
                 os.close(parent)
-        dir_fd = open_dir(root_fd, parts)
-        prefix = "/".join(parts) + "/" if parts else ""
-        stack = [(dir_fd, prefix)]
-        try:
-            while stack:
-                fd, rel = stack.pop()
-                try:
-                    names = sorted(os.listdir(fd))
-                    subdirs = []
-                    for name in names:
-                        if name.startswith(UPLOAD_PREFIX):
-                            continue
-                        try:
-                            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue
-                        if len(entries) >= max_entries:
-                            truncated = True
-                            break
-                        entries.append(_entry(rel + name, st))
-                        if recursive and stat.S_ISDIR(st.st_mode):
-                            try:
-                                subdirs.append((os.open(name, O_DIR, dir_fd=fd), rel + name + "/"))
-                            except OSError:
-                                pass
-                    stack.extend(reversed(subdirs))
-                finally:
-                    os.close(fd)
-                if truncated:
-                    break
-        finally:
-            for fd, _ in stack:
-                os.close(fd)
     finally:
         os.close(root_fd)
-    say(out, {"ok": True, "path": "/".join(parts), "entries": entries, "truncated": truncated})
+    entries, truncated = list_tree(dir_fd, shown + "/" if parts else "", recursive, max_entries)
+    say(out, {"ok": True, "path": shown, "entries": entries, "truncated": truncated})
+
+
+def list_tree(dir_fd: int, prefix: str, recursive: bool, max_entries: int) -> tuple[list[dict[str, Any]], bool]:
+    """The entries of the directory ``dir_fd`` (closed here), depth first, named
+    ``prefix`` + their path, and whether ``max_entries`` cut the list short.
+    Links are listed, never followed: recursion enters only what `open_at`
+    opens as a directory, and skips an entry that changed meanwhile."""
+    entries: list[dict[str, Any]] = []
+    stack = [(dir_fd, prefix)]
+    try:
+        while stack:
+            fd, rel = stack.pop()
+            subdirs: list[tuple[int, str]] = []
+            try:
+                for name in sorted(os.listdir(fd)):
+                    if name.startswith(UPLOAD_PREFIX):
+                        continue
+                    st = lstat(fd, name)
+                    if st is None:
+                        continue
+                    if len(entries) >= max_entries:
+                        return entries, True
+                    entries.append(_entry(rel + name, st))
+                    if recursive and stat.S_ISDIR(st.st_mode):
+                        try:
+                            opened = open_at(fd, name, rel + name, directory=True)
+                        except (Refused, OSError):
+                            opened = None  # swapped for a link, or unreadable: listed, not entered
+                        if opened is not None:
+                            subdirs.append((opened[0], rel + name + "/"))
+            finally:
+                os.close(fd)
+                stack.extend(reversed(subdirs))  # closed below if we stop early
+        return entries, False
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
 
 
 def cmd_delete(root: str, path: str, out: BinaryIO) -> None:
-    import shutil
-
     parts = split_path(path)
     root_fd = open_root(root)
     try:
@@ -292,19 +379,64 @@ def cmd_delete(root: str, path: str, out: BinaryIO) -> None:
         os.close(root_fd)
     try:
         name = parts[-1]
-        mode = _kind(parent, name)
-        if mode is None:
+        st = lstat(parent, name)
+        if st is None:
             raise Refused("not_found", f"{path!r} does not exist in the workspace")
-        if stat.S_ISDIR(mode):
-            # fd-based and never follows links (shutil.rmtree.avoids_symlink_attacks)
-            shutil.rmtree(name, dir_fd=parent)
+        if stat.S_ISDIR(st.st_mode):
+            opened = open_at(parent, name, path, directory=True)
+            if opened is None:
+                raise Refused("not_found", f"{path!r} does not exist in the workspace")
+            empty_tree(opened[0], path)
+            os.rmdir(name, dir_fd=parent)
             kind = "directory"
         else:
+            # unlink removes the name itself: a link goes, what it points to stays
             os.unlink(name, dir_fd=parent)
-            kind = "symlink" if stat.S_ISLNK(mode) else "file"
+            kind = "symlink" if stat.S_ISLNK(st.st_mode) else "file"
     finally:
         os.close(parent)
     say(out, {"ok": True, "path": path, "type": kind})
+
+
+def empty_tree(dir_fd: int, shown: str) -> None:
+    """Remove everything in the directory ``dir_fd`` (closed here), never
+    following a link: subdirectories are entered only through `open_at`. Not
+    recursive (a deep tree must not exhaust Python's stack); one descriptor and
+    one listing are held per level being emptied."""
+    stack: list[tuple[int, str, Iterator[str]]] = []
+
+    def enter(fd: int, rel: str) -> None:
+        try:
+            names = iter(os.listdir(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        stack.append((fd, rel, names))
+
+    try:
+        enter(dir_fd, shown)
+        while stack:
+            fd, rel, names = stack[-1]
+            for name in names:
+                st = lstat(fd, name)
+                if st is None:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    opened = open_at(fd, name, f"{rel}/{name}", directory=True)
+                    if opened is not None:
+                        enter(opened[0], f"{rel}/{name}")
+                        break  # empty that first, then go on with this one
+                else:
+                    os.unlink(name, dir_fd=fd)  # a link itself, never what it points to
+            else:
+                # this one is empty now: remove it from its parent (the caller removes the top)
+                stack.pop()
+                os.close(fd)
+                if stack:
+                    os.rmdir(rel.rpartition("/")[2], dir_fd=stack[-1][0])
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
 
 
 def read_exact(inp: BinaryIO, n: int) -> bytes | None:
@@ -345,14 +477,14 @@ def drain(inp: BinaryIO) -> None:
         pass
 
 
-def _check_target(path: str, mode: int) -> None:
+PUT_HINTS = {**LINK_HINT, "symlink": "delete it first"}
+
+
+def check_target(path: str, st: os.stat_result) -> None:
     """An upload replaces only a regular file."""
-    if stat.S_ISLNK(mode):
-        raise Refused("symlink", f"{path!r} is a symbolic link; delete it first")
-    if stat.S_ISDIR(mode):
-        raise Refused("is_directory", f"{path!r} is a directory")
-    if not stat.S_ISREG(mode):
-        raise Refused("not_regular", f"{path!r} is not a regular file")
+    refused = refusal(path, st.st_mode, directory=False, hints=PUT_HINTS)
+    if refused:
+        raise refused
 
 
 def cmd_put(root: str, path: str, max_bytes: int, quota: int, inp: BinaryIO, out: BinaryIO) -> None:
@@ -365,10 +497,10 @@ def cmd_put(root: str, path: str, max_bytes: int, quota: int, inp: BinaryIO, out
         existing = 0
         fd, complete = walk(root_fd, parts[:-1])
         try:
-            mode = _kind(fd, parts[-1]) if complete else None
-            if mode is not None:
-                _check_target(path, mode)
-                existing = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False).st_size
+            st = lstat(fd, parts[-1]) if complete else None
+            if st is not None:
+                check_target(path, st)
+                existing = st.st_size
         finally:
             os.close(fd)
         vfs = os.statvfs(root_fd)
@@ -376,6 +508,7 @@ def cmd_put(root: str, path: str, max_bytes: int, quota: int, inp: BinaryIO, out
         free = vfs.f_bavail * vfs.f_frsize
         limit = max(0, min(max_bytes, quota - used + existing, free))
         tmp_name = UPLOAD_PREFIX + secrets.token_hex(8)
+        # O_CREAT | O_EXCL never follows a link and never opens an existing file
         tmp_fd = os.open(
             tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=root_fd
         )
@@ -400,17 +533,31 @@ def cmd_put(root: str, path: str, max_bytes: int, quota: int, inp: BinaryIO, out
                 if exc.code != "aborted":
                     drain(inp)
                 raise
-        parent = open_dir(root_fd, parts[:-1], create=True)
-        try:
-            mode = _kind(parent, parts[-1])
-            if mode is not None:
-                _check_target(path, mode)
-            os.replace(tmp_name, parts[-1], src_dir_fd=root_fd, dst_dir_fd=parent)
-            tmp_name = None
-            st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
-        finally:
-            os.close(parent)
-        say(out, {"ok": True, "created": mode is None, **_entry(path, st)})
+            parent = open_dir(root_fd, parts[:-1], create=True)
+            try:
+                st = lstat(parent, parts[-1])
+                if st is not None:
+                    check_target(path, st)
+                # User code (the same user) can rename or replace the temporary
+                # file meanwhile: move it only while its name still is ours. Even
+                # if it is swapped right after this check, rename moves the name
+                # itself (never what a link points to), within the workspace.
+                tmp_st = lstat(root_fd, tmp_name)
+                if tmp_st is None or not same_file(tmp_st, os.fstat(tmp_fd)):
+                    raise Refused("aborted", "the upload's temporary file was moved or replaced before the commit")
+                try:
+                    os.replace(tmp_name, parts[-1], src_dir_fd=root_fd, dst_dir_fd=parent)
+                except OSError as exc:
+                    if exc.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.ENOTDIR):
+                        raise
+                    # the target became a directory since the lstat
+                    changed(parent, parts[-1], path, directory=False, hints=PUT_HINTS)
+                    raise
+                tmp_name = None
+            finally:
+                os.close(parent)
+            done = os.fstat(tmp_fd)  # what was written, whatever is at the name by now
+        say(out, {"ok": True, "created": st is None, **_entry(path, done)})
     finally:
         if tmp_name is not None:
             try:
