@@ -235,6 +235,9 @@ def raise_for_answer(answer: dict[str, Any]) -> dict[str, Any]:
         raise QuotaExceeded(message)
     if code == "aborted":
         raise BadRequest(message)
+    if code == "io_error" and ("(EACCES)" in message or "(EPERM)" in message):
+        # user code changed the file's permissions (chmod 000): not a gateway fault
+        raise BadRequest(f"{message} The session's own code made this path inaccessible.")
     raise KernelGWError(f"The workspace operation failed: {message}")
 
 

@@ -307,3 +307,14 @@ def test_snapshot_is_capped(kernel_module: ModuleType, tmp_path: Path) -> None:
     for i in range(30):
         (tmp_path / f"f{i}").write_text("x")
     assert len(kernel_module.snapshot(str(tmp_path), limit=10)) == 10
+
+
+def test_a_path_user_code_made_unreadable_is_a_400_not_a_500() -> None:
+    from kernelgw.errors import BadRequest, KernelGWError
+    from kernelgw.workspace import raise_for_answer
+
+    with pytest.raises(BadRequest, match="made this path inaccessible"):
+        raise_for_answer({"ok": False, "error": "io_error", "message": "Permission denied (EACCES)"})
+    with pytest.raises(KernelGWError) as other:
+        raise_for_answer({"ok": False, "error": "io_error", "message": "Input/output error (EIO)"})
+    assert other.value.status_code == 500
