@@ -110,7 +110,7 @@ def create_key(
 
     key, text = _with_store(config_file, work)
     if as_json:
-        click.echo(json.dumps({**_key_dict(key), "key": text}))
+        click.echo(_key_json(key, key=text))
         return
     click.echo(text)
     click.echo(
@@ -120,15 +120,8 @@ def create_key(
     )
 
 
-def _key_dict(key: Any) -> dict[str, Any]:
-    return {
-        "id": key.id,
-        "name": key.name,
-        "role": key.role,
-        "quotas": key.quotas.to_dict(),
-        "created_at": key.created_at.isoformat(),
-        "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
-    }
+def _key_json(record: Any, **extra: Any) -> str:
+    return json.dumps({**record.describe(), **extra}, default=lambda d: d.isoformat())
 
 
 @keys.command("list")
@@ -144,7 +137,7 @@ def list_keys(as_json: bool, config_file: Path | None) -> None:
     found = _with_store(config_file, work)
     if as_json:
         for key in found:
-            click.echo(json.dumps(_key_dict(key)))
+            click.echo(_key_json(key))
         return
     from rich.table import Table
 

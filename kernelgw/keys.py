@@ -58,6 +58,17 @@ class ApiKey:
     def matches(self, secret: str) -> bool:
         return hmac.compare_digest(self.secret_sha256, hash_secret(secret))
 
+    def describe(self) -> dict[str, Any]:
+        """What listings show: everything but the hash."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "role": self.role,
+            "quotas": self.quotas.to_dict(),
+            "created_at": self.created_at,
+            "revoked_at": self.revoked_at,
+        }
+
 
 @dataclass(frozen=True)
 class Principal:

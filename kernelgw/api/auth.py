@@ -214,21 +214,10 @@ async def browser_token(request: Request, principal: Principal = Depends(authent
     return {"token": token, "expires_at": expires}
 
 
-def _key_info(key: ApiKey) -> dict[str, Any]:
-    return {
-        "id": key.id,
-        "name": key.name,
-        "role": key.role,
-        "quotas": key.quotas.to_dict(),
-        "created_at": key.created_at,
-        "revoked_at": key.revoked_at,
-    }
-
-
 @router.get("/v1/keys", response_model=ApiKeyList, dependencies=[Depends(require_admin)])
 async def list_keys(request: Request) -> dict[str, Any]:
     keys = await request.app.state.auth.keys.list()
-    return {"keys": [_key_info(k) for k in keys]}
+    return {"keys": [k.describe() for k in keys]}
 
 
 @router.post("/v1/keys", status_code=201, response_model=CreatedApiKey)
@@ -240,7 +229,7 @@ async def create_key(
     quotas = KeyQuotas(**body.quotas.model_dump()) if body.quotas else KeyQuotas()
     key, text = await auth.keys.create(body.name, body.role, quotas)
     record_key_event(auth.store, "key_created", key, by=admin.key_id)
-    return {**_key_info(key), "key": text}
+    return {**key.describe(), "key": text}
 
 
 @router.delete("/v1/keys/{key_id}", status_code=204)
