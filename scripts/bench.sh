@@ -56,6 +56,7 @@ run exec
 run agent
 run flood
 run scale
+run security
 echo
 echo "==> benchmarks/probe_iopub_hwm.py (a probe for a known issue, not a benchmark)"
 "$py" benchmarks/probe_iopub_hwm.py --image "$image" --json "$out/probe_iopub_hwm.json"

@@ -62,6 +62,24 @@ def connection_info(ip: str, key: str) -> dict[str, Any]:
     }
 
 
+
+def process_limits(spec: KernelSpec) -> dict[str, Any]:
+    """The container options that cap processes.
+
+    runc: the pids cgroup. gVisor (ptrace platform) runs about 40 host threads
+    per sandbox plus about 7 per process inside it, all counted by that cgroup,
+    so a limit of 256 let a fork bomb kill the whole sandbox after some 30
+    forks. Under runsc the cgroup only stops runaway host threads, and the
+    process count is enforced inside the sandbox with RLIMIT_NPROC, which gVisor
+    counts per sandbox (under runc it would count uid 1000 on the whole host).
+    """
+    if spec.runtime != "runsc":
+        return {"pids_limit": spec.pids_limit}
+    return {
+        "pids_limit": spec.pids_limit * 8 + 64,
+        "ulimits": [docker.types.Ulimit(name="nproc", soft=spec.pids_limit, hard=spec.pids_limit)],
+    }
+
 @functools.cache
 def seccomp_profile() -> str:
     """The containers' seccomp profile (``seccomp.json`` next to this module), as
@@ -183,7 +201,7 @@ class DockerBackend:
                 user=f"{self.uid}:{self.gid}",
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges", "seccomp=" + seccomp_profile()],
-                pids_limit=spec.pids_limit,
+                **process_limits(spec),
                 mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m",
                 nano_cpus=int(spec.cpus * 1e9),

@@ -25,6 +25,9 @@ from kernelgw.api import create_app
 from kernelgw.config import Settings
 
 IMAGE = os.environ.get("KERNELGW_IMAGE", "kernelgw/python:latest")
+# The container runtime of every test gateway: runc (default) or runsc (gVisor);
+# scripts/test.sh runs the suite a second time with KERNELGW_TEST_RUNTIME=runsc.
+RUNTIME = os.environ.get("KERNELGW_TEST_RUNTIME", "runc")
 
 
 def free_port() -> int:
@@ -38,6 +41,7 @@ def gateway_settings(**overrides: Any) -> Settings:
         gateway_name=f"t{os.getpid()}",
         runtime_dir="/tmp/kgwt",
         image=IMAGE,
+        runtime=RUNTIME,
         memory_mb=512,
         max_memory_mb=2048,
         max_sessions=40,
@@ -69,7 +73,12 @@ class RunningGateway:
 def start_gateway(settings: Settings) -> RunningGateway:
     port = free_port()
     config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, log_level="warning", ws="websockets-sansio"
+        create_app(settings),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        ws="websockets-sansio",
+        ws_max_size=settings.ws_max_message_bytes,  # as `kernelgw serve` runs it
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)

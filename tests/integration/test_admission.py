@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.integration.conftest import RunningGateway, gateway_settings, start_gateway
@@ -156,11 +157,13 @@ def test_request_bodies_over_the_cap_get_413_but_uploads_have_their_own_limit(
     assert execute(http, sid, "import os\nprint(os.path.getsize('/workspace/big.bin'))")["events"][-2]["text"] == f"{2 * MiB}\n"
 
 
-def test_websocket_frames_over_the_cap_get_a_protocol_error(capgw: RunningGateway, sid: str) -> None:
+def test_websocket_frames_over_the_cap_close_the_socket_and_a_new_one_works(capgw: RunningGateway, sid: str) -> None:
     with connect(f"{capgw.ws_url}/v1/sessions/{sid}/ws", max_size=None) as ws:
         ws.send(json.dumps({"type": "execute", "code": "1" * (900 * 1024)}))
-        event = json.loads(ws.recv(timeout=30))
-        assert event["type"] == "protocol_error" and "larger than" in event["message"]
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # message too big
+    with connect(f"{capgw.ws_url}/v1/sessions/{sid}/ws") as ws:
         ws.send(json.dumps({"type": "execute", "code": "print('ok')"}))
         while (event := json.loads(ws.recv(timeout=60)))["type"] != "done":
             pass

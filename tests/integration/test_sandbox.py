@@ -9,7 +9,7 @@ import docker
 import httpx
 import pytest
 
-from tests.integration.conftest import RunningGateway, run, stdout
+from tests.integration.conftest import RUNTIME, RunningGateway, run, stdout
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,8 @@ def test_dns_lookup_fails(http: httpx.Client, session_id: str) -> None:
 
 def test_tcp_connect_to_an_ip_fails_and_only_loopback_exists(http: httpx.Client, session_id: str) -> None:
     # 192.0.2.1 is TEST-NET-1 (RFC 5737): never routed, so even a broken sandbox
-    # would send nothing anywhere. ENETUNREACH proves there is no route at all.
+    # would send nothing anywhere. ENETUNREACH proves there is no route at all;
+    # gVisor's own network stack (runsc) answers EHOSTUNREACH for the same thing.
     code = (
         "import errno, os, socket\n"
         "s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
@@ -41,7 +42,8 @@ def test_tcp_connect_to_an_ip_fails_and_only_loopback_exists(http: httpx.Client,
         "print(sorted(os.listdir('/sys/class/net')))\n"
     )
     out = stdout(run(http, session_id, code)).splitlines()
-    assert out[0] == "FAILED ENETUNREACH"
+    expected = {"runc": ["FAILED ENETUNREACH"], "runsc": ["FAILED ENETUNREACH", "FAILED EHOSTUNREACH"]}[RUNTIME]
+    assert out[0] in expected
     assert out[1] == "['lo']"
 
 
@@ -103,11 +105,16 @@ def test_container_configuration(docker_client: docker.DockerClient, gateway: Ru
                                  http: httpx.Client, session_id: str) -> None:
     (container,) = docker_client.containers.list(filters={"label": f"kernelgw.session={session_id}"})
     host = container.attrs["HostConfig"]
+    assert host["Runtime"] == RUNTIME  # the runsc pass really runs kernels in gVisor
     assert host["NetworkMode"] == "none"
     assert host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"]
     assert "no-new-privileges" in host["SecurityOpt"]
-    assert host["PidsLimit"] == gateway.settings.pids_limit
+    if RUNTIME == "runsc":  # the process limit is RLIMIT_NPROC inside gVisor; the cgroup also counts its threads
+        assert {"Name": "nproc", "Soft": gateway.settings.pids_limit, "Hard": gateway.settings.pids_limit} in host["Ulimits"]
+        assert host["PidsLimit"] > gateway.settings.pids_limit
+    else:
+        assert host["PidsLimit"] == gateway.settings.pids_limit
     assert host["Memory"] == host["MemorySwap"] == 512 * 1024 * 1024
     assert host["NanoCpus"] == int(gateway.settings.cpus * 1e9)
     assert host["Init"] is True
@@ -172,9 +179,16 @@ def test_fork_bomb_stays_inside_the_pids_limit(gateway: RunningGateway, http: ht
         "    os.waitpid(pid, 0)\n"
     )
     result = run(http, session_id, code, timeout=120)
-    out = stdout(result).splitlines()
-    assert out[0].startswith("STOPPED")
-    assert 0 < int(out[1]) < gateway.settings.pids_limit
+    if RUNTIME == "runsc" and result["status"] == "dead":
+        # gVisor charges every forked copy of the kernel some 35 MB: memory runs
+        # out before the process limit (test_runtime_choice shows that limit
+        # holding). A clean out-of-memory death is the safe outcome there.
+        assert "out-of-memory" in result["events"][-1]["reason"]
+        assert http.post(f"/v1/sessions/{session_id}/restart").status_code == 200
+    else:
+        out = stdout(result).splitlines()
+        assert out[0].startswith("STOPPED")
+        assert 0 < int(out[1]) < gateway.settings.pids_limit
     assert stdout(run(http, session_id, "print('alive')")) == "alive\n"
 
 

@@ -113,6 +113,7 @@ def test_containers_left_by_a_killed_gateway_are_removed_at_next_start(
         "KERNELGW_GATEWAY_NAME": name,
         "KERNELGW_RUNTIME_DIR": str(gateway.settings.runtime_dir),
         "KERNELGW_IMAGE": gateway.settings.image,
+        "KERNELGW_RUNTIME": gateway.settings.runtime,
     }
     log = tmp_path / "gateway.log"
     with log.open("wb") as log_file:
@@ -138,6 +139,7 @@ def test_containers_left_by_a_killed_gateway_are_removed_at_next_start(
     (orphan,) = _containers(docker_client, f"kernelgw.session={sid}")
     conn_dir = Path(orphan.attrs["Mounts"][0]["Source"])
     assert orphan.status == "running" and conn_dir.exists()
+    assert orphan.attrs["HostConfig"]["Runtime"] == gateway.settings.runtime
 
     successor = start_gateway(gateway_settings(gateway_name=name))
     try:
