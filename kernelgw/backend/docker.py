@@ -378,6 +378,8 @@ class DockerBackend:
         if self._docker is not None:
             await self._run(self._docker.close)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(OSError):
+            self.base_dir.rmdir()  # empty once every kernel is stopped; else leave it
 
 
 class DockerExec:

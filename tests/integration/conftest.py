@@ -113,6 +113,7 @@ def gateway(docker_client: docker.DockerClient) -> Iterator[RunningGateway]:
     gw.stop()
     left = docker_client.containers.list(all=True, filters={"label": f"kernelgw.gateway={gw.settings.gateway_name}"})
     assert not left, f"containers left behind after gateway shutdown: {[c.name for c in left]}"
+    assert not (gw.settings.runtime_dir / gw.settings.gateway_name).exists(), "runtime directory left behind"
 
 
 @pytest.fixture(scope="session")
