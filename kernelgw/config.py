@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_IMAGE = "kernelgw/python:latest"
@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     key revoked from the CLI stops working within this time."""
     browser_token_ttl_s: float = Field(300.0, gt=0)
     """Lifetime of the short-lived tokens browsers use on WebSocket URLs."""
+    token_secret: SecretStr | None = None
+    """Signs browser tokens. None: a random secret per process (tokens die with
+    it); give replicas behind one load balancer the same value."""
     max_sessions_per_key: int | None = Field(None, gt=0)
     """Sessions one key may hold at once (a key's own quota wins); None: only ``max_sessions``."""
     executions_per_minute: int | None = Field(None, gt=0)

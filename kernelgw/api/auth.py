@@ -67,7 +67,8 @@ class Authenticator:
         self._cache: dict[str, tuple[ApiKey | None, float]] = {}
         self._enabled = settings.auth == "required"
         self._checked = 0.0
-        self._tokens = URLSafeTimedSerializer(secrets.token_bytes(32), salt="kernelgw-websocket")
+        secret = settings.token_secret.get_secret_value() if settings.token_secret else secrets.token_bytes(32)
+        self._tokens = URLSafeTimedSerializer(secret, salt="kernelgw-websocket")
 
     async def check_startup(self) -> None:
         """Refuse to serve beyond loopback without authentication (unless told to)."""
@@ -141,15 +142,18 @@ class Authenticator:
         if not await self.enabled():
             return ANONYMOUS
         if token and not authorization:
-            try:
-                key_id = self._tokens.loads(token, max_age=self.settings.browser_token_ttl_s)["k"]
-            except (BadSignature, KeyError, TypeError):
-                raise Unauthorized("The token is invalid or expired; get a new one from POST /v1/auth/token.") from None
-            key = await self._key(str(key_id))
+            key = await self._key(self.token_key_id(token))
             if key is None or not key.active:
                 raise Unauthorized()
             return self._principal(key)
         return await self.from_key(bearer(authorization))
+
+    def token_key_id(self, token: str) -> str:
+        """The key a browser token was issued to, if it is genuine and fresh."""
+        try:
+            return str(self._tokens.loads(token, max_age=self.settings.browser_token_ttl_s)["k"])
+        except (BadSignature, KeyError, TypeError):
+            raise Unauthorized("The token is invalid or expired; get a new one from POST /v1/auth/token.") from None
 
     def issue_token(self, principal: Principal) -> tuple[str, datetime]:
         expires = datetime.now(timezone.utc) + timedelta(seconds=self.settings.browser_token_ttl_s)

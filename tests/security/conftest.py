@@ -15,7 +15,6 @@ The gateway process carries a recognisable secret in its environment
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets

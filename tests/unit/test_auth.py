@@ -17,6 +17,7 @@ from kernelgw.admin_cli import parse_when
 from kernelgw.api.auth import is_loopback, same_origin
 from kernelgw.api.limits import BodySizeLimit
 from kernelgw.config import Settings
+from kernelgw.errors import Unauthorized
 from kernelgw.keys import (
     ANONYMOUS,
     ApiKey,
@@ -172,3 +173,21 @@ def test_body_cap_by_content_length_and_by_streamed_bytes() -> None:
 def test_websocket_frame_limit_follows_the_code_limit() -> None:
     assert Settings(max_code_bytes=1000).ws_max_message_bytes == 1000 + 64 * 1024
     assert Settings(max_ws_message_bytes=5000).ws_max_message_bytes == 5000
+
+
+def test_replicas_with_one_token_secret_accept_each_others_tokens() -> None:
+    import asyncio
+
+    from kernelgw.api.auth import Authenticator
+
+    async def main() -> None:
+        settings = Settings(token_secret="shared", auth="off")
+        a, b = Authenticator(settings, store=None), Authenticator(settings, store=None)  # type: ignore[arg-type]
+        other = Authenticator(Settings(auth="off"), store=None)  # type: ignore[arg-type]
+        token, _ = a.issue_token(Principal("k" * 12, "n", "user"))
+        assert b.token_key_id(token) == "k" * 12
+        with pytest.raises(Unauthorized):
+            other.token_key_id(token)
+        assert a.issue_token(ANONYMOUS)[0] != a.issue_token(ANONYMOUS)[0]  # a nonce in every token
+
+    asyncio.run(main())
