@@ -29,8 +29,8 @@ from typing import Any, Literal
 
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 from jupyter_client.asynchronous import AsyncKernelClient
+from zmq.utils.monitor import parse_monitor_message
 
 from kernelgw import events as ev
 from kernelgw.backend.base import Backend, KernelHandle, KernelSpec, KernelState

@@ -24,11 +24,10 @@ from fastapi import APIRouter, Depends, Request, Response
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from kernelgw.api.models import (
-    ApiKeyInfo,
+    ApiKeyList,
     BrowserToken,
     CreateApiKey,
     CreatedApiKey,
-    ApiKeyList,
     WhoAmI,
 )
 from kernelgw.config import Settings

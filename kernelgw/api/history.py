@@ -15,6 +15,8 @@ import nbformat
 from fastapi import APIRouter, Depends, Request, Response
 
 from kernelgw import events as ev
+from kernelgw.api.admission import check_code
+from kernelgw.api.auth import authenticate, principal_of, session_for
 from kernelgw.api.models import (
     CreateSession,
     ErrorResponse,
@@ -22,11 +24,21 @@ from kernelgw.api.models import (
     NoteRequest,
     NoteResponse,
 )
-from kernelgw.api.admission import check_code
-from kernelgw.api.auth import authenticate, principal_of, session_for
-from kernelgw.errors import BadRequest, HistoryNotFound, PayloadTooLarge, SessionNotFound
+from kernelgw.errors import (
+    BadRequest,
+    HistoryNotFound,
+    PayloadTooLarge,
+    SessionNotFound,
+)
 from kernelgw.manager import SessionManager
-from kernelgw.notebook import InvalidNotebook, ReplayStep, build_notebook, plan_from_executions, read_notebook, replay_plan
+from kernelgw.notebook import (
+    InvalidNotebook,
+    ReplayStep,
+    build_notebook,
+    plan_from_executions,
+    read_notebook,
+    replay_plan,
+)
 from kernelgw.session import KernelSession
 from kernelgw.storage import SessionRecord, Store
 

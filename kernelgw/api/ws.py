@@ -20,9 +20,9 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import TypeAdapter, ValidationError
 
 from kernelgw import events as ev
-from kernelgw.api.models import WsExecute, WsMessage
 from kernelgw.api.admission import admit
 from kernelgw.api.auth import Authenticator, same_origin
+from kernelgw.api.models import WsExecute, WsMessage
 from kernelgw.errors import KernelGWError, Unauthorized
 from kernelgw.keys import Principal
 from kernelgw.session import KernelSession, Subscription

@@ -15,7 +15,15 @@ from typing import Any
 
 from sqlalchemy import func, insert, select, update
 
-from kernelgw.keys import ApiKey, KeyQuotas, Role, format_key, hash_secret, new_key_id, new_secret
+from kernelgw.keys import (
+    ApiKey,
+    KeyQuotas,
+    Role,
+    format_key,
+    hash_secret,
+    new_key_id,
+    new_secret,
+)
 from kernelgw.storage import schema
 from kernelgw.storage.store import Store
 

@@ -10,7 +10,13 @@ import docker
 import httpx
 import pytest
 
-from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway, stdout
+from tests.integration.conftest import (
+    RunningGateway,
+    gateway_settings,
+    run,
+    start_gateway,
+    stdout,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -31,8 +31,16 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from tests.integration import conftest as integration
-from tests.integration.conftest import RUNTIME as RUNTIME  # re-exported: the container runtime under test
-from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway, stdout
+from tests.integration.conftest import (
+    RUNTIME as RUNTIME,  # re-exported: the container runtime under test
+)
+from tests.integration.conftest import (
+    RunningGateway,
+    gateway_settings,
+    run,
+    start_gateway,
+    stdout,
+)
 
 docker_client = integration.docker_client
 """The engine fixture (session-scoped), shared with the integration tests."""

@@ -23,8 +23,12 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.integration.conftest import RunningGateway, free_port, gateway_settings, start_gateway
-from tests.integration.conftest import docker_client  # noqa: F401  (a fixture)
+from tests.integration.conftest import (
+    RunningGateway,
+    free_port,
+    gateway_settings,
+    start_gateway,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,13 @@ import docker
 import httpx
 import pytest
 
-from tests.security.conftest import LIST_PROCESSES, RunningGateway, new_session, run_json, session_containers
+from tests.security.conftest import (
+    LIST_PROCESSES,
+    RunningGateway,
+    new_session,
+    run_json,
+    session_containers,
+)
 
 pytestmark = pytest.mark.integration
 
