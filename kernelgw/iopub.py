@@ -90,7 +90,8 @@ def payload_size(event: ev.Event) -> int:
     return 0
 
 
-def _cut(text: str, limit: int) -> str:
+def cut_text(text: str, limit: int) -> str:
+    """``text`` up to ``limit`` characters, saying how many were cut."""
     if len(text) <= limit:
         return text
     return text[:limit] + f"... [{len(text) - limit} characters cut]"
@@ -105,14 +106,14 @@ def trim_error(event: ev.Error, max_bytes: int) -> ev.Error:
     keep = 20  # the innermost frames (and the final line naming the error)
 
     def lines(tb: list[str]) -> list[str]:
-        tail = [_cut(line, part // keep) for line in tb[-keep:]]
+        tail = [cut_text(line, part // keep) for line in tb[-keep:]]
         cut = len(tb) - len(tail)
         return ([f"... [{cut} traceback lines cut]"] if cut else []) + tail
 
     return event.model_copy(
         update={
-            "ename": _cut(event.ename, 200),
-            "evalue": _cut(event.evalue, part),
+            "ename": cut_text(event.ename, 200),
+            "evalue": cut_text(event.evalue, part),
             "traceback": lines(event.traceback),
             "traceback_text": lines(event.traceback_text),
         }

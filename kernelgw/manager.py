@@ -50,8 +50,8 @@ class SessionManager:
         self.recorder = recorder
         self.metrics = metrics
         self._sessions: dict[str, KernelSession] = {}
-        self._starting = 0
         self._starting_by: dict[str, int] = {}
+        """Sessions being started, by API key id ("" without authentication)."""
         self._reaper: asyncio.Task[None] | None = None
         self.pools: dict[PoolProfile, WarmPool] = {}
 
@@ -97,13 +97,20 @@ class SessionManager:
         )
 
     # ------------------------------------------------------------------ CRUD
+    def _maximums(self, quotas: KeyQuotas | None) -> tuple[int, float, float]:
+        """Memory, CPUs and timeout a session may ask for: the gateway's maximums,
+        lowered by the key's quotas."""
+        s, q = self.settings, quotas or KeyQuotas()
+        return (
+            min(s.max_memory_mb, q.max_memory_mb or s.max_memory_mb),
+            min(s.max_cpus, q.max_cpus or s.max_cpus),
+            min(s.max_exec_timeout_s, q.max_timeout_s or s.max_exec_timeout_s),
+        )
+
     def _spec(self, session_id: str, opts: SessionOptions, quotas: KeyQuotas | None = None) -> KernelSpec:
         """The container's spec, within the gateway's maximums and the key's quotas."""
         s = self.settings
-        q = quotas or KeyQuotas()
-        max_memory = min(s.max_memory_mb, q.max_memory_mb or s.max_memory_mb)
-        max_cpus = min(s.max_cpus, q.max_cpus or s.max_cpus)
-        max_timeout = min(s.max_exec_timeout_s, q.max_timeout_s or s.max_exec_timeout_s)
+        max_memory, max_cpus, max_timeout = self._maximums(quotas)
         memory = opts.memory_mb if opts.memory_mb is not None else min(s.memory_mb, max_memory)
         cpus = opts.cpus if opts.cpus is not None else min(s.cpus, max_cpus)
         if not 64 <= memory <= max_memory:
@@ -136,7 +143,7 @@ class SessionManager:
 
     def _session_config(self, opts: SessionOptions, quotas: KeyQuotas | None = None) -> SessionConfig:
         s = self.settings
-        max_timeout = min(s.max_exec_timeout_s, (quotas and quotas.max_timeout_s) or s.max_exec_timeout_s)
+        max_timeout = self._maximums(quotas)[2]
         return SessionConfig(
             exec_timeout_s=opts.timeout if opts.timeout is not None else min(s.exec_timeout_s, max_timeout),
             max_exec_timeout_s=max_timeout,
@@ -165,7 +172,7 @@ class SessionManager:
     async def create(self, opts: SessionOptions | None = None, principal: Principal = ANONYMOUS) -> KernelSession:
         opts = opts or SessionOptions()
         spec = self._spec("new", opts, principal.quotas)  # validate before anything starts
-        if len(self._sessions) + self._starting >= self.settings.max_sessions:
+        if len(self._sessions) + sum(self._starting_by.values()) >= self.settings.max_sessions:
             raise SessionLimitReached(
                 f"The gateway already runs its maximum of {self.settings.max_sessions} sessions. "
                 "Delete a session you no longer need, or retry later."
@@ -180,7 +187,6 @@ class SessionManager:
                     "Delete a session you no longer need, or retry later."
                 )
         started = time.perf_counter()
-        self._starting += 1
         key = principal.key_id or ""
         self._starting_by[key] = self._starting_by.get(key, 0) + 1
         try:
@@ -197,8 +203,9 @@ class SessionManager:
                 source = "cold"
                 session = await self._start_session(opts, principal.quotas)
         finally:
-            self._starting -= 1
             self._starting_by[key] -= 1
+            if not self._starting_by[key]:
+                del self._starting_by[key]
         session.owner = principal.key_id
         self._sessions[session.id] = session
         if self.metrics is not None:

@@ -35,7 +35,7 @@ from zmq.utils.monitor import parse_monitor_message
 from kernelgw import events as ev
 from kernelgw.backend.base import Backend, KernelHandle, KernelSpec, KernelState
 from kernelgw.errors import BadRequest, KernelStartFailed
-from kernelgw.iopub import payload_size, to_event, trim_error
+from kernelgw.iopub import cut_text, payload_size, to_event, trim_error
 from kernelgw.metrics import Metrics
 from kernelgw.recorder import Recorder
 
@@ -692,8 +692,8 @@ class KernelSession:
             self._finish(rec, "interrupted", "interrupted on request; variables are kept", execution_count=count)
         else:
             reason = f"{reply.get('ename', 'Error')}: {reply.get('evalue', '')}" if status == "error" else None
-            if reason is not None and len(reason) > REASON_MAX_CHARS:
-                reason = reason[:REASON_MAX_CHARS] + f"... [{len(reason) - REASON_MAX_CHARS} characters cut]"
+            if reason is not None:
+                reason = cut_text(reason, REASON_MAX_CHARS)
             self._finish(rec, "error", reason or f"the kernel replied {status!r}", execution_count=count)
 
     def _finish(
@@ -760,16 +760,11 @@ class KernelSession:
                 rec.output_bytes += payload_size(event)
                 if rec.output_bytes > self.config.max_output_bytes:
                     rec.truncated = True
-                    self._publish(
-                        ev.Truncated(
-                            execution_id=rec.execution_id,
-                            limit_bytes=self.config.max_output_bytes,
-                            message=(
-                                f"output exceeded {self.config.max_output_bytes} bytes; the rest of "
-                                "this execution's output was dropped (the code kept running)"
-                            ),
-                        ),
+                    self._truncated(
                         rec,
+                        self.config.max_output_bytes,
+                        f"output exceeded {self.config.max_output_bytes} bytes; the rest of "
+                        "this execution's output was dropped (the code kept running)",
                     )
                     continue
             self._publish(event, rec)
@@ -787,15 +782,11 @@ class KernelSession:
         data = {k: v for k, v in event.data.items() if k not in big}
         note = "; ".join(f"{mime} of {size} bytes" for mime, size in big.items())
         data["text/plain"] = f"[{note} removed: larger than the gateway's image limit of {limit} bytes]"
-        self._publish(
-            ev.Truncated(
-                execution_id=rec.execution_id,
-                limit_bytes=limit,
-                message=f"an image ({note}) exceeded the limit of {limit} bytes and was replaced by a note",
-            ),
-            rec,
-        )
+        self._truncated(rec, limit, f"an image ({note}) exceeded the limit of {limit} bytes and was replaced by a note")
         return event.model_copy(update={"data": data})
+
+    def _truncated(self, rec: QueuedExecution, limit: int, message: str) -> None:
+        self._publish(ev.Truncated(execution_id=rec.execution_id, limit_bytes=limit, message=message), rec)
 
     async def _watch_oversized(self, channel: str, sock: zmq.asyncio.Socket) -> None:
         """A frame over ``max_message_bytes`` makes ZMQ drop the connection as a
@@ -840,17 +831,12 @@ class KernelSession:
                         "evalue": f"the kernel's reply was larger than {self.config.max_message_bytes} bytes",
                     }
                     self._check_finished(rec)
-                self._publish(
-                    ev.Truncated(
-                        execution_id=rec.execution_id,
-                        limit_bytes=self.config.max_message_bytes,
-                        message=(
-                            f"the kernel sent a message larger than {self.config.max_message_bytes} bytes; "
-                            "it was dropped, and output until the connection recovered may be missing "
-                            "(the code kept running)"
-                        ),
-                    ),
+                self._truncated(
                     rec,
+                    self.config.max_message_bytes,
+                    f"the kernel sent a message larger than {self.config.max_message_bytes} bytes; "
+                    "it was dropped, and output until the connection recovered may be missing "
+                    "(the code kept running)",
                 )
         finally:
             monitor.close(linger=0)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from kernelgw.storage import schema
+from kernelgw.storage.records import as_utc
 
 if TYPE_CHECKING:
     from kernelgw.storage.store import Store
@@ -60,10 +61,6 @@ def code_sha256(code: str) -> str:
     return hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
-
-
 def record(store: "Store", row: AuditRecord) -> None:
     """Queue one audit row (never waits)."""
     values = asdict(row)
@@ -104,7 +101,7 @@ async def query(
         rows = (await conn.execute(q)).all()
     return [
         AuditRecord(
-            at=_utc(r.at),
+            at=as_utc(r.at),
             kind=r.kind,
             key_id=r.key_id,
             session_id=r.session_id,

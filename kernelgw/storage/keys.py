@@ -25,13 +25,8 @@ from kernelgw.keys import (
     new_secret,
 )
 from kernelgw.storage import schema
+from kernelgw.storage.records import as_utc
 from kernelgw.storage.store import Store
-
-
-def _utc(value: datetime | None) -> datetime | None:
-    if value is None:
-        return None
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 def _record(row: Any) -> ApiKey:
@@ -40,9 +35,9 @@ def _record(row: Any) -> ApiKey:
         name=row.name,
         role=row.role,
         secret_sha256=row.secret_sha256,
-        created_at=_utc(row.created_at) or datetime.now(timezone.utc),
+        created_at=as_utc(row.created_at),
         quotas=KeyQuotas.from_dict(json.loads(row.quotas or "{}")),
-        revoked_at=_utc(row.revoked_at),
+        revoked_at=as_utc(row.revoked_at) if row.revoked_at is not None else None,
     )
 
 

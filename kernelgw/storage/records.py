@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from kernelgw.events import EVENT_LIST_ADAPTER, Event
+
+
+def as_utc(value: datetime) -> datetime:
+    """SQLite gives back naive datetimes; everything stored is UTC."""
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from kernelgw import events as ev
 from kernelgw.errors import StorageUnavailable
 from kernelgw.storage import audit, schema
-from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord
+from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
 
 if TYPE_CHECKING:
     from kernelgw.config import Settings
@@ -68,10 +68,7 @@ def database_url_for(settings: "Settings") -> str:
 
 
 def _utc(value: datetime | None) -> datetime | None:
-    """SQLite gives back naive datetimes; everything stored is UTC."""
-    if value is None:
-        return None
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    return as_utc(value) if value is not None else None
 
 
 def _now() -> datetime:
