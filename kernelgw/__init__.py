@@ -9,8 +9,8 @@ __version__ = "0.1.0"
 __all__ = ["AsyncClient", "Client", "Execution", "__version__"]
 
 if TYPE_CHECKING:
-    from kernelgw.client import AsyncClient, Client
-    from kernelgw.execution import Execution
+    from kernelgw.client.sdk import AsyncClient, Client
+    from kernelgw.client.execution import Execution
 
 
 def __getattr__(name: str) -> Any:
@@ -20,7 +20,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(client, name)
     if name == "Execution":
-        from kernelgw.execution import Execution
+        from kernelgw.client.execution import Execution
 
         return Execution
     raise AttributeError(name)

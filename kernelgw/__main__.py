@@ -1,3 +1,3 @@
-from kernelgw.cli import main
+from kernelgw.cli.main import main
 
 main()

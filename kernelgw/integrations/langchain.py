@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from . import require
+from kernelgw.integrations import require
 
 require("langchain_core", "langchain", "kernelgw.integrations.langchain")
 
@@ -42,16 +42,16 @@ from langchain_core.runnables import RunnableConfig  # noqa: E402
 from langchain_core.tools import BaseTool  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr  # noqa: E402
 
-from ..client import DEFAULT_URL, AsyncClient, AsyncSession, Client, Session  # noqa: E402
-from ..errors import ClientError  # noqa: E402
-from .observation import (  # noqa: E402
+from kernelgw.client.sdk import DEFAULT_URL, AsyncClient, AsyncSession, Client, Session  # noqa: E402
+from kernelgw.errors import ClientError  # noqa: E402
+from kernelgw.integrations.observation import (  # noqa: E402
     DEFAULT_MAX_CHARS,
     DEFAULT_MAX_SECTION_CHARS,
     DEFAULT_TRACEBACK_FRAMES,
     Observation,
     observe,
 )
-from .tools import CODE_DESCRIPTION, TOOL_DESCRIPTION, TOOL_NAME  # noqa: E402
+from kernelgw.integrations.tools import CODE_DESCRIPTION, TOOL_DESCRIPTION, TOOL_NAME  # noqa: E402
 
 __all__ = ["KernelGWTool", "RunPythonInput"]
 
@@ -313,6 +313,6 @@ async def _adelete(client: AsyncClient, session_id: str) -> None:
 
 
 def _info(session_id: str) -> Any:
-    from ..client import SessionInfo
+    from kernelgw.client.sdk import SessionInfo
 
     return SessionInfo(id=session_id, state="idle")

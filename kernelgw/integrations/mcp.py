@@ -41,7 +41,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar
 
-from . import require
+from kernelgw.integrations import require
 
 require("mcp", "mcp", "kernelgw mcp")
 
@@ -63,10 +63,10 @@ from mcp_types import (  # noqa: E402
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS  # noqa: E402
 from pydantic import Field  # noqa: E402
 
-from ..client import DEFAULT_URL, AsyncClient, AsyncSession  # noqa: E402
-from ..errors import ClientError  # noqa: E402
-from .observation import IMAGE_MIME_TYPES, observe  # noqa: E402
-from .tools import CODE_DESCRIPTION, TOOL_DESCRIPTION  # noqa: E402
+from kernelgw.client.sdk import DEFAULT_URL, AsyncClient, AsyncSession  # noqa: E402
+from kernelgw.errors import ClientError  # noqa: E402
+from kernelgw.integrations.observation import IMAGE_MIME_TYPES, observe  # noqa: E402
+from kernelgw.integrations.tools import CODE_DESCRIPTION, TOOL_DESCRIPTION  # noqa: E402
 
 __all__ = ["DEFAULT_IDLE_TIMEOUT", "SandboxRegistry", "create_server", "http_app", "run_http", "run_stdio"]
 

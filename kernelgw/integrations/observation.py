@@ -42,8 +42,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import Artifact, Display, Done, Error, Result
-from ..execution import Execution
+from kernelgw.events import Artifact, Display, Done, Error, Result
+from kernelgw.client.execution import Execution
 
 __all__ = [
     "DEFAULT_MAX_CHARS",

@@ -43,10 +43,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .observation import Observation, observe
+from kernelgw.integrations.observation import Observation, observe
 
 if TYPE_CHECKING:
-    from ..client import AsyncSession, Session
+    from kernelgw.client.sdk import AsyncSession, Session
 
 __all__ = [
     "TOOL_DESCRIPTION",

@@ -35,7 +35,7 @@ from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord,
 
 if TYPE_CHECKING:
     from kernelgw.config import Settings
-    from kernelgw.session import KernelSession, QueuedExecution
+    from kernelgw.runtime.session import KernelSession, QueuedExecution
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import uvicorn
 
-from kernelgw.api import create_app
+from kernelgw.server import create_app
 from kernelgw.config import Settings
 
 IMAGE = os.environ.get("KERNELGW_IMAGE", "kernelgw/python:latest")

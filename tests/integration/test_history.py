@@ -32,10 +32,10 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from websockets.sync.client import connect
 
 from kernelgw import events as ev
-from kernelgw.cli import main as cli
-from kernelgw.client import AsyncClient, Client
+from kernelgw.cli.main import main as cli
+from kernelgw.client.sdk import AsyncClient, Client
 from kernelgw.config import Settings
-from kernelgw.session import Published, QueuedExecution
+from kernelgw.runtime.session import Published, QueuedExecution
 from kernelgw.storage import Store
 from kernelgw.storage.store import CRASHED_REASON
 from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway, stdout

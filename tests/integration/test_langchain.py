@@ -26,7 +26,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool  # noqa
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from pydantic import Field  # noqa: E402
 
-from kernelgw.client import Client  # noqa: E402
+from kernelgw.client.sdk import Client  # noqa: E402
 from kernelgw.integrations.langchain import KernelGWTool  # noqa: E402
 
 pytestmark = pytest.mark.integration

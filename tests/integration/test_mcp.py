@@ -32,10 +32,10 @@ from mcp import Client, StdioServerParameters, stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from mcp_types import CallToolResult, EmbeddedResource, ImageContent, TextContent  # noqa: E402
 
-from kernelgw.client import Client as GatewayClient  # noqa: E402
+from kernelgw.client.sdk import Client as GatewayClient  # noqa: E402
 from kernelgw.integrations.mcp import META_KEY  # noqa: E402
 
-from .conftest import free_port  # noqa: E402
+from tests.integration.conftest import free_port  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

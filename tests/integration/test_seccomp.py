@@ -1,4 +1,4 @@
-"""The kernel containers' seccomp profile (kernelgw/backend/seccomp.json).
+"""The kernel containers' seccomp profile (kernelgw/runtime/backends/seccomp.json).
 
 It is Docker's default profile (moby v20.10.24) without ``ptrace``,
 ``process_vm_readv`` and ``process_vm_writev``: code in a sandbox must not be
@@ -19,7 +19,7 @@ import docker
 import httpx
 import pytest
 
-from kernelgw.backend.docker import seccomp_profile
+from kernelgw.runtime.backends.docker import seccomp_profile
 from tests.integration.conftest import RUNTIME, run, stdout
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernelgw.api import create_app
-from kernelgw.backend.base import EngineHealth, KernelHandle, KernelSpec, KernelState
+from kernelgw.server import create_app
+from kernelgw.runtime.backends.base import EngineHealth, KernelHandle, KernelSpec, KernelState
 from kernelgw.config import Settings
 from kernelgw.errors import EngineUnavailable
 

@@ -13,9 +13,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from kernelgw.admin_cli import parse_when
-from kernelgw.api.auth import is_loopback, same_origin
-from kernelgw.api.limits import BodySizeLimit
+from kernelgw.cli.admin import parse_when
+from kernelgw.server.auth import is_loopback, same_origin
+from kernelgw.server.limits import BodySizeLimit
 from kernelgw.config import Settings
 from kernelgw.errors import Unauthorized
 from kernelgw.keys import (
@@ -30,7 +30,7 @@ from kernelgw.keys import (
     new_secret,
     parse_key,
 )
-from kernelgw.ratelimit import ExecutionRateLimiter
+from kernelgw.server.ratelimit import ExecutionRateLimiter
 
 
 def test_a_new_key_parses_back_to_its_id_and_secret() -> None:
@@ -178,7 +178,7 @@ def test_websocket_frame_limit_follows_the_code_limit() -> None:
 def test_replicas_with_one_token_secret_accept_each_others_tokens() -> None:
     import asyncio
 
-    from kernelgw.api.auth import Authenticator
+    from kernelgw.server.auth import Authenticator
 
     async def main() -> None:
         settings = Settings(token_secret="shared", auth="off")

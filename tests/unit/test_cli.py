@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from click.testing import CliRunner
 
-from kernelgw.cli import _Printer, main
+from kernelgw.cli.main import _Printer, main
 
 
 def invoke(*args: str, **kwargs):
@@ -106,9 +106,9 @@ def test_serve_options_override_env_which_overrides_the_config_file(monkeypatch,
     import uvicorn
 
     seen = {}
-    fake_app = ModuleType("kernelgw.api.app")
+    fake_app = ModuleType("kernelgw.server.app")
     fake_app.create_app = lambda settings=None: seen.setdefault("settings", settings) or "APP"
-    monkeypatch.setitem(sys.modules, "kernelgw.api.app", fake_app)
+    monkeypatch.setitem(sys.modules, "kernelgw.server.app", fake_app)
     monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(run=(host, port)))
 
     config = tmp_path / "kgw.toml"

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from kernelgw.client import (
+from kernelgw.client.sdk import (
     AsyncClient,
     AsyncSession,
     Client,

@@ -8,7 +8,7 @@ import pytest
 
 from kernelgw.errors import KernelGWError
 from kernelgw.events import Display, Result, Stream
-from kernelgw.execution import Execution, ExecutionBuilder, ExecutionError
+from kernelgw.client.execution import Execution, ExecutionBuilder, ExecutionError
 
 EID = "e1"
 PNG1 = b"\x89PNG\r\n\x1a\n-one"

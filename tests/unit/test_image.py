@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelgw import image
+from kernelgw.image import builder as image
 from kernelgw.errors import KernelGWError
 
 DEB822 = """\

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kernelgw import events as ev
-from kernelgw.iopub import payload_size, strip_ansi, to_event
+from kernelgw.runtime.iopub import payload_size, strip_ansi, to_event
 
 
 def msg(msg_type: str, content: dict[str, Any]) -> dict[str, Any]:
@@ -69,7 +69,7 @@ def test_payload_size() -> None:
 
 def test_payload_size_counts_metadata_errors_in_full_and_clear_output() -> None:
     from kernelgw import events as ev
-    from kernelgw.iopub import payload_size
+    from kernelgw.runtime.iopub import payload_size
 
     display = ev.Display(execution_id="e", data={"text/plain": "x"}, metadata={"pad": "y" * 1000})
     assert payload_size(display) > 1000
@@ -80,7 +80,7 @@ def test_payload_size_counts_metadata_errors_in_full_and_clear_output() -> None:
 
 def test_a_huge_error_is_trimmed_to_its_start_and_last_frames() -> None:
     from kernelgw import events as ev
-    from kernelgw.iopub import payload_size, trim_error
+    from kernelgw.runtime.iopub import payload_size, trim_error
 
     tb = [f"frame {i}\n" for i in range(1000)] + ["ValueError: " + "x" * 100_000]
     error = ev.Error(execution_id="e", ename="ValueError", evalue="x" * 3_000_000, traceback=tb, traceback_text=tb)

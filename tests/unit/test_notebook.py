@@ -10,7 +10,7 @@ import nbformat
 import pytest
 
 from kernelgw import events as ev
-from kernelgw.notebook import (
+from kernelgw.server.notebook import (
     KERNELSPEC,
     InvalidNotebook,
     build_notebook,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from kernelgw.execution import Execution
+from kernelgw.client.execution import Execution
 from kernelgw.integrations.observation import format_traceback, observe, truncate_middle
 from kernelgw.events import Error
 

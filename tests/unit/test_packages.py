@@ -11,11 +11,11 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from kernelgw.api import create_app
-from kernelgw.backend.base import EngineHealth, ExecProcess, KernelHandle, KernelSpec, KernelState
+from kernelgw.server import create_app
+from kernelgw.runtime.backends.base import EngineHealth, ExecProcess, KernelHandle, KernelSpec, KernelState
 from kernelgw.config import Settings
 from kernelgw.errors import BadRequest, EngineUnavailable, PackageNotAllowed
-from kernelgw.packages import (
+from kernelgw.runtime.packages import (
     check_request,
     image_target,
     normalize_name,

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from kernelgw.policy import CodePolicy, PolicyViolation
+from kernelgw.server.policy import CodePolicy, PolicyViolation
 
 STRICT = CodePolicy.from_lists(
     deny_imports=["subprocess", "ctypes"],

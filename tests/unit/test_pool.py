@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from kernelgw.metrics import Metrics
-from kernelgw.pool import PoolProfile, WarmPool
+from kernelgw.runtime.metrics import Metrics
+from kernelgw.runtime.pool import PoolProfile, WarmPool
 
 
 class Started:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 from kernelgw import events as ev
-from kernelgw.backend.base import KernelSpec
-from kernelgw.session import KernelSession, SessionConfig, Subscription
+from kernelgw.runtime.backends.base import KernelSpec
+from kernelgw.runtime.session import KernelSession, SessionConfig, Subscription
 
 
 def make_session(replay: int = 5, queue: int = 100) -> KernelSession:

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
 
-from kernelgw.cli import main
-from kernelgw.execution import Execution
+from kernelgw.cli.main import main
+from kernelgw.client.execution import Execution
 from kernelgw.integrations.observation import observe
 from kernelgw.integrations.tools import (
     TOOL_NAME,

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernelgw.api import create_app
-from kernelgw.web import STATIC_DIR
+from kernelgw.server import create_app
+from kernelgw.server.web import STATIC_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,7 +141,7 @@ def test_the_api_key_lives_in_session_storage_only() -> None:
 
 def test_every_static_file_ships_as_package_data() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    patterns = config["tool"]["setuptools"]["package-data"]["kernelgw.web"]
+    patterns = config["tool"]["setuptools"]["package-data"]["kernelgw.server.web"]
     files = [p.relative_to(STATIC_DIR.parent).as_posix() for p in STATIC_DIR.iterdir() if p.is_file()]
     assert "static/index.html" in files
     for path in files:

@@ -15,7 +15,7 @@ from types import ModuleType
 import pytest
 
 from kernelgw.errors import BadRequest, FileNotFoundInWorkspace, InvalidPath, KernelGWError, QuotaExceeded
-from kernelgw.workspace import (
+from kernelgw.runtime.workspace import (
     ENCODING_MIME_TYPES,
     EXTRA_MIME_TYPES,
     guess_mime,
@@ -311,7 +311,7 @@ def test_snapshot_is_capped(kernel_module: ModuleType, tmp_path: Path) -> None:
 
 def test_a_path_user_code_made_unreadable_is_a_400_not_a_500() -> None:
     from kernelgw.errors import BadRequest, KernelGWError
-    from kernelgw.workspace import raise_for_answer
+    from kernelgw.runtime.workspace import raise_for_answer
 
     with pytest.raises(BadRequest, match="made this path inaccessible"):
         raise_for_answer({"ok": False, "error": "io_error", "message": "Permission denied (EACCES)"})

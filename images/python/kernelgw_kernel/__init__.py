@@ -41,7 +41,7 @@ per-cell overhead at about 45 ms (0.5 ms for 100 files)."""
 MAX_ARTIFACTS = 1000
 
 # Types Python's built-in table lacks or spells differently. Checked before it;
-# kernelgw/workspace.py carries the same table (a unit test keeps them equal).
+# kernelgw/runtime/workspace.py carries the same table (a unit test keeps them equal).
 EXTRA_MIME_TYPES = {
     ".csv": "text/csv",
     ".db": "application/vnd.sqlite3",

@@ -18,8 +18,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from kernelgw.metrics import Metrics
-from kernelgw.session import KernelSession
+from kernelgw.runtime.metrics import Metrics
+from kernelgw.runtime.session import KernelSession
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from kernelgw.api.auth import authenticate
-from kernelgw.api.files import session_handle
-from kernelgw.api.models import ErrorResponse
-from kernelgw.packages import (
+from kernelgw.server.auth import authenticate
+from kernelgw.server.files import session_handle
+from kernelgw.models import ErrorResponse
+from kernelgw.runtime.packages import (
     ImageInfo,
     ImageList,
     InstallRequest,

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Depends, Request, Response
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
-from kernelgw.api.models import (
+from kernelgw.models import (
     ApiKeyList,
     BrowserToken,
     CreateApiKey,
@@ -38,7 +38,7 @@ from kernelgw.storage import audit as audit_log
 from kernelgw.storage.keys import KeyStore
 
 if TYPE_CHECKING:
-    from kernelgw.session import KernelSession
+    from kernelgw.runtime.session import KernelSession
 
 log = logging.getLogger(__name__)
 

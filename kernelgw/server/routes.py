@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from kernelgw.api import history
-from kernelgw.api.admission import admit
-from kernelgw.api.auth import authenticate, principal_of, require_admin, session_for
-from kernelgw.api.models import (
+from kernelgw.server import history
+from kernelgw.server.admission import admit
+from kernelgw.server.auth import authenticate, principal_of, require_admin, session_for
+from kernelgw.models import (
     CreatedSession,
     CreateSession,
     ErrorResponse,
@@ -21,7 +21,7 @@ from kernelgw.api.models import (
     SessionInfo,
     SessionList,
 )
-from kernelgw.manager import SessionManager, SessionOptions
+from kernelgw.runtime.manager import SessionManager, SessionOptions
 
 _errors: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422, 429, 503)

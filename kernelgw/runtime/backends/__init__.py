@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kernelgw.backend.base import Backend, EngineHealth, KernelHandle, KernelSpec, KernelState
+from kernelgw.runtime.backends.base import Backend, EngineHealth, KernelHandle, KernelSpec, KernelState
 
 if TYPE_CHECKING:
     from kernelgw.config import Settings
@@ -14,7 +14,7 @@ __all__ = ["Backend", "EngineHealth", "KernelHandle", "KernelSpec", "KernelState
 
 def create_backend(settings: "Settings") -> Backend:
     """The Docker backend for these settings (the only one so far)."""
-    from kernelgw.backend.docker import DockerBackend
+    from kernelgw.runtime.backends.docker import DockerBackend
 
     return DockerBackend(
         gateway_name=settings.gateway_name,

@@ -13,15 +13,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kernelgw import __version__
-from kernelgw.backend import Backend, create_backend
+from kernelgw.runtime.backends import Backend, create_backend
 from kernelgw.config import Settings
-from kernelgw.api.auth import Authenticator
-from kernelgw.api.limits import BodySizeLimit
+from kernelgw.server.auth import Authenticator
+from kernelgw.server.limits import BodySizeLimit
 from kernelgw.errors import KernelGWError, RateLimited, Unauthorized
-from kernelgw.policy import CodePolicy
-from kernelgw.ratelimit import ExecutionRateLimiter
-from kernelgw.manager import SessionManager
-from kernelgw.metrics import Metrics
+from kernelgw.server.policy import CodePolicy
+from kernelgw.server.ratelimit import ExecutionRateLimiter
+from kernelgw.runtime.manager import SessionManager
+from kernelgw.runtime.metrics import Metrics
 from kernelgw.storage import Store
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,8 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))
 
-    from kernelgw.api import auth as auth_routes
-    from kernelgw.api import history, routes, ws
+    from kernelgw.server import auth as auth_routes
+    from kernelgw.server import history, routes, ws
 
     app.add_middleware(BodySizeLimit)
     app.include_router(routes.public)
@@ -118,13 +118,13 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.include_router(ws.router)
     app.include_router(history.router)
     # --- workspace files and packages
-    from kernelgw.api import files, packages
+    from kernelgw.server import files, packages
 
     app.include_router(files.router)
     app.include_router(packages.router)
     # ---
     # --- the web page at /
-    from kernelgw import web
+    from kernelgw.server import web
 
     app.include_router(web.router)
     # ---

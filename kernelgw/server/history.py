@@ -15,9 +15,9 @@ import nbformat
 from fastapi import APIRouter, Depends, Request, Response
 
 from kernelgw import events as ev
-from kernelgw.api.admission import check_code
-from kernelgw.api.auth import authenticate, principal_of, session_for
-from kernelgw.api.models import (
+from kernelgw.server.admission import check_code
+from kernelgw.server.auth import authenticate, principal_of, session_for
+from kernelgw.models import (
     CreateSession,
     ErrorResponse,
     HistoryResponse,
@@ -30,8 +30,8 @@ from kernelgw.errors import (
     PayloadTooLarge,
     SessionNotFound,
 )
-from kernelgw.manager import SessionManager
-from kernelgw.notebook import (
+from kernelgw.runtime.manager import SessionManager
+from kernelgw.server.notebook import (
     InvalidNotebook,
     ReplayStep,
     build_notebook,
@@ -39,7 +39,7 @@ from kernelgw.notebook import (
     read_notebook,
     replay_plan,
 )
-from kernelgw.session import KernelSession
+from kernelgw.runtime.session import KernelSession
 from kernelgw.storage import SessionRecord, Store
 
 _errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 503)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kernelgw import policy
+from kernelgw.server import policy
 from kernelgw.errors import PayloadTooLarge, PolicyViolation, RateLimited
 from kernelgw.keys import Principal
 

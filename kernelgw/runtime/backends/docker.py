@@ -1,4 +1,4 @@
-"""Docker implementation of :class:`~kernelgw.backend.base.Backend`.
+"""Docker implementation of :class:`~kernelgw.runtime.backends.base.Backend`.
 
 One container per kernel: no network, read-only root, explicit tmpfs sizes, no
 capabilities, no new privileges, a non-root user, pids/memory/CPU limits, and
@@ -31,7 +31,7 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 
-from kernelgw.backend.base import EngineHealth, KernelHandle, KernelSpec, KernelState
+from kernelgw.runtime.backends.base import EngineHealth, KernelHandle, KernelSpec, KernelState
 from kernelgw.errors import BackendError, EngineUnavailable, ImageNotFound, KernelDied, KernelStartFailed
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def seccomp_profile() -> str:
     would keep "running" after the kernel died. gVisor (runsc) ignores OCI
     seccomp; ptrace of PID 1 already fails there.
     """
-    text = importlib.resources.files("kernelgw.backend").joinpath("seccomp.json").read_text(encoding="utf-8")
+    text = importlib.resources.files("kernelgw.runtime.backends").joinpath("seccomp.json").read_text(encoding="utf-8")
     return json.dumps(json.loads(text), separators=(",", ":"))
 
 

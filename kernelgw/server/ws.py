@@ -20,12 +20,12 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import TypeAdapter, ValidationError
 
 from kernelgw import events as ev
-from kernelgw.api.admission import admit
-from kernelgw.api.auth import Authenticator, same_origin
-from kernelgw.api.models import WsExecute, WsMessage
+from kernelgw.server.admission import admit
+from kernelgw.server.auth import Authenticator, same_origin
+from kernelgw.models import WsExecute, WsMessage
 from kernelgw.errors import KernelGWError, Unauthorized
 from kernelgw.keys import Principal
-from kernelgw.session import KernelSession, Subscription
+from kernelgw.runtime.session import KernelSession, Subscription
 
 router = APIRouter()
 _message = TypeAdapter(WsMessage)

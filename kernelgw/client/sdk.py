@@ -38,11 +38,11 @@ from websockets.asyncio.client import connect as _aconnect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as _connect
 
-from .errors import ClientError
-from .events import Done, Event, Gap, ProtocolError, parse_event
-from .execution import Execution
-from .packages import ImageList, InstallResult
-from .workspace import FileEntry, FileList, UploadResult
+from kernelgw.errors import ClientError
+from kernelgw.events import Done, Event, Gap, ProtocolError, parse_event
+from kernelgw.client.execution import Execution
+from kernelgw.runtime.packages import ImageList, InstallResult
+from kernelgw.runtime.workspace import FileEntry, FileList, UploadResult
 
 __all__ = [
     "AsyncClient",

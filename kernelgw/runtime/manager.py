@@ -13,14 +13,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from kernelgw.backend.base import Backend, KernelSpec
+from kernelgw.runtime.backends.base import Backend, KernelSpec
 from kernelgw.config import Settings
 from kernelgw.errors import LimitExceeded, SessionLimitReached, SessionNotFound
 from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
-from kernelgw.metrics import Metrics
-from kernelgw.pool import PoolProfile, WarmPool
-from kernelgw.recorder import Recorder
-from kernelgw.session import KernelSession, SessionConfig
+from kernelgw.runtime.metrics import Metrics
+from kernelgw.runtime.pool import PoolProfile, WarmPool
+from kernelgw.runtime.recorder import Recorder
+from kernelgw.runtime.session import KernelSession, SessionConfig
 
 log = logging.getLogger(__name__)
 

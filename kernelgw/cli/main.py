@@ -20,8 +20,8 @@ from typing import Any, TextIO
 
 import click
 
-from .config import DEFAULT_IMAGE
-from .errors import KernelGWError
+from kernelgw.config import DEFAULT_IMAGE
+from kernelgw.errors import KernelGWError
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -97,9 +97,9 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
-    from . import logs
-    from .api.app import create_app
-    from .config import Settings
+    from kernelgw import logs
+    from kernelgw.server.app import create_app
+    from kernelgw.config import Settings
 
     overrides: dict[str, Any] = {}
     if host is not None:
@@ -131,8 +131,8 @@ def _refuse_open_remote(settings: Any) -> None:
     """Fail before binding when no key exists and the address is not loopback."""
     import asyncio
 
-    from .api.auth import Authenticator, InsecureBind
-    from .storage import Store
+    from kernelgw.server.auth import Authenticator, InsecureBind
+    from kernelgw.storage import Store
 
     async def check() -> None:
         store = Store.from_settings(settings)
@@ -172,7 +172,7 @@ def image_build(tag: str, base: str, force: bool) -> None:
     """Build the kernel image."""
     from rich.console import Console
 
-    from .image import build_image
+    from kernelgw.image import build_image
 
     try:
         result = build_image(tag=tag, base=base, force=force, console=Console(stderr=True))
@@ -283,7 +283,7 @@ def run(
     """
     import httpx
 
-    from .client import Client
+    from kernelgw.client.sdk import Client
 
     source = _read_code(code)
     if save_dir is not None:
@@ -340,7 +340,7 @@ def run(
 
 def _artifacts(session: Any, artifacts: list[Any], save_dir: Path | None) -> None:
     """List the files the code wrote; with ``save_dir``, download them there."""
-    from .workspace import validate_path
+    from kernelgw.runtime.workspace import validate_path
 
     for artifact in artifacts:
         where = ""
@@ -396,7 +396,7 @@ def export(session_id: str, output: Path | None, server: str) -> None:
 
     import httpx
 
-    from .client import Client
+    from kernelgw.client.sdk import Client
 
     try:
         client = Client(server)
@@ -459,10 +459,10 @@ def mcp_command(
     import logging
 
     try:
-        from .integrations import mcp as mcp_server
+        from kernelgw.integrations import mcp as mcp_server
     except ImportError as exc:
         raise click.ClickException(str(exc)) from exc
-    from .client import _normalize_base_url
+    from kernelgw.client.sdk import _normalize_base_url
 
     try:
         _normalize_base_url(server)
@@ -480,7 +480,7 @@ def mcp_command(
 
 
 # ------------------------------------------------------------------------ admin
-from .admin_cli import audit, keys  # noqa: E402  (the group must exist first)
+from kernelgw.cli.admin import audit, keys  # noqa: E402  (the group must exist first)
 
 main.add_command(keys)
 main.add_command(audit)

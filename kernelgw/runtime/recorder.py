@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from kernelgw.session import KernelSession, QueuedExecution
+    from kernelgw.runtime.session import KernelSession, QueuedExecution
 
 
 class Recorder(Protocol):

@@ -274,7 +274,7 @@ def default_image_dir() -> Path:
     env = os.environ.get("KERNELGW_IMAGE_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "images" / "python"
+    return Path(__file__).resolve().parents[2] / "images" / "python"
 
 
 def cache_dir() -> Path:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import anyio
 from pydantic import BaseModel, ConfigDict
 
-from kernelgw.backend.base import Backend, ExecProcess, KernelHandle
+from kernelgw.runtime.backends.base import Backend, ExecProcess, KernelHandle
 from kernelgw.errors import (
     BackendError,
     BadRequest,

@@ -25,8 +25,8 @@ import html
 from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
-from .errors import KernelGWError
-from .events import (
+from kernelgw.errors import KernelGWError
+from kernelgw.events import (
     EVENT_LIST_ADAPTER,
     ClearOutput,
     Display,

@@ -42,7 +42,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict
 
-from kernelgw.backend.base import Backend, KernelHandle
+from kernelgw.runtime.backends.base import Backend, KernelHandle
 from kernelgw.errors import (
     BadRequest,
     ImageNotFound,
@@ -51,7 +51,7 @@ from kernelgw.errors import (
     PackageUnavailable,
     QuotaExceeded,
 )
-from kernelgw.workspace import PYTHON, HelperAnswer
+from kernelgw.runtime.workspace import PYTHON, HelperAnswer
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class ImageTarget:
 
     @property
     def platforms(self) -> list[str]:
-        from kernelgw.image import manylinux_platforms
+        from kernelgw.image.builder import manylinux_platforms
 
         return manylinux_platforms(self.machine, self.glibc)
 
@@ -260,7 +260,7 @@ class PackageInstaller:
         self._session_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def cache_dir(self, target: ImageTarget) -> Path:
-        from kernelgw.image import cache_dir
+        from kernelgw.image.builder import cache_dir
 
         root = self.wheel_cache_dir or cache_dir() / "wheels"
         return root / target.cache_key
@@ -345,7 +345,7 @@ class PackageInstaller:
         (tmp / "requirements.txt").write_text("".join(f"{r}\n" for r in reqs))
         # constraints may not name extras; the image's names are plain anyway
         (tmp / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
-        from kernelgw.image import _pip_command
+        from kernelgw.image.builder import _pip_command
 
         base = [
             *_pip_command(), "download",

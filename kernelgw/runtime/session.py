@@ -33,11 +33,11 @@ from jupyter_client.asynchronous import AsyncKernelClient
 from zmq.utils.monitor import parse_monitor_message
 
 from kernelgw import events as ev
-from kernelgw.backend.base import Backend, KernelHandle, KernelSpec, KernelState
+from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec, KernelState
 from kernelgw.errors import BadRequest, KernelStartFailed
-from kernelgw.iopub import cut_text, payload_size, to_event, trim_error
-from kernelgw.metrics import Metrics
-from kernelgw.recorder import Recorder
+from kernelgw.runtime.iopub import cut_text, payload_size, to_event, trim_error
+from kernelgw.runtime.metrics import Metrics
+from kernelgw.runtime.recorder import Recorder
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,3 @@
+from kernelgw.cli.main import main
+
+main()
