@@ -31,7 +31,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +92,13 @@ def _fmt_ms(v: float | None) -> str:
     return f"{v:.2f}"
 
 
-def table_lines(rows: Sequence[dict[str, Any]], floor: str | None = None, *, floor_label: str = "floor",
-                name_width: int | None = None) -> list[str]:
+def table_lines(
+    rows: Sequence[dict[str, Any]],
+    floor: str | None = None,
+    *,
+    floor_label: str = "floor",
+    name_width: int | None = None,
+) -> list[str]:
     """A markdown table: n, p50/p95/p99 ms, p50 minus the floor's p50, p50 / floor p50.
 
     ``floor`` names the row the others are compared with (None: no ratio columns).
@@ -104,7 +109,9 @@ def table_lines(rows: Sequence[dict[str, Any]], floor: str | None = None, *, flo
     if floor is not None:
         cols += [f"p50 - {floor_label}", f"p50 / {floor_label}"]
     widths = [max(9, len(c)) for c in cols]
-    header = f"| {'measurement':<{width}} | " + " | ".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)) + " |"
+    header = (
+        f"| {'measurement':<{width}} | " + " | ".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)) + " |"
+    )
     lines = [header, "|" + "|".join("-" * len(c) for c in header.split("|")[1:-1]) + "|"]
     for r in rows:
         if r.get("error") or not r.get("n"):
@@ -119,7 +126,9 @@ def table_lines(rows: Sequence[dict[str, Any]], floor: str | None = None, *, flo
                 delta = r["p50_ms"] - base["p50_ms"]
                 ratio = r["p50_ms"] / base["p50_ms"] if base["p50_ms"] else float("nan")
                 cells += [f"{delta:+.2f} ms" if abs(delta) < 100 else f"{delta:+,.0f} ms", f"{ratio:.2f}x"]
-        lines.append(f"| {r['name']:<{width}} | " + " | ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)) + " |")
+        lines.append(
+            f"| {r['name']:<{width}} | " + " | ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)) + " |"
+        )
     return lines
 
 
@@ -133,9 +142,15 @@ def print_table(title: str, rows: Sequence[dict[str, Any]], floor: str | None = 
 # ---------------------------------------------------------------------- charts
 
 
-def draw_bars(groups: Sequence[tuple[str, Sequence[dict[str, Any]]]], path: Path, *, title: str,
-              xlabel: str = "milliseconds (bar: p50; marks: p95 |, p99 x; log scale)", log: bool = True,
-              floor_names: Iterable[str] = ()) -> None:
+def draw_bars(
+    groups: Sequence[tuple[str, Sequence[dict[str, Any]]]],
+    path: Path,
+    *,
+    title: str,
+    xlabel: str = "milliseconds (bar: p50; marks: p95 |, p99 x; log scale)",
+    log: bool = True,
+    floor_names: Iterable[str] = (),
+) -> None:
     """Horizontal bars (p50) with p95/p99 marks, one panel per group of rows.
 
     Rows without samples are listed with 'not measured' instead of a bar."""
@@ -146,8 +161,13 @@ def draw_bars(groups: Sequence[tuple[str, Sequence[dict[str, Any]]]], path: Path
 
     floors = set(floor_names)
     heights = [max(1, len(rows)) for _, rows in groups]
-    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 0.9 + 0.38 * sum(heights) + 0.45 * len(groups)),
-                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    fig, axes = plt.subplots(
+        len(groups),
+        1,
+        figsize=(9, 0.9 + 0.38 * sum(heights) + 0.45 * len(groups)),
+        gridspec_kw={"height_ratios": heights},
+        squeeze=False,
+    )
     for ax, (gtitle, rows) in zip(axes[:, 0], groups, strict=True):
         names = [r["name"] for r in rows]
         y = list(range(len(rows)))
@@ -217,10 +237,12 @@ def machine_info(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
     info["activity_start"] = other_activity()
     try:
         git = ["git", "-C", str(REPO)]
-        info["kernelgw_commit"] = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True,
-                                                 text=True, check=True).stdout.strip()
-        changed = subprocess.run(git + ["status", "--porcelain", "--", "kernelgw"], capture_output=True, text=True,
-                                 check=True).stdout.split("\n")
+        info["kernelgw_commit"] = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            [*git, "status", "--porcelain", "--", "kernelgw"], capture_output=True, text=True, check=True
+        ).stdout.split("\n")
         info["kernelgw_uncommitted"] = sorted(line[3:] for line in changed if line.strip())
     except (OSError, subprocess.CalledProcessError):
         pass
@@ -238,20 +260,22 @@ def machine_info(image: str = DEFAULT_IMAGE) -> dict[str, Any]:
             image_size_mb=round(img.attrs.get("Size", 0) / 1e6),
         )
         dc.close()
-    except Exception as exc:  # noqa: BLE001 - report what is known
+    except Exception as exc:
         info["docker_error"] = str(exc)
     return info
 
 
 def machine_line(m: dict[str, Any]) -> str:
-    return (f"{m.get('cores')} cores ({m.get('cpu')}), {m.get('ram_gib')} GiB, {m.get('os')}, "
-            f"kernel {m.get('kernel')}, Docker {m.get('docker_version')} ({m.get('docker_runtime')}, "
-            f"cgroup v{m.get('cgroup_version')}), Python {m.get('python')}, image {m.get('image')} "
-            f"({m.get('image_id')})")
+    return (
+        f"{m.get('cores')} cores ({m.get('cpu')}), {m.get('ram_gib')} GiB, {m.get('os')}, "
+        f"kernel {m.get('kernel')}, Docker {m.get('docker_version')} ({m.get('docker_runtime')}, "
+        f"cgroup v{m.get('cgroup_version')}), Python {m.get('python')}, image {m.get('image')} "
+        f"({m.get('image_id')})"
+    )
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def other_activity() -> dict[str, Any]:
@@ -262,11 +286,14 @@ def other_activity() -> dict[str, Any]:
     out: dict[str, Any] = {"loadavg": [round(x, 2) for x in os.getloadavg()]}
     try:
         dc = docker.from_env()
-        foreign = [c.name for c in dc.containers.list()
-                   if not c.labels.get("kernelgw.gateway", "").startswith("b") and LLMSB_LABEL not in c.labels]
+        foreign = [
+            c.name
+            for c in dc.containers.list()
+            if not c.labels.get("kernelgw.gateway", "").startswith("b") and LLMSB_LABEL not in c.labels
+        ]
         dc.close()
         out["other_containers"] = len(foreign)
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     me = os.getpid()
     procs = 0
@@ -316,18 +343,30 @@ def container_memory(container_id: str) -> dict[str, int]:
         usage = int((v1 / "memory.usage_in_bytes").read_text())
         stat = dict(line.split() for line in (v1 / "memory.stat").read_text().splitlines())
         inactive = int(stat.get("total_inactive_file", 0))
-        return {"usage": usage, "working_set": max(0, usage - inactive), "rss": int(stat.get("total_rss", 0)),
-                "cache": int(stat.get("total_cache", 0)), "shmem": int(stat.get("total_shmem", 0)),
-                "source": "cgroup-v1"}  # type: ignore[dict-item]
-    for v2 in (Path(f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope"),
-               Path("/sys/fs/cgroup/docker") / container_id):
+        return {
+            "usage": usage,
+            "working_set": max(0, usage - inactive),
+            "rss": int(stat.get("total_rss", 0)),
+            "cache": int(stat.get("total_cache", 0)),
+            "shmem": int(stat.get("total_shmem", 0)),
+            "source": "cgroup-v1",
+        }  # type: ignore[dict-item]
+    for v2 in (
+        Path(f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope"),
+        Path("/sys/fs/cgroup/docker") / container_id,
+    ):
         if (v2 / "memory.current").exists():
             usage = int((v2 / "memory.current").read_text())
             stat = dict(line.split() for line in (v2 / "memory.stat").read_text().splitlines())
             inactive = int(stat.get("inactive_file", 0))
-            return {"usage": usage, "working_set": max(0, usage - inactive), "rss": int(stat.get("anon", 0)),
-                    "cache": int(stat.get("file", 0)), "shmem": int(stat.get("shmem", 0)),
-                    "source": "cgroup-v2"}  # type: ignore[dict-item]
+            return {
+                "usage": usage,
+                "working_set": max(0, usage - inactive),
+                "rss": int(stat.get("anon", 0)),
+                "cache": int(stat.get("file", 0)),
+                "shmem": int(stat.get("shmem", 0)),
+                "source": "cgroup-v2",
+            }  # type: ignore[dict-item]
     import docker
 
     dc = docker.from_env()
@@ -337,9 +376,14 @@ def container_memory(container_id: str) -> dict[str, int]:
         dc.close()
     st = s.get("stats", {})
     inactive = st.get("total_inactive_file", st.get("inactive_file", 0))
-    return {"usage": s.get("usage", 0), "working_set": s.get("usage", 0) - inactive,
-            "rss": st.get("total_rss", st.get("anon", 0)), "cache": st.get("total_cache", st.get("file", 0)),
-            "shmem": st.get("total_shmem", st.get("shmem", 0)), "source": "docker-stats"}  # type: ignore[dict-item]
+    return {
+        "usage": s.get("usage", 0),
+        "working_set": s.get("usage", 0) - inactive,
+        "rss": st.get("total_rss", st.get("anon", 0)),
+        "cache": st.get("total_cache", st.get("file", 0)),
+        "shmem": st.get("total_shmem", st.get("shmem", 0)),
+        "source": "docker-stats",
+    }  # type: ignore[dict-item]
 
 
 class CpuMeter:
@@ -410,8 +454,9 @@ class Gateway:
     gateway gets its own name (its orphan clean-up only touches its own
     containers), runtime directory and a throwaway data directory (history)."""
 
-    def __init__(self, name: str, *, image: str = DEFAULT_IMAGE, env: dict[str, str] | None = None,
-                 port: int | None = None) -> None:
+    def __init__(
+        self, name: str, *, image: str = DEFAULT_IMAGE, env: dict[str, str] | None = None, port: int | None = None
+    ) -> None:
         self.name = name
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -431,8 +476,13 @@ class Gateway:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELGW_")}
         full_env.update(self.env)
         log = self.log_path.open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "kernelgw", "serve", "--port", str(self.port)],
-                                     env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kernelgw", "serve", "--port", str(self.port)],
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -442,8 +492,9 @@ class Gateway:
                 raise RuntimeError(f"gateway unhealthy: {r.text}")
             except httpx.TransportError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the gateway did not start; see {self.log_path}:\n"
-                                       + self.log_path.read_text()[-2000:]) from None
+                    raise RuntimeError(
+                        f"the gateway did not start; see {self.log_path}:\n" + self.log_path.read_text()[-2000:]
+                    ) from None
                 time.sleep(0.1)
 
     def __enter__(self) -> Gateway:
@@ -452,8 +503,9 @@ class Gateway:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if exc_type is not None:  # show what the gateway said before it is stopped
             with contextlib.suppress(OSError):
-                sys.stderr.write(f"--- gateway log ({self.log_path}), last lines:\n"
-                                 + self.log_path.read_text()[-4000:] + "\n---\n")
+                sys.stderr.write(
+                    f"--- gateway log ({self.log_path}), last lines:\n" + self.log_path.read_text()[-4000:] + "\n---\n"
+                )
         self.stop()
 
     @property
@@ -496,7 +548,9 @@ class Gateway:
 
         dc = docker.from_env()
         try:
-            return dc.containers.list(all=True, filters={"label": f"kernelgw.gateway={self.env['KERNELGW_GATEWAY_NAME']}"})
+            return dc.containers.list(
+                all=True, filters={"label": f"kernelgw.gateway={self.env['KERNELGW_GATEWAY_NAME']}"}
+            )
         finally:
             dc.close()
 
@@ -658,7 +712,7 @@ def llm_sandbox_version() -> str | None:
         from importlib.metadata import version
 
         return version("llm-sandbox")
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 
@@ -690,8 +744,6 @@ def llm_sandbox_configs(memory_mb: int = 2048, cpus: float = 1.0, pids: int = 25
     }
 
 
-
-
 def llmsb_session(image: str = DEFAULT_IMAGE, *, artifacts: bool = False, **kw: Any) -> Any:
     """A stateless llm-sandbox Docker session on our image (not opened).
 
@@ -702,8 +754,16 @@ def llmsb_session(image: str = DEFAULT_IMAGE, *, artifacts: bool = False, **kw: 
     from llm_sandbox import ArtifactSandboxSession, SandboxSession
 
     cls = ArtifactSandboxSession if artifacts else SandboxSession
-    opts = dict(lang="python", image=image, runtime_configs=llm_sandbox_configs(), skip_environment_setup=True,
-                keep_template=True, workdir=LLMSB_WORKDIR, execution_timeout=300, default_timeout=300)
+    opts = dict(
+        lang="python",
+        image=image,
+        runtime_configs=llm_sandbox_configs(),
+        skip_environment_setup=True,
+        keep_template=True,
+        workdir=LLMSB_WORKDIR,
+        execution_timeout=300,
+        default_timeout=300,
+    )
     opts.update(kw)
     if not artifacts:
         opts["backend"] = "docker"
@@ -721,18 +781,26 @@ def llmsb_interactive(image: str = DEFAULT_IMAGE, *, workaround: bool = True, **
     ipython already installed and needs no network."""
     from llm_sandbox.interactive import InteractiveSandboxSession
 
-    opts = dict(backend="docker", image=image, runtime_configs=llm_sandbox_configs(), keep_template=True,
-                workdir=LLMSB_WORKDIR, max_memory=None, timeout=300)
+    opts = dict(
+        backend="docker",
+        image=image,
+        runtime_configs=llm_sandbox_configs(),
+        keep_template=True,
+        workdir=LLMSB_WORKDIR,
+        max_memory=None,
+        timeout=300,
+    )
     if workaround:
         opts["skip_environment_setup"] = True
     opts.update(kw)
     session = InteractiveSandboxSession(**opts)
     if workaround:
-        backend = session._backend_session  # noqa: SLF001
+        backend = session._backend_session
 
         def setup() -> None:
             backend.execute_command(
-                f"sh -c 'mkdir -p {LLMSB_WORKDIR} && ln -sfn /opt/kernel {LLMSB_WORKDIR}/.sandbox-venv'")
+                f"sh -c 'mkdir -p {LLMSB_WORKDIR} && ln -sfn /opt/kernel {LLMSB_WORKDIR}/.sandbox-venv'"
+            )
 
         backend.environment_setup = setup
     return session
@@ -748,8 +816,11 @@ def llmsb_fetch(session: Any, remote: str) -> bytes:
 
 def docker_run(image: str, code: str, *, network_none: bool = True) -> tuple[float, str]:
     """`docker run --rm IMAGE python -c CODE`: (elapsed ms, stdout)."""
-    cmd = ["docker", "run", "--rm"] + (["--network", "none"] if network_none else []) + [
-        "--entrypoint", KERNEL_PYTHON, image, "-c", code]
+    cmd = (
+        ["docker", "run", "--rm"]
+        + (["--network", "none"] if network_none else [])
+        + ["--entrypoint", KERNEL_PYTHON, image, "-c", code]
+    )
     t0 = time.perf_counter()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return (time.perf_counter() - t0) * 1000, out.stdout

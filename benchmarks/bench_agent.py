@@ -25,11 +25,12 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     DEFAULT_IMAGE,
     DOCS_BENCH,
     LLMSB_WORKDIR,
@@ -50,7 +51,7 @@ from _common import (  # noqa: E402
     write_json,
 )
 
-from kernelgw import Client  # noqa: E402
+from kernelgw import Client
 
 GENERATE = """\
 import numpy as np, pandas as pd
@@ -71,15 +72,21 @@ print(len(raw), "rows written")
 # state each turn builds, re-run by a stateless sandbox in every later turn that needs it
 SETUP = {
     "load": 'import pandas as pd\ndf = pd.read_csv("sales.csv", parse_dates=["date"])\n',
-    "clean": ('df = df.drop_duplicates()\ndf["units"] = df["units"].fillna(0)\n'
-              'df = df[df.units >= 0].copy()\ndf["revenue"] = df.units * df.price\n'),
-    "aggregate": ('agg = df.groupby(["region", "product"]).agg(revenue=("revenue", "sum"), '
-                  'units=("units", "mean")).round(2)\n'),
-    "pivot": ('pivot = df.pivot_table(index=df.date.dt.month, columns="region", values="revenue", '
-              'aggfunc="sum").round(0)\n'),
+    "clean": (
+        'df = df.drop_duplicates()\ndf["units"] = df["units"].fillna(0)\n'
+        'df = df[df.units >= 0].copy()\ndf["revenue"] = df.units * df.price\n'
+    ),
+    "aggregate": (
+        'agg = df.groupby(["region", "product"]).agg(revenue=("revenue", "sum"), units=("units", "mean")).round(2)\n'
+    ),
+    "pivot": (
+        'pivot = df.pivot_table(index=df.date.dt.month, columns="region", values="revenue", aggfunc="sum").round(0)\n'
+    ),
 }
-PLOT = ('import matplotlib.pyplot as plt\nmonthly = df.set_index("date").revenue.resample("MS").sum()\n'
-        'fig, ax = plt.subplots(figsize=(6, 4), dpi=100)\nmonthly.plot(ax=ax)\nax.set_title("monthly revenue")\n')
+PLOT = (
+    'import matplotlib.pyplot as plt\nmonthly = df.set_index("date").revenue.resample("MS").sum()\n'
+    'fig, ax = plt.subplots(figsize=(6, 4), dpi=100)\nmonthly.plot(ax=ax)\nax.set_title("monthly revenue")\n'
+)
 # (name, code, what earlier turns' state it needs)
 TURNS: list[tuple[str, str, list[str]]] = [
     ("generate CSV", GENERATE, []),
@@ -90,11 +97,17 @@ TURNS: list[tuple[str, str, list[str]]] = [
     ("aggregate", SETUP["aggregate"] + "print(agg.head(10))\n", ["load", "clean"]),
     ("plot", PLOT + "<SHOW>", ["load", "clean"]),
     ("pivot", SETUP["pivot"] + "print(pivot)\n", ["load", "clean"]),
-    ("save", 'pivot.to_csv("pivot.csv")\nagg.to_excel("agg.xlsx")\nprint("saved")\n',
-     ["load", "clean", "aggregate", "pivot"]),
-    ("summary", 'top = agg.revenue.groupby(level=0).sum().idxmax()\n'
-                'print(f"total revenue {df.revenue.sum():,.2f}; top region {top}; rows {len(df)}")\n',
-     ["load", "clean", "aggregate"]),
+    (
+        "save",
+        'pivot.to_csv("pivot.csv")\nagg.to_excel("agg.xlsx")\nprint("saved")\n',
+        ["load", "clean", "aggregate", "pivot"],
+    ),
+    (
+        "summary",
+        "top = agg.revenue.groupby(level=0).sum().idxmax()\n"
+        'print(f"total revenue {df.revenue.sum():,.2f}; top region {top}; rows {len(df)}")\n',
+        ["load", "clean", "aggregate"],
+    ),
 ]
 SHOW_INLINE = "plt.show()\n"
 SHOW_FILE = f"fig.savefig('{LLMSB_WORKDIR}/revenue.png')\nplt.close(fig)\nprint('chart saved')\n"
@@ -107,7 +120,7 @@ def stateful_code(i: int, show: str) -> str:
 
 def stateless_code(i: int) -> str:
     """What a stateless sandbox must send for turn i: the state it needs, rebuilt, then the turn."""
-    name, code, needs = TURNS[i]
+    _name, code, needs = TURNS[i]
     return "".join(SETUP[k] for k in needs) + code.replace("<SHOW>", SHOW_FILE)
 
 
@@ -191,7 +204,7 @@ def main() -> None:
     with Gateway("agent", image=args.image, env={"KERNELGW_POOL_SIZE": "0"}) as gw, Client(gw.url) as client:
         for r in range(reps):
             print(f"repetition {r + 1}/{reps}", flush=True)
-            order = systems[r % len(systems):] + systems[:r % len(systems)]
+            order = systems[r % len(systems) :] + systems[: r % len(systems)]
             for system in order:
                 if system == "raw":
                     s = client.create_session()
@@ -212,14 +225,22 @@ def main() -> None:
     all_lines = set().union(*summaries.values())
     assert len(all_lines) == 1, summaries
 
-    label = {"raw": "raw jupyter_client (floor)", "kernelgw": "kernelgw SDK",
-             "llmsb": "llm-sandbox run (stateless)", "llmsb_i": "llm-sandbox interactive"}
+    label = {
+        "raw": "raw jupyter_client (floor)",
+        "kernelgw": "kernelgw SDK",
+        "llmsb": "llm-sandbox run (stateless)",
+        "llmsb_i": "llm-sandbox interactive",
+    }
     rows = [summary(FLOOR, [sum(x["turns"]) for x in runs["raw"]])]
     e2e = []
     for k in systems[1:]:
         rows.append(summary(f"{label[k]}: 10 turns", [sum(x["turns"]) for x in runs[k]]))
-        e2e.append(summary(f"{label[k]}: end to end (start + 10 turns + close)",
-                           [x["start"] + sum(x["turns"]) + x["close"] for x in runs[k]]))
+        e2e.append(
+            summary(
+                f"{label[k]}: end to end (start + 10 turns + close)",
+                [x["start"] + sum(x["turns"]) + x["close"] for x in runs[k]],
+            )
+        )
     rows += e2e
     if not use_llmsb:
         rows.append(failed_row("llm-sandbox", "not installed or skipped"))
@@ -227,8 +248,7 @@ def main() -> None:
         label[k]: {TURNS[i][0]: summary(TURNS[i][0], [x["turns"][i] for x in runs[k]]) for i in range(len(TURNS))}
         for k in systems
     }
-    phases = {label[k]: {p: summary(p, [x[p] for x in runs[k]]) for p in ("start", "close")}
-              for k in systems[1:]}
+    phases = {label[k]: {p: summary(p, [x[p] for x in runs[k]]) for p in ("start", "close")} for k in systems[1:]}
     result = {
         "benchmark": "agent",
         "date": now_iso(),
@@ -236,8 +256,10 @@ def main() -> None:
         "args": vars(args) | {"json": str(args.json), "chart": str(args.chart)},
         "llm_sandbox_version": llm_sandbox_version(),
         "floor": FLOOR,
-        "turns": [{"name": n, "code": c, "needs": needs, "stateless_code": stateless_code(i)}
-                  for i, (n, c, needs) in enumerate(TURNS)],
+        "turns": [
+            {"name": n, "code": c, "needs": needs, "stateless_code": stateless_code(i)}
+            for i, (n, c, needs) in enumerate(TURNS)
+        ],
         "final_summary": all_lines.pop(),
         "rows": rows,
         "per_turn": per_turn,
@@ -272,8 +294,13 @@ def chart(result: dict[str, Any], path: Path) -> None:
     width = 0.8 / len(systems)
     colors = ["#888888", "#3572A5", "#d95f02", "#7570b3"]
     for j, s in enumerate(systems):
-        a1.bar([i + j * width for i in range(len(turns))], [per_turn[s][t]["p50_ms"] for t in turns], width,
-               label=s, color=colors[j % len(colors)])
+        a1.bar(
+            [i + j * width for i in range(len(turns))],
+            [per_turn[s][t]["p50_ms"] for t in turns],
+            width,
+            label=s,
+            color=colors[j % len(colors)],
+        )
     a1.set_xticks([i + 0.4 - width / 2 for i in range(len(turns))], turns, rotation=30, fontsize=8)
     a1.set_yscale("log")
     a1.set_ylabel("ms per turn (p50, log scale)")
@@ -299,8 +326,11 @@ def chart(result: dict[str, Any], path: Path) -> None:
     a2.set_xlim(0, max(a + b + c for a, b, c in zip(start, body, close, strict=True)) * 1.25)
     a2.legend(fontsize=7, loc="upper right")
     a2.set_title("end to end", fontsize=9)
-    fig.suptitle(f"10-turn data-analysis trace, {result['date'][:10]}, {result['machine']['cores']} cores "
-                 f"({result['reps']} repetitions)", fontsize=10)
+    fig.suptitle(
+        f"10-turn data-analysis trace, {result['date'][:10]}, {result['machine']['cores']} cores "
+        f"({result['reps']} repetitions)",
+        fontsize=10,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

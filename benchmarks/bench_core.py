@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     DEFAULT_IMAGE,
     Gateway,
     RawKernel,
@@ -91,11 +91,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(summary("1+1 kernelgw WebSocket", ws))
             rows.append(summary("1+1 kernelgw REST", rest))
             await client.delete(f"/v1/sessions/{sid}")
-    rows.append(summary("docker run --rm per snippet",
-                        [docker_run(args.image, "print(1+1)")[0] for _ in range(args.docker_runs)]))
+    rows.append(
+        summary(
+            "docker run --rm per snippet", [docker_run(args.image, "print(1+1)")[0] for _ in range(args.docker_runs)]
+        )
+    )
     machine = machine_info(args.image)
-    return {"date": now_iso(), "machine": machine_line(machine), "machine_info": machine, "image": args.image,
-            "rows": rows}
+    return {
+        "date": now_iso(),
+        "machine": machine_line(machine),
+        "machine_info": machine,
+        "image": args.image,
+        "rows": rows,
+    }
 
 
 def main() -> None:
@@ -117,8 +125,12 @@ def main() -> None:
     if args.json:
         write_json(args.json, result)
     if args.chart:
-        draw_bars([("", result["rows"])], args.chart, floor_names=[FLOOR],
-                  title=f"kernelgw core latency, {result['date'][:10]}, {result['machine_info']['cores']} cores")
+        draw_bars(
+            [("", result["rows"])],
+            args.chart,
+            floor_names=[FLOOR],
+            title=f"kernelgw core latency, {result['date'][:10]}, {result['machine_info']['cores']} cores",
+        )
 
 
 if __name__ == "__main__":

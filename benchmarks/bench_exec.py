@@ -22,13 +22,14 @@ import asyncio
 import base64
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     DEFAULT_IMAGE,
     DOCS_BENCH,
     Gateway,
@@ -53,12 +54,14 @@ from _common import (  # noqa: E402
     write_json,
 )
 
-from kernelgw import Client  # noqa: E402
+from kernelgw import Client
 
-PLOT = ("import matplotlib.pyplot as plt\n"
-        "fig, ax = plt.subplots(figsize=(6, 4), dpi=100)\n"
-        "ax.plot(range(100), [i * i for i in range(100)])\n"
-        "ax.set_title('squares')\n")
+PLOT = (
+    "import matplotlib.pyplot as plt\n"
+    "fig, ax = plt.subplots(figsize=(6, 4), dpi=100)\n"
+    "ax.plot(range(100), [i * i for i in range(100)])\n"
+    "ax.set_title('squares')\n"
+)
 # code per workload and system: kernelgw and the raw floor send the same cell
 WORKLOADS: dict[str, dict[str, str]] = {
     "1+1": {
@@ -94,13 +97,17 @@ def check_events(workload: str, events: list[dict[str, Any]]) -> int:
     return event_output_bytes(events)
 
 
-async def kgw_round(gw_url: str, sid: str, conn_dir: Path, session: Any, code: str, n: int, warmup: int,
-                    workload: str) -> dict[str, tuple[list[float], int]]:
+async def kgw_round(
+    gw_url: str, sid: str, conn_dir: Path, session: Any, code: str, n: int, warmup: int, workload: str
+) -> dict[str, tuple[list[float], int]]:
     """All four kernelgw-side transports open at once, alternating per sample (the
     order rotates every sample), so each sees the same machine state."""
     out: dict[str, tuple[list[float], int]] = {}
-    async with RawKernel(conn_dir) as raw, WsConn(gw_url.replace("http", "ws", 1) + f"/v1/sessions/{sid}/ws") as ws, \
-            httpx.AsyncClient(base_url=gw_url, timeout=120) as client:
+    async with (
+        RawKernel(conn_dir) as raw,
+        WsConn(gw_url.replace("http", "ws", 1) + f"/v1/sessions/{sid}/ws") as ws,
+        httpx.AsyncClient(base_url=gw_url, timeout=120) as client,
+    ):
 
         async def raw_fn(first: bool) -> tuple[float, int]:
             ms, msgs = await raw.execute(code)
@@ -132,8 +139,12 @@ async def kgw_round(gw_url: str, sid: str, conn_dir: Path, session: Any, code: s
                 size = len(run.images[0]) if run.images else len(run.stdout) + len(run.text or "")
             return ms, size
 
-        fns = [(FLOOR, raw_fn), ("kernelgw WebSocket", ws_fn), ("kernelgw REST", rest_fn),
-               ("kernelgw SDK Client.run", sdk_fn)]
+        fns = [
+            (FLOOR, raw_fn),
+            ("kernelgw WebSocket", ws_fn),
+            ("kernelgw REST", rest_fn),
+            ("kernelgw SDK Client.run", sdk_fn),
+        ]
         samples: dict[str, list[float]] = {name: [] for name, _ in fns}
         sizes: dict[str, int] = {}
         for i in range(n + warmup):
@@ -198,8 +209,11 @@ def main() -> None:
     args = ap.parse_args()
     q = args.quick
     rounds = args.rounds or (2 if q else 5)
-    n_of = {"1+1": args.n or (50 if q else 300), "print 1 MB": args.n_big or (15 if q else 60),
-            "matplotlib PNG": args.n_big or (15 if q else 60)}
+    n_of = {
+        "1+1": args.n or (50 if q else 300),
+        "print 1 MB": args.n_big or (15 if q else 60),
+        "matplotlib PNG": args.n_big or (15 if q else 60),
+    }
     n_lsb = args.n_llmsb or (5 if q else 25)
     use_llmsb = not args.skip_llm_sandbox and llm_sandbox_version() is not None
     machine = machine_info(args.image)
@@ -271,11 +285,19 @@ def main() -> None:
     if args.json:
         write_json(args.json, result)
     if args.chart:
-        draw_bars([(w + (f" (output: ~{size:,} bytes)" if (size := tables[w][1].get("output_bytes") or 0) > 100
-                         else ""), rows)
-                   for w, rows in tables.items()],
-                  args.chart, title=f"Execute round trip, {result['date'][:10]}, {machine['cores']} cores",
-                  floor_names=[FLOOR])
+        draw_bars(
+            [
+                (
+                    w
+                    + (f" (output: ~{size:,} bytes)" if (size := tables[w][1].get("output_bytes") or 0) > 100 else ""),
+                    rows,
+                )
+                for w, rows in tables.items()
+            ],
+            args.chart,
+            title=f"Execute round trip, {result['date'][:10]}, {machine['cores']} cores",
+            floor_names=[FLOOR],
+        )
     assert not leftover_llmsb_containers()
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     DEFAULT_IMAGE,
     DOCS_BENCH,
     CpuMeter,
@@ -61,8 +61,15 @@ def flooder(ws_url: str, code: str, started: Any, stop: Any, out: Any) -> None:
 
         from websockets.asyncio.client import connect
 
-        stats: dict[str, Any] = {"executions": 0, "bytes": 0, "seconds": [], "truncated": 0, "statuses": [],
-                                 "stream_events": 0, "max_event_bytes": 0}
+        stats: dict[str, Any] = {
+            "executions": 0,
+            "bytes": 0,
+            "seconds": [],
+            "truncated": 0,
+            "statuses": [],
+            "stream_events": 0,
+            "max_event_bytes": 0,
+        }
         async with connect(ws_url, max_size=None, compression=None) as ws:
             while not stop.is_set():
                 eid = uuid.uuid4().hex
@@ -103,8 +110,9 @@ async def measure(ws: WsConn, raw: RawKernel, n: int) -> tuple[list[float], list
     return w, r
 
 
-async def phases(a_ws_url: str, a_conn: Path, b_ws_url: str, code: str, rounds: int, n: int,
-                 ctx: Any, cpu: CpuMeter) -> dict[str, Any]:
+async def phases(
+    a_ws_url: str, a_conn: Path, b_ws_url: str, code: str, rounds: int, n: int, ctx: Any, cpu: CpuMeter
+) -> dict[str, Any]:
     s: dict[str, list[float]] = {"ws_base": [], "raw_base": [], "ws_flood": [], "raw_flood": []}
     flood_stats = []
     cpu_use: dict[str, list[dict[str, float]]] = {"idle": [], "flood": []}
@@ -213,7 +221,9 @@ def main() -> None:
             "p95_flood": rows[3]["p95_ms"] - rows[1]["p95_ms"],
         },
     }
-    print_table(f"1+1 in session A while session B prints {args.mb} MB per cell ({result['date']})", rows, rows[0]["name"])
+    print_table(
+        f"1+1 in session A while session B prints {args.mb} MB per cell ({result['date']})", rows, rows[0]["name"]
+    )
     print(f"\nflood: {flood}")
     print(f"gateway overhead (WebSocket minus raw, same phase): {result['overhead_ms']}")
     print(f"gateway RSS, MiB: {rss}")
@@ -221,9 +231,12 @@ def main() -> None:
     if args.json:
         write_json(args.json, result)
     if args.chart:
-        draw_bars([("1+1 in session A", rows)], args.chart,
-                  title=f"Output flood isolation ({args.mb} MB per cell in B), {result['date'][:10]}",
-                  floor_names=[rows[0]["name"]])
+        draw_bars(
+            [("1+1 in session A", rows)],
+            args.chart,
+            title=f"Output flood isolation ({args.mb} MB per cell in B), {result['date'][:10]}",
+            floor_names=[rows[0]["name"]],
+        )
 
 
 if __name__ == "__main__":

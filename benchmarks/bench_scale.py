@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     DEFAULT_IMAGE,
     DOCS_BENCH,
     Gateway,
@@ -108,6 +108,7 @@ async def create_all(url: str, n: int, concurrency: int) -> tuple[list[str], lis
     lat: list[float] = []
 
     async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+
         async def one() -> None:
             async with sem:
                 t0 = time.perf_counter()
@@ -125,6 +126,7 @@ async def ping_all(url: str, ids: list[str], concurrency: int, code: str = "1+1"
     sem = asyncio.Semaphore(concurrency)
     lat: list[float] = []
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
         async def one(sid: str) -> None:
             async with sem:
                 t0 = time.perf_counter()
@@ -142,6 +144,7 @@ async def ping_all(url: str, ids: list[str], concurrency: int, code: str = "1+1"
 async def delete_all(url: str, ids: list[str], concurrency: int) -> float:
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+
         async def one(sid: str) -> None:
             async with sem:
                 (await client.delete(f"/v1/sessions/{sid}")).raise_for_status()
@@ -200,11 +203,21 @@ def main() -> None:
     seconds = args.seconds or (4.0 if args.quick else 15.0)
     machine = machine_info(args.image)
 
-    env = {"KERNELGW_MAX_SESSIONS": str(n + 10), "KERNELGW_MEMORY_MB": str(args.memory_mb),
-           "KERNELGW_POOL_SIZE": "0", "KERNELGW_REPLAY_BUFFER": str(args.replay_buffer)}
-    res: dict[str, Any] = {"benchmark": "scale", "date": now_iso(), "machine": machine, "sessions": n,
-                           "busy": busy, "memory_mb": args.memory_mb,
-                           "args": vars(args) | {"json": str(args.json), "chart": str(args.chart)}}
+    env = {
+        "KERNELGW_MAX_SESSIONS": str(n + 10),
+        "KERNELGW_MEMORY_MB": str(args.memory_mb),
+        "KERNELGW_POOL_SIZE": "0",
+        "KERNELGW_REPLAY_BUFFER": str(args.replay_buffer),
+    }
+    res: dict[str, Any] = {
+        "benchmark": "scale",
+        "date": now_iso(),
+        "machine": machine,
+        "sessions": n,
+        "busy": busy,
+        "memory_mb": args.memory_mb,
+        "args": vars(args) | {"json": str(args.json), "chart": str(args.chart)},
+    }
     with Gateway("scale", image=args.image, env=env) as gw:
         # warm the gateway's code paths (imports, first session) so the baseline is a fair one
         ids, _, _ = asyncio.run(create_all(gw.url, 1, 1))
@@ -220,8 +233,9 @@ def main() -> None:
         ping_lat = asyncio.run(ping_all(gw.url, ids, 4))
         listed = httpx.get(f"{gw.url}/v1/sessions", timeout=60).json()["sessions"]
         alive = sum(1 for s in listed if s["state"] == "idle")
-        print(f"{len(ids)} created in {create_s:.1f} s; {alive} idle and answering; settling {args.settle} s",
-              flush=True)
+        print(
+            f"{len(ids)} created in {create_s:.1f} s; {alive} idle and answering; settling {args.settle} s", flush=True
+        )
         time.sleep(args.settle)
 
         containers = {c.labels["kernelgw.session"]: c.id for c in gw.containers()}
@@ -241,11 +255,16 @@ def main() -> None:
         host_per_session = (avail0 - avail1) / 1024 / n
         per_session_ws = per_container["working_set"]["mean_mib"] + shim_mean + gw_per_session
         res["idle"] = {
-            "created": len(ids), "alive": alive, "create_seconds": create_s,
-            "gateway_rss_mib_before": rss0 / 1024, "gateway_rss_mib": rss1 / 1024,
+            "created": len(ids),
+            "alive": alive,
+            "create_seconds": create_s,
+            "gateway_rss_mib_before": rss0 / 1024,
+            "gateway_rss_mib": rss1 / 1024,
             "gateway_rss_mib_per_session": gw_per_session,
-            "container_mib": per_container, "cgroup_source": mem[0].get("source"),
-            "shim_pss_mib_per_container": shim_mean, "shims_found": len(shims),
+            "container_mib": per_container,
+            "cgroup_source": mem[0].get("source"),
+            "shim_pss_mib_per_container": shim_mean,
+            "shims_found": len(shims),
             "daemons_rss_mib_before": {k: v / 1024 for k, v in daemons0.items()},
             "daemons_rss_mib": {k: v / 1024 for k, v in daemons1.items()},
             "host_memavailable_drop_mib_per_session": host_per_session,
@@ -289,8 +308,9 @@ def main() -> None:
                 "events_per_session": args.replay_buffer,
                 "seconds": time.perf_counter() - t0,
                 "gateway_rss_mib": gw.rss_kib() / 1024,
-                "last_seq_min": min(s["last_seq"] for s in httpx.get(f"{gw.url}/v1/sessions", timeout=60)
-                                    .json()["sessions"]),
+                "last_seq_min": min(
+                    s["last_seq"] for s in httpx.get(f"{gw.url}/v1/sessions", timeout=60).json()["sessions"]
+                ),
             }
             res["gateway_vmhwm_mib"] = proc_status_kib(gw.pid, "VmHWM") / 1024
 
@@ -316,24 +336,26 @@ def report(res: dict[str, Any]) -> None:
     print_table(f"Scale latencies ({res['date']})", res["rows"], FLOOR)
     cm = idle["container_mib"]
     print(f"""
-{idle['alive']}/{res['sessions']} sessions idle and answering at once (created in {idle['create_seconds']:.1f} s)
-gateway RSS: {idle['gateway_rss_mib_before']:.1f} MiB before, {idle['gateway_rss_mib']:.1f} MiB with {res['sessions']} sessions \
-({idle['gateway_rss_mib_per_session']:.2f} MiB per session); {res['gateway_rss_mib_after_load']:.1f} MiB after the load \
-test, peak (VmHWM) {res['gateway_vmhwm_mib']:.1f} MiB
-container memory per session ({idle['cgroup_source']}, MiB): working set mean {cm['working_set']['mean_mib']:.1f} \
-(p50 {cm['working_set']['p50_mib']:.1f}, max {cm['working_set']['max_mib']:.1f}); cgroup usage mean \
-{cm['usage']['mean_mib']:.1f}; anonymous (rss) {cm['rss']['mean_mib']:.1f}; tmpfs/shmem {cm['shmem']['mean_mib']:.2f}
-containerd-shim PSS per container: {idle['shim_pss_mib_per_container']:.1f} MiB ({idle['shims_found']} found)
-host MemAvailable drop per session: {idle['host_memavailable_drop_mib_per_session']:.1f} MiB
-per session (working set + shim + gateway share): {idle['per_session_mib']:.1f} MiB -> \
-{idle['sessions_per_gib']:.1f} sessions per GiB (by MemAvailable drop: {idle['sessions_per_gib_host'] or 0:.1f})
-throughput: {tp['alone_exec_per_s']:.0f} executions/s alone, {tp['concurrent_exec_per_s']:.0f} executions/s with \
-{res['busy']} sessions concurrently
-delete {res['sessions']} sessions: {res['delete_seconds']:.1f} s; leftover containers: {res['leftover_containers']}""")
+{idle["alive"]}/{res["sessions"]} sessions idle and answering at once (created in {idle["create_seconds"]:.1f} s)
+gateway RSS: {idle["gateway_rss_mib_before"]:.1f} MiB before, {idle["gateway_rss_mib"]:.1f} MiB with {res["sessions"]} sessions \
+({idle["gateway_rss_mib_per_session"]:.2f} MiB per session); {res["gateway_rss_mib_after_load"]:.1f} MiB after the load \
+test, peak (VmHWM) {res["gateway_vmhwm_mib"]:.1f} MiB
+container memory per session ({idle["cgroup_source"]}, MiB): working set mean {cm["working_set"]["mean_mib"]:.1f} \
+(p50 {cm["working_set"]["p50_mib"]:.1f}, max {cm["working_set"]["max_mib"]:.1f}); cgroup usage mean \
+{cm["usage"]["mean_mib"]:.1f}; anonymous (rss) {cm["rss"]["mean_mib"]:.1f}; tmpfs/shmem {cm["shmem"]["mean_mib"]:.2f}
+containerd-shim PSS per container: {idle["shim_pss_mib_per_container"]:.1f} MiB ({idle["shims_found"]} found)
+host MemAvailable drop per session: {idle["host_memavailable_drop_mib_per_session"]:.1f} MiB
+per session (working set + shim + gateway share): {idle["per_session_mib"]:.1f} MiB -> \
+{idle["sessions_per_gib"]:.1f} sessions per GiB (by MemAvailable drop: {idle["sessions_per_gib_host"] or 0:.1f})
+throughput: {tp["alone_exec_per_s"]:.0f} executions/s alone, {tp["concurrent_exec_per_s"]:.0f} executions/s with \
+{res["busy"]} sessions concurrently
+delete {res["sessions"]} sessions: {res["delete_seconds"]:.1f} s; leftover containers: {res["leftover_containers"]}""")
     if res.get("replay_full"):
         rf = res["replay_full"]
-        print(f"every replay buffer full ({rf['events_per_session']} small events per session, last_seq >= "
-              f"{rf['last_seq_min']}): gateway RSS {rf['gateway_rss_mib']:.1f} MiB ({rf['seconds']:.0f} s to fill)")
+        print(
+            f"every replay buffer full ({rf['events_per_session']} small events per session, last_seq >= "
+            f"{rf['last_seq_min']}): gateway RSS {rf['gateway_rss_mib']:.1f} MiB ({rf['seconds']:.0f} s to fill)"
+        )
 
 
 def chart(res: dict[str, Any], path: Path) -> None:
@@ -344,21 +366,30 @@ def chart(res: dict[str, Any], path: Path) -> None:
 
     idle, tp = res["idle"], res["throughput"]
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(12, 4.4), gridspec_kw={"width_ratios": [1.3, 1, 1]})
-    parts = [("container\nworking set", idle["container_mib"]["working_set"]["mean_mib"]),
-             ("containerd-shim", idle["shim_pss_mib_per_container"]),
-             ("gateway share", idle["gateway_rss_mib_per_session"])]
+    parts = [
+        ("container\nworking set", idle["container_mib"]["working_set"]["mean_mib"]),
+        ("containerd-shim", idle["shim_pss_mib_per_container"]),
+        ("gateway share", idle["gateway_rss_mib_per_session"]),
+    ]
     left = 0.0
     colors = ["#3572A5", "#9bbbd4", "#e69f00"]
     for (label, v), col in zip(parts, colors, strict=True):
         a1.barh(0, v, left=left, color=col, label=f"{label.replace(chr(10), ' ')}: {v:.1f} MiB")
         left += v
-    a1.barh(1, idle["host_memavailable_drop_mib_per_session"], color="#888888",
-            label=f"host MemAvailable drop: {idle['host_memavailable_drop_mib_per_session']:.1f} MiB")
+    a1.barh(
+        1,
+        idle["host_memavailable_drop_mib_per_session"],
+        color="#888888",
+        label=f"host MemAvailable drop: {idle['host_memavailable_drop_mib_per_session']:.1f} MiB",
+    )
     a1.set_yticks([0, 1], ["accounted", "host view"])
     a1.set_xlabel("MiB per idle session")
     a1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
-    a1.set_title(f"{idle['alive']} idle sessions: {idle['sessions_per_gib']:.1f} per GiB; "
-                 f"gateway {idle['gateway_rss_mib']:.0f} MiB RSS", fontsize=9)
+    a1.set_title(
+        f"{idle['alive']} idle sessions: {idle['sessions_per_gib']:.1f} per GiB; "
+        f"gateway {idle['gateway_rss_mib']:.0f} MiB RSS",
+        fontsize=9,
+    )
     rates = [tp["alone_exec_per_s"], tp["concurrent_exec_per_s"]]
     a2.bar(["1 session", f"{res['busy']} sessions"], rates, color=["#888888", "#3572A5"])
     for i, v in enumerate(rates):
@@ -374,8 +405,11 @@ def chart(res: dict[str, Any], path: Path) -> None:
     a3.set_ylim(0, None)
     a3.legend(fontsize=7)
     a3.set_title("1+1 latency", fontsize=9)
-    fig.suptitle(f"Scale, {res['date'][:10]}, {res['machine']['cores']} cores, {res['machine']['ram_gib']} GiB, "
-                 f"{res['memory_mb']} MB limit per session", fontsize=10)
+    fig.suptitle(
+        f"Scale, {res['date'][:10]}, {res['machine']['cores']} cores, {res['machine']['ram_gib']} GiB, "
+        f"{res['memory_mb']} MB limit per session",
+        fontsize=10,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

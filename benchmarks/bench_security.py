@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     DEFAULT_IMAGE,
     Gateway,
     draw_bars,
@@ -51,8 +51,13 @@ POLICY = {
 
 def make_key(gw: Gateway) -> str:
     env = {**os.environ, "KERNELGW_DATA_DIR": gw.env["KERNELGW_DATA_DIR"]}
-    out = subprocess.run([sys.executable, "-m", "kernelgw", "keys", "create", "bench", "--json"], env=env,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "kernelgw", "keys", "create", "bench", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out)["key"]  # type: ignore[no-any-return]
 
 
@@ -77,8 +82,9 @@ class Target:
             resp.raise_for_status()
             ids.append(resp.json()["id"])
         self.sid, self.ws_sid = ids
-        self.ws = await connect(self.gw.ws_url(self.ws_sid), additional_headers=self.headers, max_size=None,
-                                compression=None)
+        self.ws = await connect(
+            self.gw.ws_url(self.ws_sid), additional_headers=self.headers, max_size=None, compression=None
+        )
 
     async def rest(self) -> float:
         t0 = time.perf_counter()
@@ -165,12 +171,24 @@ def main() -> None:
     print_table("1+1 over the WebSocket (floor: the open gateway)", ws, WS_FLOOR, floor_label="open")
     print_table("Cold session start", start, START_FLOOR, floor_label="runc")
     if args.json:
-        write_json(args.json, {"machine": machine, "date": now_iso(), "args": vars(args) | {"json": str(args.json), "chart": str(args.chart)},
-                               "rest": rest, "websocket": ws, "start": start})
+        write_json(
+            args.json,
+            {
+                "machine": machine,
+                "date": now_iso(),
+                "args": vars(args) | {"json": str(args.json), "chart": str(args.chart)},
+                "rest": rest,
+                "websocket": ws,
+                "start": start,
+            },
+        )
     if args.chart:
-        draw_bars([("1+1 over REST", rest), ("1+1 over the WebSocket", ws), ("cold session start", start)],
-                  args.chart, title="Cost of API keys, the code policy and gVisor",
-                  floor_names=[REST_FLOOR, WS_FLOOR, START_FLOOR])
+        draw_bars(
+            [("1+1 over REST", rest), ("1+1 over the WebSocket", ws), ("cold session start", start)],
+            args.chart,
+            title="Cost of API keys, the code policy and gVisor",
+            floor_names=[REST_FLOOR, WS_FLOOR, START_FLOOR],
+        )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     DEFAULT_IMAGE,
     DOCS_BENCH,
     Gateway,
@@ -89,37 +89,53 @@ def llmsb_default_setup() -> list[dict[str, Any]]:
 
     notes = []
     t0 = time.perf_counter()
-    s = SandboxSession(lang="python", image=DEFAULT_IMAGE, runtime_configs=llm_sandbox_configs(),
-                       keep_template=True)
+    s = SandboxSession(lang="python", image=DEFAULT_IMAGE, runtime_configs=llm_sandbox_configs(), keep_template=True)
     try:
         s.open()
         opened = (time.perf_counter() - t0) * 1000
         out = s.run("import pandas; print(pandas.__version__)")
-        notes.append({
-            "name": "llm-sandbox, default environment setup: open",
-            "ms": opened,
-            "outcome": "opened (its `pip install --upgrade pip` failed offline after pip's retries: "
-                       "name resolution fails with network none), but the venv it makes sits on the image's "
-                       "base interpreter, so /opt/kernel's packages are invisible: `import pandas` -> "
-                       + ((out.stderr.strip().splitlines() or ["?"])[-1] if out.exit_code else "ok"),
-        })
-    except Exception as exc:  # noqa: BLE001
-        notes.append({"name": "llm-sandbox, default environment setup: open",
-                      "ms": (time.perf_counter() - t0) * 1000, "outcome": f"failed: {type(exc).__name__}: {exc}"})
+        notes.append(
+            {
+                "name": "llm-sandbox, default environment setup: open",
+                "ms": opened,
+                "outcome": "opened (its `pip install --upgrade pip` failed offline after pip's retries: "
+                "name resolution fails with network none), but the venv it makes sits on the image's "
+                "base interpreter, so /opt/kernel's packages are invisible: `import pandas` -> "
+                + ((out.stderr.strip().splitlines() or ["?"])[-1] if out.exit_code else "ok"),
+            }
+        )
+    except Exception as exc:
+        notes.append(
+            {
+                "name": "llm-sandbox, default environment setup: open",
+                "ms": (time.perf_counter() - t0) * 1000,
+                "outcome": f"failed: {type(exc).__name__}: {exc}",
+            }
+        )
     finally:
         s.close()
     t0 = time.perf_counter()
     it = llmsb_interactive(workaround=False)
     try:
         it.open()
-        notes.append({"name": "llm-sandbox interactive, default setup: open", "ms": (time.perf_counter() - t0) * 1000,
-                      "outcome": "opened"})
+        notes.append(
+            {
+                "name": "llm-sandbox interactive, default setup: open",
+                "ms": (time.perf_counter() - t0) * 1000,
+                "outcome": "opened",
+            }
+        )
         it.close()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         msg = " ".join(str(exc).split())
-        tail = msg[msg.find("ERROR:"):] if "ERROR:" in msg else msg[-300:]
-        notes.append({"name": "llm-sandbox interactive, default setup: open", "ms": (time.perf_counter() - t0) * 1000,
-                      "outcome": f"failed: {type(exc).__name__}: {tail[:300]}"})
+        tail = msg[msg.find("ERROR:") :] if "ERROR:" in msg else msg[-300:]
+        notes.append(
+            {
+                "name": "llm-sandbox interactive, default setup: open",
+                "ms": (time.perf_counter() - t0) * 1000,
+                "outcome": f"failed: {type(exc).__name__}: {tail[:300]}",
+            }
+        )
     return notes
 
 
@@ -156,13 +172,30 @@ def main() -> None:
     use_llmsb = not args.skip_llm_sandbox and llm_sandbox_version() is not None
 
     machine = machine_info(args.image)
-    s: dict[str, list[float]] = {k: [] for k in (
-        "docker", "cold", "cold_first", "cold_del", "warm", "warm_first", "warm_del",
-        "lsb", "lsb_first", "lsb_close", "lsbi", "lsbi_first", "lsbi_close")}
+    s: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "docker",
+            "cold",
+            "cold_first",
+            "cold_del",
+            "warm",
+            "warm_first",
+            "warm_del",
+            "lsb",
+            "lsb_first",
+            "lsb_close",
+            "lsbi",
+            "lsbi_first",
+            "lsbi_close",
+        )
+    }
 
     # ---- phase 1: a gateway without a pool; rows interleaved in rounds
-    with Gateway("start-cold", image=args.image, env={"KERNELGW_POOL_SIZE": "0"}) as gw, \
-            httpx.Client(base_url=gw.url, timeout=120) as client:
+    with (
+        Gateway("start-cold", image=args.image, env={"KERNELGW_POOL_SIZE": "0"}) as gw,
+        httpx.Client(base_url=gw.url, timeout=120) as client,
+    ):
         kgw_sample(client)  # warm the page cache and the gateway's code paths; not counted
         docker_run(args.image, "print(1+1)")
         if use_llmsb:
@@ -185,8 +218,10 @@ def main() -> None:
 
     # ---- phase 2: a gateway with a warm pool
     pool: dict[str, Any] = {"size": args.pool_size}
-    with Gateway("start-warm", image=args.image, env={"KERNELGW_POOL_SIZE": str(args.pool_size)}) as gw, \
-            httpx.Client(base_url=gw.url, timeout=120) as client:
+    with (
+        Gateway("start-warm", image=args.image, env={"KERNELGW_POOL_SIZE": str(args.pool_size)}) as gw,
+        httpx.Client(base_url=gw.url, timeout=120) as client,
+    ):
         pool["metrics_endpoint"] = gw.metrics() is not None
         hits0 = gw.metric("kernelgw_pool_hits")
         wait_pool_full(gw, args.pool_size)
@@ -231,8 +266,10 @@ def main() -> None:
             summary("llm-sandbox interactive: open", s["lsbi"]),
             summary("llm-sandbox interactive: open + first run", s["lsbi_first"]),
         ]
-        teardown += [summary("llm-sandbox: close", s["lsb_close"]),
-                     summary("llm-sandbox interactive: close", s["lsbi_close"])]
+        teardown += [
+            summary("llm-sandbox: close", s["lsb_close"]),
+            summary("llm-sandbox interactive: close", s["lsbi_close"]),
+        ]
     else:
         rows.append(failed_row("llm-sandbox", "not installed (pip install -e '.[bench]')"))
 
@@ -258,10 +295,15 @@ def main() -> None:
     if args.json:
         write_json(args.json, result)
     if args.chart:
-        draw_bars([("start until ready", [r for r in rows if "first" not in r["name"]]),
-                   ("start + first execution", [r for r in rows if "first" in r["name"] or r["name"] == REF])],
-                  args.chart, title=f"Session start, {result['date'][:10]}, {machine['cores']} cores",
-                  floor_names=[REF])
+        draw_bars(
+            [
+                ("start until ready", [r for r in rows if "first" not in r["name"]]),
+                ("start + first execution", [r for r in rows if "first" in r["name"] or r["name"] == REF]),
+            ],
+            args.chart,
+            title=f"Session start, {result['date'][:10]}, {machine['cores']} cores",
+            floor_names=[REF],
+        )
     assert not leftover_llmsb_containers()
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     DEFAULT_IMAGE,
     Gateway,
     RawKernel,
@@ -59,28 +59,41 @@ async def raw_probe(conn: Path, n: int, late_s: float) -> dict[str, object]:
 
 async def gateway_probe(url: str, ids: list[str], n: int, wait: float) -> dict[str, object]:
     async with httpx.AsyncClient(base_url=url, timeout=wait) as client:
+
         async def one(sid: str) -> str:
             t0 = time.perf_counter()
             try:
                 r = await client.post(f"/v1/sessions/{sid}/execute", json={"code": CODE.format(n=n)})
                 body = r.json()
                 lines = sum(e["text"].count("\n") for e in body["events"] if e["type"] == "stream")
-                return (f"{body['status']} in {time.perf_counter() - t0:.1f} s, {lines} of {n} lines"
-                        + ("" if lines == n else " (OUTPUT LOST)"))
+                return f"{body['status']} in {time.perf_counter() - t0:.1f} s, {lines} of {n} lines" + (
+                    "" if lines == n else " (OUTPUT LOST)"
+                )
             except httpx.ReadTimeout:
                 info = (await client.get(f"/v1/sessions/{sid}")).json()
-                return (f"NOT FINISHED after {wait:.0f} s: state {info['state']}, queue {info['queue_length']}, "
-                        f"last_seq {info['last_seq']}")
+                return (
+                    f"NOT FINISHED after {wait:.0f} s: state {info['state']}, queue {info['queue_length']}, "
+                    f"last_seq {info['last_seq']}"
+                )
 
         results = await asyncio.gather(*(one(s) for s in ids))
     for sid, res in zip(ids, results, strict=True):
         print(f"  gateway: session {sid[:8]}: {res}")
     stuck = sum("NOT FINISHED" in r for r in results)
     lost = sum("OUTPUT LOST" in r for r in results)
-    print(f"  gateway: {len(ids) - stuck} of {len(ids)} executions finished ({lost} of them with lines missing), "
-          f"{stuck} stuck")
-    return {"sessions": len(ids), "lines": n, "wait_s": wait, "finished": len(ids) - stuck,
-            "finished_with_output_lost": lost, "stuck": stuck, "results": results}
+    print(
+        f"  gateway: {len(ids) - stuck} of {len(ids)} executions finished ({lost} of them with lines missing), "
+        f"{stuck} stuck"
+    )
+    return {
+        "sessions": len(ids),
+        "lines": n,
+        "wait_s": wait,
+        "finished": len(ids) - stuck,
+        "finished_with_output_lost": lost,
+        "stuck": stuck,
+        "results": results,
+    }
 
 
 def main() -> None:
@@ -107,8 +120,16 @@ def main() -> None:
             httpx.delete(f"{gw.url}/v1/sessions/{sid}", timeout=120)
         gateway["delete_all_s"] = round(time.perf_counter() - t0, 1)
     if args.json:
-        write_json(args.json, {"benchmark": "probe_iopub_hwm", "date": now_iso(), "machine": machine_info(args.image),
-                               "raw": raw, "gateway": gateway})
+        write_json(
+            args.json,
+            {
+                "benchmark": "probe_iopub_hwm",
+                "date": now_iso(),
+                "machine": machine_info(args.image),
+                "raw": raw,
+                "gateway": gateway,
+            },
+        )
 
 
 if __name__ == "__main__":

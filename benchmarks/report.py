@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DOCS_BENCH, REPO, table_lines  # noqa: E402
+from _common import DOCS_BENCH, REPO, table_lines
 
 # targets of the "Performance" issue
 WARM_START_P50_MS = 50.0
@@ -62,9 +62,11 @@ def targets(start: Any, exec_: Any, scale: Any, flood: Any, core: Any) -> tuple[
         pool = start.get("pool", {})
         active = bool(pool.get("active"))
         ok = active and warm is not None and warm["p50_ms"] < WARM_START_P50_MS
-        lines.append(f"| session start from the warm pool, p50 < {WARM_START_P50_MS:.0f} ms | "
-                     f"p50 {warm['p50_ms']:.1f} ms, p95 {warm['p95_ms']:.1f} ms (n={warm['n']}) | {verdict(ok)} | "
-                     f"{WARM_START_P50_MS - warm['p50_ms']:+.1f} ms of margin |")
+        lines.append(
+            f"| session start from the warm pool, p50 < {WARM_START_P50_MS:.0f} ms | "
+            f"p50 {warm['p50_ms']:.1f} ms, p95 {warm['p95_ms']:.1f} ms (n={warm['n']}) | {verdict(ok)} | "
+            f"{WARM_START_P50_MS - warm['p50_ms']:+.1f} ms of margin |"
+        )
         if active:
             why.append(
                 f"**Warm pool start.** {pool.get('sample_hits')}/{pool.get('samples')} timed creates were served from "
@@ -78,10 +80,13 @@ def targets(start: Any, exec_: Any, scale: Any, flood: Any, core: Any) -> tuple[
                 f"hand-over the pool starts its replacement kernel at once, a container start competing for the same "
                 f"{start['machine']['cores']} cores, which probably explains the rest. "
                 f"Each sample waited until the pool was full again: this is the latency of a pool that keeps up with "
-                f"demand; a burst larger than the pool gets cold starts (and raises the pool's target).")
+                f"demand; a burst larger than the pool gets cold starts (and raises the pool's target)."
+            )
         else:
-            why.append("**Warm pool start.** No create was a pool hit (no `kernelgw_pool_hits` on `/metrics`): the "
-                       "gateway measured had no working pool, so the 'warm pool' rows are cold starts.")
+            why.append(
+                "**Warm pool start.** No create was a pool hit (no `kernelgw_pool_hits` on `/metrics`): the "
+                "gateway measured had no working pool, so the 'warm pool' rows are cold starts."
+            )
 
     # 2. 1+1 over the WebSocket vs the raw floor
     if exec_:
@@ -89,14 +94,18 @@ def targets(start: Any, exec_: Any, scale: Any, flood: Any, core: Any) -> tuple[
         floor, ws = t[0], row(t, "kernelgw WebSocket")
         d = ws["p50_ms"] - floor["p50_ms"]
         ok = d <= WS_OVER_FLOOR_MS
-        lines.append(f"| `1+1` over the WebSocket, p50 within {WS_OVER_FLOOR_MS:.0f} ms of raw jupyter_client | "
-                     f"{ws['p50_ms']:.2f} ms vs floor {floor['p50_ms']:.2f} ms (n={ws['n']}) | {verdict(ok)} | "
-                     f"{d:+.2f} ms over the floor ({WS_OVER_FLOOR_MS - d:+.2f} ms of margin) |")
+        lines.append(
+            f"| `1+1` over the WebSocket, p50 within {WS_OVER_FLOOR_MS:.0f} ms of raw jupyter_client | "
+            f"{ws['p50_ms']:.2f} ms vs floor {floor['p50_ms']:.2f} ms (n={ws['n']}) | {verdict(ok)} | "
+            f"{d:+.2f} ms over the floor ({WS_OVER_FLOOR_MS - d:+.2f} ms of margin) |"
+        )
         cross = []
         if core:
             c_ws, c_raw = row(core["rows"], "1+1 kernelgw WebSocket"), row(core["rows"], "1+1 raw")
-            cross.append(f"{c_ws['p50_ms'] - c_raw['p50_ms']:+.2f} ms in bench_core (blocks of {c_ws['n'] // 5} per "
-                         f"transport and round)")
+            cross.append(
+                f"{c_ws['p50_ms'] - c_raw['p50_ms']:+.2f} ms in bench_core (blocks of {c_ws['n'] // 5} per "
+                f"transport and round)"
+            )
         if flood:
             f_ws, f_raw = row(flood["rows"], "A kernelgw WebSocket, B idle"), flood["rows"][0]
             cross.append(f"{f_ws['p50_ms'] - f_raw['p50_ms']:+.2f} ms in bench_flood's idle phases")
@@ -104,26 +113,31 @@ def targets(start: Any, exec_: Any, scale: Any, flood: Any, core: Any) -> tuple[
             f"**`1+1` over the WebSocket.** All four kernelgw-side transports were open at once and alternated "
             f"sample by sample (the order rotating), against one session. The WebSocket adds {d:+.2f} ms at p50 and "
             f"{ws['p95_ms'] - floor['p95_ms']:+.2f} ms at p95 to raw jupyter_client on the same kernel"
-            + (f" (the same comparison elsewhere in this run: {'; '.join(cross)})" if cross else "") +
-            ". What the gateway adds per execution: one JSON WebSocket frame in and four out (queued, busy, result, "
+            + (f" (the same comparison elsewhere in this run: {'; '.join(cross)})" if cross else "")
+            + ". What the gateway adds per execution: one JSON WebSocket frame in and four out (queued, busy, result, "
             "done), the mapping of each iopub message to an event, and the artifact scan of /workspace in the "
             "kernel (a `user_expressions` entry on the same request, no extra round trip). The floor itself is "
-            "jupyter_client's asyncio client in Python, so it is a practical floor, not a physical one.")
+            "jupyter_client's asyncio client in Python, so it is a practical floor, not a physical one."
+        )
 
     # 3. 100 idle sessions, gateway RSS
     if scale:
         idle = scale["idle"]
         rss_mb = idle["gateway_rss_mib"] * 1.048576
         ok = idle["alive"] >= IDLE_SESSIONS and rss_mb < GATEWAY_RSS_MB
-        lines.append(f"| {IDLE_SESSIONS} idle sessions alive at once, gateway under {GATEWAY_RSS_MB:.0f} MB RSS | "
-                     f"{idle['alive']} alive; gateway {rss_mb:.0f} MB RSS | {verdict(ok)} | "
-                     f"{GATEWAY_RSS_MB - rss_mb:+.0f} MB of margin |")
+        lines.append(
+            f"| {IDLE_SESSIONS} idle sessions alive at once, gateway under {GATEWAY_RSS_MB:.0f} MB RSS | "
+            f"{idle['alive']} alive; gateway {rss_mb:.0f} MB RSS | {verdict(ok)} | "
+            f"{GATEWAY_RSS_MB - rss_mb:+.0f} MB of margin |"
+        )
         rf = scale.get("replay_full")
         if rf:
             rf_mb = rf["gateway_rss_mib"] * 1.048576
-            lines.append(f"| (the same {scale['sessions']} sessions after each printed {rf['events_per_session']} lines) | gateway "
-                         f"{rf_mb:.0f} MB RSS | {verdict(rf_mb < GATEWAY_RSS_MB)} | "
-                         f"{GATEWAY_RSS_MB - rf_mb:+.0f} MB |")
+            lines.append(
+                f"| (the same {scale['sessions']} sessions after each printed {rf['events_per_session']} lines) | gateway "
+                f"{rf_mb:.0f} MB RSS | {verdict(rf_mb < GATEWAY_RSS_MB)} | "
+                f"{GATEWAY_RSS_MB - rf_mb:+.0f} MB |"
+            )
         why.append(
             f"**{scale['sessions']} idle sessions.** All {idle['created']} sessions were created "
             f"({scale['args']['create_concurrency']} at a time, {idle['create_seconds']:.0f} s in all) and answered a "
@@ -132,14 +146,18 @@ def targets(start: Any, exec_: Any, scale: Any, flood: Any, core: Any) -> tuple[
             f"session: a kernel client with its ZMQ sockets, the replay buffer and the session's records); after the "
             f"concurrency test it was {scale['gateway_rss_mib_after_load']:.0f} MiB, peak (VmHWM) "
             f"{scale['gateway_vmhwm_mib']:.0f} MiB. The memory that limits density is the kernels': see Scale."
-            + (f" The target is met for sessions that are idle since their start. After every session had also "
-               f"printed {rf['events_per_session']} lines in small cells (which fills each replay buffer, kept for "
-               f"WebSocket clients that resume), the gateway held {rf['gateway_rss_mib']:.0f} MiB "
-               f"({(rf['gateway_rss_mib'] - idle['gateway_rss_mib']) * 1024 / scale['sessions']:,.0f} KiB more per "
-               f"session than when idle)"
-               + (", over the target" if rf["gateway_rss_mib"] * 1.048576 >= GATEWAY_RSS_MB else "")
-               + ". Large outputs cost the gateway more (see Findings)."
-               if rf else ""))
+            + (
+                f" The target is met for sessions that are idle since their start. After every session had also "
+                f"printed {rf['events_per_session']} lines in small cells (which fills each replay buffer, kept for "
+                f"WebSocket clients that resume), the gateway held {rf['gateway_rss_mib']:.0f} MiB "
+                f"({(rf['gateway_rss_mib'] - idle['gateway_rss_mib']) * 1024 / scale['sessions']:,.0f} KiB more per "
+                f"session than when idle)"
+                + (", over the target" if rf["gateway_rss_mib"] * 1.048576 >= GATEWAY_RSS_MB else "")
+                + ". Large outputs cost the gateway more (see Findings)."
+                if rf
+                else ""
+            )
+        )
 
     # 4. output flood
     if flood:
@@ -149,10 +167,12 @@ def targets(start: Any, exec_: Any, scale: Any, flood: Any, core: Any) -> tuple[
         d50, r95 = wf["p50_ms"] - wi["p50_ms"], wf["p95_ms"] / wi["p95_ms"]
         ok = d50 <= FLOOD_P50_MS and r95 <= FLOOD_P95_RATIO
         fl = flood["flood"]
-        lines.append(f"| no execution slowed by another session's output flood (p50 +{FLOOD_P50_MS:.0f} ms, p95 "
-                     f"x{FLOOD_P95_RATIO} at most) | `1+1` p50 {wi['p50_ms']:.2f} -> {wf['p50_ms']:.2f} ms, p95 "
-                     f"{wi['p95_ms']:.2f} -> {wf['p95_ms']:.2f} ms | {verdict(ok)} | p50 {d50:+.2f} ms, p95 "
-                     f"x{r95:.2f}, p99 {wi['p99_ms']:.1f} -> {wf['p99_ms']:.1f} ms |")
+        lines.append(
+            f"| no execution slowed by another session's output flood (p50 +{FLOOD_P50_MS:.0f} ms, p95 "
+            f"x{FLOOD_P95_RATIO} at most) | `1+1` p50 {wi['p50_ms']:.2f} -> {wf['p50_ms']:.2f} ms, p95 "
+            f"{wi['p95_ms']:.2f} -> {wf['p95_ms']:.2f} ms | {verdict(ok)} | p50 {d50:+.2f} ms, p95 "
+            f"x{r95:.2f}, p99 {wi['p99_ms']:.1f} -> {wf['p99_ms']:.1f} ms |"
+        )
         gw_idle = wi["p95_ms"] - ri["p95_ms"]
         gw_flood = wf["p95_ms"] - rf["p95_ms"]
         why.append(
@@ -169,7 +189,8 @@ def targets(start: Any, exec_: Any, scale: Any, flood: Any, core: Any) -> tuple[
             f"at p95 {gw_idle:+.2f} ms vs {gw_flood:+.2f} ms. "
             + _flood_cause(flood, ok)
             + "Verdict rule: met if A's p50 grows by at most "
-            f"{FLOOD_P50_MS:.0f} ms and its p95 by at most {(FLOOD_P95_RATIO - 1) * 100:.0f}%.")
+            f"{FLOOD_P50_MS:.0f} ms and its p95 by at most {(FLOOD_P95_RATIO - 1) * 100:.0f}%."
+        )
     return lines, why
 
 
@@ -190,7 +211,8 @@ def _findings(flood: Any, scale: Any, probe: Any) -> list[str]:
             "gives memory back to the OS only partly and late after such peaks (the numbers above, 2 s apart). "
             "Against the RSS target this matters more than idle sessions do: one session printing large outputs "
             "can cost the gateway more than a hundred idle ones. A lower per-execution output cap (default 16 MiB; 64 MiB in this run) "
-            "bounds it; splitting large messages into chunks would lower the peak.")
+            "bounds it; splitting large messages into chunks would lower the peak."
+        )
     if probe:
         g, raw = probe["gateway"], probe["raw"][-1]
         lost = raw["messages"] < raw["expected"] or not raw.get("idle_seen", False)
@@ -203,7 +225,8 @@ def _findings(flood: Any, scale: Any, probe: Any) -> list[str]:
                 f"{'' if raw.get('idle_seen') else ' and no `idle` status'}: ZMQ PUB/SUB drops what exceeds the "
                 f"high-water marks. Through the gateway, {g['sessions']} sessions at once each printing {g['lines']} "
                 f"flushed lines: {g['finished']} executions finished ({g['finished_with_output_lost']} of them with "
-                f"lines silently missing) and {g['stuck']} were still `busy` after {g['wait_s']:.0f} s.")
+                f"lines silently missing) and {g['stuck']} were still `busy` after {g['wait_s']:.0f} s."
+            )
         else:
             out.append(
                 f"**Bursts of small outputs no longer lose messages.** `benchmarks/probe_iopub_hwm.py`: a "
@@ -212,7 +235,8 @@ def _findings(flood: Any, scale: Any, probe: Any) -> list[str]:
                 f"sessions at once each printing {g['lines']} flushed lines all finished with every line "
                 f"({g['finished']} of {g['sessions']}, none stuck). Earlier runs lost a third of such a burst: ZMQ's "
                 f"default high-water marks (1000 messages on each side) drop silently on PUB/SUB. The gateway now "
-                f"receives with a 100,000 HWM and the kernel (kernelgw_kernel.launcher) sends with the same.")
+                f"receives with a 100,000 HWM and the kernel (kernelgw_kernel.launcher) sends with the same."
+            )
     return out
 
 
@@ -225,12 +249,14 @@ def _flood_cause(flood: dict[str, Any], ok: bool) -> str:
             f"CPU in cores (of {flood['machine']['cores']}), A idle-phase vs flood-phase: gateway process "
             f"{i['gateway']:.2f} vs {f['gateway']:.2f}, B's kernel {i.get('container:B', 0):.2f} vs "
             f"{f.get('container:B', 0):.2f}, A's kernel {i.get('container:A', 0):.2f} vs "
-            f"{f.get('container:A', 0):.2f}, whole machine {i['machine']:.2f} vs {f['machine']:.2f}. ")
+            f"{f.get('container:A', 0):.2f}, whole machine {i['machine']:.2f} vs {f['machine']:.2f}. "
+        )
     if fl.get("stream_events"):
         parts.append(
             f"B's output reached the gateway as {fl['stream_events']} stream messages of "
             f"{fl['mean_event_bytes'] / 1e6:.1f} MB on average (max {fl['max_event_bytes'] / 1e6:.1f} MB: ipykernel "
-            f"batches a tight print loop per flush interval). ")
+            f"batches a tight print loop per flush interval). "
+        )
     if not ok:
         parts.append(
             "A's cells never queue behind B's (each session has its own queue and fan-out), and the gateway is far "
@@ -239,7 +265,8 @@ def _flood_cause(flood: dict[str, Any], ok: bool) -> str:
             "history store). While that runs, A's few-byte events wait behind it, which shows in the tail more "
             "than in the median. Ways to close it: split "
             "large stream messages into bounded chunks before they are re-encoded, or move decoding/encoding of "
-            "big payloads off the event loop. ")
+            "big payloads off the event loop. "
+        )
     return "".join(parts)
 
 
@@ -263,18 +290,28 @@ def main() -> None:
     md: list[str] = []
     w = md.append
     w("# Benchmarks\n")
-    w(f"Measured {dates[0][:16].replace('T', ' ')} to {dates[-1][:16].replace('T', ' ')} UTC, all in one run of "
-      f"`scripts/bench.sh{' --quick' if quick else ''}` on one machine:\n")
-    w(f"- machine: {m.get('cores')} cores ({m.get('cpu')}), {m.get('ram_gib')} GiB RAM, {m.get('os')}, "
-      f"Linux kernel {m.get('kernel')}")
-    w(f"- Docker {m.get('docker_version')}, runtime {m.get('docker_runtime')}, cgroup v{m.get('cgroup_version')}, "
-      f"{m.get('storage_driver')}")
-    w(f"- image `{m.get('image')}` ({m.get('image_id')}, {m.get('image_size_mb')} MB), Python {m.get('python')} "
-      f"on the host")
+    w(
+        f"Measured {dates[0][:16].replace('T', ' ')} to {dates[-1][:16].replace('T', ' ')} UTC, all in one run of "
+        f"`scripts/bench.sh{' --quick' if quick else ''}` on one machine:\n"
+    )
+    w(
+        f"- machine: {m.get('cores')} cores ({m.get('cpu')}), {m.get('ram_gib')} GiB RAM, {m.get('os')}, "
+        f"Linux kernel {m.get('kernel')}"
+    )
+    w(
+        f"- Docker {m.get('docker_version')}, runtime {m.get('docker_runtime')}, cgroup v{m.get('cgroup_version')}, "
+        f"{m.get('storage_driver')}"
+    )
+    w(
+        f"- image `{m.get('image')}` ({m.get('image_id')}, {m.get('image_size_mb')} MB), Python {m.get('python')} "
+        f"on the host"
+    )
     commit = m.get("kernelgw_commit")
     dirty = m.get("kernelgw_uncommitted") or []
-    w(f"- kernelgw at commit {commit}" + (f" plus uncommitted changes in {', '.join(f'`{p}`' for p in dirty)}"
-                                           if dirty else ""))
+    w(
+        f"- kernelgw at commit {commit}"
+        + (f" plus uncommitted changes in {', '.join(f'`{p}`' for p in dirty)}" if dirty else "")
+    )
     w(f"- llm-sandbox {llmsb} from PyPI (the `bench` extra), Docker backend, the same image\n")
     if quick:
         w("**This is a `--quick` run: small n, percentiles are rough.**\n")
@@ -283,18 +320,24 @@ def main() -> None:
         for when in ("activity_start", "activity_end"):
             a = (x["machine"].get(when) if isinstance(x["machine"], dict) else None) or x.get(when) or {}
             if a.get("pytest_processes") or a.get("other_containers"):
-                busy.append(f"{x.get('benchmark', 'core')} ({when[9:]}: {a.get('pytest_processes')} pytest "
-                            f"processes, {a.get('other_containers')} other containers)")
+                busy.append(
+                    f"{x.get('benchmark', 'core')} ({when[9:]}: {a.get('pytest_processes')} pytest "
+                    f"processes, {a.get('other_containers')} other containers)"
+                )
     if busy:
-        w("**Other work ran on the machine during part of this run** (numbers of those scripts are less "
-          "reliable): " + "; ".join(busy) + ".\n")
-    w("Every script starts its own gateway (`python -m kernelgw serve`, a separate process, as in production) "
-      "and removes everything it started. Rows that are compared with each other were measured interleaved "
-      "(in rounds, or sample by sample) so that drift in the machine's load hits them alike. p50/p95/p99 are "
-      "linear-interpolated percentiles; with n below 100, p99 is close to the maximum. The 'floor' is the fastest "
-      "way to get the same result without kernelgw: raw `jupyter_client` on the same kernel's sockets. Reproduce "
-      "with `scripts/bench.sh` (about 10 minutes; `--quick` for a smoke run); each script also runs alone "
-      "(`.venv/bin/python benchmarks/bench_X.py --help`).\n")
+        w(
+            "**Other work ran on the machine during part of this run** (numbers of those scripts are less "
+            "reliable): " + "; ".join(busy) + ".\n"
+        )
+    w(
+        "Every script starts its own gateway (`python -m kernelgw serve`, a separate process, as in production) "
+        "and removes everything it started. Rows that are compared with each other were measured interleaved "
+        "(in rounds, or sample by sample) so that drift in the machine's load hits them alike. p50/p95/p99 are "
+        "linear-interpolated percentiles; with n below 100, p99 is close to the maximum. The 'floor' is the fastest "
+        "way to get the same result without kernelgw: raw `jupyter_client` on the same kernel's sockets. Reproduce "
+        "with `scripts/bench.sh` (about 10 minutes; `--quick` for a smoke run); each script also runs alone "
+        "(`.venv/bin/python benchmarks/bench_X.py --help`).\n"
+    )
 
     w("## Targets\n")
     tl, why = targets(start, exec_, scale, flood, core)
@@ -312,10 +355,12 @@ def main() -> None:
 
     if start:
         w("## Session start\n")
-        w(f"`benchmarks/bench_start.py`. Time until a sandbox can run code, then until the first `1+1` result. "
-          f"Reference row (ratio column): `{start['reference']}`, the one-container-per-snippet pattern of most "
-          f"tutorials, which pays this on every snippet. kernelgw rows are `POST /v1/sessions` (and a blocking "
-          f"`POST .../execute`); the warm pool is `KERNELGW_POOL_SIZE={start['pool']['size']}`.\n")
+        w(
+            f"`benchmarks/bench_start.py`. Time until a sandbox can run code, then until the first `1+1` result. "
+            f"Reference row (ratio column): `{start['reference']}`, the one-container-per-snippet pattern of most "
+            f"tutorials, which pays this on every snippet. kernelgw rows are `POST /v1/sessions` (and a blocking "
+            f"`POST .../execute`); the warm pool is `KERNELGW_POOL_SIZE={start['pool']['size']}`.\n"
+        )
         w(table(start["rows"], start["reference"], "ref"))
         w(f"\n![session start]({rel(d / 'start.png', out)})\n")
         w("Teardown (not part of the start):\n")
@@ -324,101 +369,135 @@ def main() -> None:
         for note in start.get("llm_sandbox_default_setup", []):
             w(f"- {note['name']}: {note['ms'] / 1000:.1f} s, {note['outcome']}")
         w("")
-        w("llm-sandbox 'open' returns once its container runs (no interpreter is started until `run`); "
-          "kernelgw's create returns once the kernel has answered `kernel_info`, so 'open + first run' is the "
-          "comparable pair.\n")
+        w(
+            "llm-sandbox 'open' returns once its container runs (no interpreter is started until `run`); "
+            "kernelgw's create returns once the kernel has answered `kernel_info`, so 'open + first run' is the "
+            "comparable pair.\n"
+        )
 
     if exec_:
         w("## Execute round trip\n")
-        w("`benchmarks/bench_exec.py`. One session each, started beforehand; each timing ends when the caller "
-          "holds the whole result. kernelgw rows and the floor alternate sample by sample; the llm-sandbox rows "
-          "run in the same rounds. Code: " + "; ".join(f"{k}: `{v['kernel'].splitlines()[-1]}`"
-                                                         for k, v in exec_["code"].items()) +
-          " (the PNG cell draws a 6x4 in line chart at 100 dpi).\n")
+        w(
+            "`benchmarks/bench_exec.py`. One session each, started beforehand; each timing ends when the caller "
+            "holds the whole result. kernelgw rows and the floor alternate sample by sample; the llm-sandbox rows "
+            "run in the same rounds. Code: "
+            + "; ".join(f"{k}: `{v['kernel'].splitlines()[-1]}`" for k, v in exec_["code"].items())
+            + " (the PNG cell draws a 6x4 in line chart at 100 dpi).\n"
+        )
         for wl, rows in exec_["tables"].items():
             size = rows[1].get("output_bytes") or 0
             w(f"**{wl}**" + (f" (output on the client: about {size:,} bytes)\n" if size > 100 else "\n"))
             w(table(rows, exec_["floor"]))
             w("")
         w(f"![execute round trip]({rel(d / 'exec.png', out)})\n")
-        w("- llm-sandbox `run` writes the code to a file in the container (a `docker exec mkdir` plus an archive "
-          "upload) and runs `python file.py` with `docker exec`: a new interpreter per call, and nothing survives "
-          "between calls but files. Its PNG row uses `ArtifactSandboxSession` (which wraps `plt.show()` to save "
-          "figures and reads them back) with `clear_plots=True`.\n"
-          "- llm-sandbox interactive `run` copies a command file into the container and polls for the result "
-          "file with `docker exec test -f` every 0.1 s (its runner polls its command directory at the same "
-          "interval), then copies the result out: the polling sets its floor. Its PNG is saved to a file and "
-          "copied out with `copy_from_runtime`.\n")
+        w(
+            "- llm-sandbox `run` writes the code to a file in the container (a `docker exec mkdir` plus an archive "
+            "upload) and runs `python file.py` with `docker exec`: a new interpreter per call, and nothing survives "
+            "between calls but files. Its PNG row uses `ArtifactSandboxSession` (which wraps `plt.show()` to save "
+            "figures and reads them back) with `clear_plots=True`.\n"
+            "- llm-sandbox interactive `run` copies a command file into the container and polls for the result "
+            "file with `docker exec test -f` every 0.1 s (its runner polls its command directory at the same "
+            "interval), then copies the result out: the polling sets its floor. Its PNG is saved to a file and "
+            "copied out with `copy_from_runtime`.\n"
+        )
 
     if agent:
         w("## A data-analysis agent trace (10 turns)\n")
-        w(f"`benchmarks/bench_agent.py`, {agent['reps']} repetitions, systems interleaved. Turns: "
-          + ", ".join(t["name"] for t in agent["turns"]) +
-          ". Stateful systems send each turn's code once; the stateless llm-sandbox `run` must re-import pandas and "
-          "re-build what earlier turns made (load, clean, aggregate, pivot) in every turn. Every system ends with "
-          f"the same summary line: `{agent['final_summary']}`. kernelgw's start is a cold container (no pool).\n")
+        w(
+            f"`benchmarks/bench_agent.py`, {agent['reps']} repetitions, systems interleaved. Turns: "
+            + ", ".join(t["name"] for t in agent["turns"])
+            + ". Stateful systems send each turn's code once; the stateless llm-sandbox `run` must re-import pandas and "
+            "re-build what earlier turns made (load, clean, aggregate, pivot) in every turn. Every system ends with "
+            f"the same summary line: `{agent['final_summary']}`. kernelgw's start is a cold container (no pool).\n"
+        )
         w(table(agent["rows"], agent["floor"]))
-        w("\nThe floor and kernelgw differ by a few percent either way between runs: the trace is dominated by "
-          "the turns' own work (generating the CSV, the plot), and each turn adds only kernelgw's per-execution "
-          "overhead (1-3 ms over REST with the SDK). With 5 repetitions, p95/p99 are close to the maximum.\n")
+        w(
+            "\nThe floor and kernelgw differ by a few percent either way between runs: the trace is dominated by "
+            "the turns' own work (generating the CSV, the plot), and each turn adds only kernelgw's per-execution "
+            "overhead (1-3 ms over REST with the SDK). With 5 repetitions, p95/p99 are close to the maximum.\n"
+        )
         w("Per turn, p50 ms:\n")
         names = list(agent["per_turn"])
         w("| turn | " + " | ".join(names) + " |")
         w("|---|" + "---:|" * len(names))
         for t in agent["turns"]:
-            w(f"| {t['name']} | " + " | ".join(f"{agent['per_turn'][n][t['name']]['p50_ms']:.0f}" for n in names)
-              + " |")
+            w(
+                f"| {t['name']} | "
+                + " | ".join(f"{agent['per_turn'][n][t['name']]['p50_ms']:.0f}" for n in names)
+                + " |"
+            )
         w(f"\n![agent trace]({rel(d / 'agent.png', out)})\n")
 
     if scale:
         idle, tp = scale["idle"], scale["throughput"]
         cm = idle["container_mib"]
         w("## Scale\n")
-        w(f"`benchmarks/bench_scale.py`: one gateway with `KERNELGW_MAX_SESSIONS={scale['sessions'] + 10}`, "
-          f"`KERNELGW_MEMORY_MB={scale['memory_mb']}` (memory limit per session), no pool, on "
-          f"{m.get('cores')} cores / {m.get('ram_gib')} GiB.\n")
-        w(f"- {idle['alive']} of {scale['sessions']} sessions alive and idle at once, created "
-          f"{scale['args']['create_concurrency']} at a time in {idle['create_seconds']:.0f} s; all deleted in "
-          f"{scale['delete_seconds']:.1f} s, {scale['leftover_containers']} containers left.")
-        w(f"- Gateway RSS: {idle['gateway_rss_mib_before']:.0f} MiB before, {idle['gateway_rss_mib']:.0f} MiB with "
-          f"{scale['sessions']} sessions ({idle['gateway_rss_mib_per_session'] * 1024:.0f} KiB per session), "
-          f"{scale['gateway_rss_mib_after_load']:.0f} MiB after the concurrency test (peak "
-          f"{scale['gateway_vmhwm_mib']:.0f} MiB).")
-        w(f"- Per idle kernel container ({idle['cgroup_source']}): working set {cm['working_set']['mean_mib']:.1f} "
-          f"MiB mean (max {cm['working_set']['max_mib']:.1f}), of which anonymous {cm['rss']['mean_mib']:.1f} MiB; "
-          f"cgroup usage {cm['usage']['mean_mib']:.1f} MiB; tmpfs {cm['shmem']['mean_mib']:.2f} MiB.")
-        w(f"- Outside the cgroup: the containerd-shim of each container, {idle['shim_pss_mib_per_container']:.1f} MiB "
-          f"PSS. Docker daemons: "
-          + ", ".join(f"{k} {idle['daemons_rss_mib_before'].get(k, 0):.0f} -> {v:.0f} MiB"
-                      for k, v in idle["daemons_rss_mib"].items()) + ".")
-        w(f"- **{idle['per_session_mib']:.1f} MiB per idle session** (working set + shim + gateway share) = "
-          f"**{idle['sessions_per_gib']:.1f} sessions per GiB**; by the host's MemAvailable drop "
-          f"({idle['host_memavailable_drop_mib_per_session']:.1f} MiB per session) "
-          f"{idle['sessions_per_gib_host'] or 0:.1f} per GiB. An idle session costs memory only: a busy one uses "
-          f"what its code allocates, up to its limit.")
-        w(f"- Throughput of `1+1` over WebSockets: {tp['alone_exec_per_s']:.0f} executions/s with one session, "
-          f"{tp['concurrent_exec_per_s']:.0f}/s with {scale['busy']} sessions at once "
-          f"({tp['concurrent_exec_per_s'] / tp['alone_exec_per_s']:.1f}x; the other "
-          f"{scale['sessions'] - scale['busy']} idle), client in one asyncio process on the same 2 cores.\n")
+        w(
+            f"`benchmarks/bench_scale.py`: one gateway with `KERNELGW_MAX_SESSIONS={scale['sessions'] + 10}`, "
+            f"`KERNELGW_MEMORY_MB={scale['memory_mb']}` (memory limit per session), no pool, on "
+            f"{m.get('cores')} cores / {m.get('ram_gib')} GiB.\n"
+        )
+        w(
+            f"- {idle['alive']} of {scale['sessions']} sessions alive and idle at once, created "
+            f"{scale['args']['create_concurrency']} at a time in {idle['create_seconds']:.0f} s; all deleted in "
+            f"{scale['delete_seconds']:.1f} s, {scale['leftover_containers']} containers left."
+        )
+        w(
+            f"- Gateway RSS: {idle['gateway_rss_mib_before']:.0f} MiB before, {idle['gateway_rss_mib']:.0f} MiB with "
+            f"{scale['sessions']} sessions ({idle['gateway_rss_mib_per_session'] * 1024:.0f} KiB per session), "
+            f"{scale['gateway_rss_mib_after_load']:.0f} MiB after the concurrency test (peak "
+            f"{scale['gateway_vmhwm_mib']:.0f} MiB)."
+        )
+        w(
+            f"- Per idle kernel container ({idle['cgroup_source']}): working set {cm['working_set']['mean_mib']:.1f} "
+            f"MiB mean (max {cm['working_set']['max_mib']:.1f}), of which anonymous {cm['rss']['mean_mib']:.1f} MiB; "
+            f"cgroup usage {cm['usage']['mean_mib']:.1f} MiB; tmpfs {cm['shmem']['mean_mib']:.2f} MiB."
+        )
+        w(
+            f"- Outside the cgroup: the containerd-shim of each container, {idle['shim_pss_mib_per_container']:.1f} MiB "
+            f"PSS. Docker daemons: "
+            + ", ".join(
+                f"{k} {idle['daemons_rss_mib_before'].get(k, 0):.0f} -> {v:.0f} MiB"
+                for k, v in idle["daemons_rss_mib"].items()
+            )
+            + "."
+        )
+        w(
+            f"- **{idle['per_session_mib']:.1f} MiB per idle session** (working set + shim + gateway share) = "
+            f"**{idle['sessions_per_gib']:.1f} sessions per GiB**; by the host's MemAvailable drop "
+            f"({idle['host_memavailable_drop_mib_per_session']:.1f} MiB per session) "
+            f"{idle['sessions_per_gib_host'] or 0:.1f} per GiB. An idle session costs memory only: a busy one uses "
+            f"what its code allocates, up to its limit."
+        )
+        w(
+            f"- Throughput of `1+1` over WebSockets: {tp['alone_exec_per_s']:.0f} executions/s with one session, "
+            f"{tp['concurrent_exec_per_s']:.0f}/s with {scale['busy']} sessions at once "
+            f"({tp['concurrent_exec_per_s'] / tp['alone_exec_per_s']:.1f}x; the other "
+            f"{scale['sessions'] - scale['busy']} idle), client in one asyncio process on the same 2 cores.\n"
+        )
         w(table(scale["rows"], scale["rows"][0]["name"]))
         w(f"\n![scale]({rel(d / 'scale.png', out)})\n")
 
     if flood:
         w("## Output flood isolation\n")
-        w(f"`benchmarks/bench_flood.py`: `1+1` in session A (WebSocket and raw floor alternating) while session B "
-          f"prints {flood['flood']['mb_per_execution']} MB per cell back to back to a WebSocket reader in another "
-          f"process; baseline and flood phases alternate over {flood.get('rounds')} rounds of {flood.get('n_per_phase_round')} samples per transport. The gateway's "
-          f"output cap was raised to 64 MiB so that all of B's output flows through it.\n")
+        w(
+            f"`benchmarks/bench_flood.py`: `1+1` in session A (WebSocket and raw floor alternating) while session B "
+            f"prints {flood['flood']['mb_per_execution']} MB per cell back to back to a WebSocket reader in another "
+            f"process; baseline and flood phases alternate over {flood.get('rounds')} rounds of {flood.get('n_per_phase_round')} samples per transport. The gateway's "
+            f"output cap was raised to 64 MiB so that all of B's output flows through it.\n"
+        )
         w(table(flood["rows"], flood["floor"]))
         w(f"\n![flood]({rel(d / 'flood.png', out)})\n")
 
     security = load(d, "security")
     if security:
         w("## What security costs (bench_security.py)\n")
-        w("`benchmarks/bench_security.py`: four gateways in their own processes (open; an API key on every "
-          "request; a key plus a code policy denying imports, calls and shell escapes; kernels under gVisor), "
-          "`1+1` over REST and the WebSocket on each, interleaved in rounds, and cold session starts on runc and "
-          "runsc. Floors: the open gateway, and runc.\n")
+        w(
+            "`benchmarks/bench_security.py`: four gateways in their own processes (open; an API key on every "
+            "request; a key plus a code policy denying imports, calls and shell escapes; kernels under gVisor), "
+            "`1+1` over REST and the WebSocket on each, interleaved in rounds, and cold session starts on runc and "
+            "runsc. Floors: the open gateway, and runc.\n"
+        )
         w(table(security["rest"], "REST 1+1, open", "open"))
         w("")
         w(table(security["websocket"], "WS 1+1, open", "open"))
@@ -433,36 +512,50 @@ def main() -> None:
         w(f"\n![core]({rel(d / 'core.png', out)})\n")
 
     w("## Fairness and caveats\n")
-    w("- **Isolation differs.** kernelgw sessions run with network none, a read-only root file system, tmpfs "
-      "`/tmp` and `/workspace`, uid 1000, `cap_drop=ALL`, `no-new-privileges`, memory (no swap), CPU and pids "
-      "limits, tini as PID 1. The llm-sandbox containers got network none, the same memory/CPU/pids limits and "
-      "tini (`init`, so that `close` does not wait Docker's 10 s stop timeout), but run as root with a writable "
-      "root file system and default capabilities: llm-sandbox writes its code files into `/sandbox` and runs as "
-      "root by default. `docker run` rows use `--network none` and nothing else. Stricter settings cost kernelgw "
-      "a little at container start (tmpfs mounts), if anything.")
-    w("- **llm-sandbox needed configuration to work offline here.** Its default environment setup makes a venv "
-      "(`python -m venv --system-site-packages`) and runs `pip install --upgrade pip`; without network pip fails "
-      "after its retries, and the venv sits on the image's base interpreter, which cannot see the packages in "
-      "`/opt/kernel` (see the Session start notes for the measured outcome). So the stateless rows use "
-      "`skip_environment_setup=True` (documented for pre-built images), which runs `python` from the image's PATH "
-      "(`/opt/kernel/bin/python`). Its interactive mode needs that venv for `pip install ipython` and its runner; "
-      "it fails offline with the default setup, so the benchmark skips the setup and points the venv path at "
-      "`/opt/kernel` with a symlink (one `docker exec`, included in the timings); pip then finds IPython already "
-      "installed. Image `CMD` is replaced by `sleep infinity` (our image's CMD starts a Jupyter kernel). "
-      "`MPLBACKEND=Agg` is set for llm-sandbox.")
-    w("- **Same machine for everything.** The clients, the gateway, the Docker engine and the kernels share 2 "
-      "cores; concurrency and flood results include that contention (the raw floor shows how much).")
-    w("- **What the floor is.** Raw jupyter_client is a Python asyncio client, the same library the gateway uses "
-      "to talk to kernels; a leaner client could go lower. The floor never pays for other transports' messages "
-      "(queued iopub messages are drained before each timed sample).")
-    w("- **kernelgw's REST rows** use httpx's AsyncClient (keep-alive); the SDK rows use the sync SDK "
-      "(`Client.run`, httpx sync), which also parses every event into pydantic models.")
-    w("- **Memory.** Container memory comes from the cgroup (page cache of files the kernel read counts as "
-      "usage; inactive file pages are excluded from the working set, as `docker stats` does). The host "
-      "MemAvailable drop is a cross-check that includes everything (shims, engine bookkeeping, page cache), and "
-      "is noisier.")
-    w("- **Not measured:** gVisor (`runsc`), other llm-sandbox backends (Podman, Kubernetes), llm-sandbox's own "
-      "container pool, many gateways.\n")
+    w(
+        "- **Isolation differs.** kernelgw sessions run with network none, a read-only root file system, tmpfs "
+        "`/tmp` and `/workspace`, uid 1000, `cap_drop=ALL`, `no-new-privileges`, memory (no swap), CPU and pids "
+        "limits, tini as PID 1. The llm-sandbox containers got network none, the same memory/CPU/pids limits and "
+        "tini (`init`, so that `close` does not wait Docker's 10 s stop timeout), but run as root with a writable "
+        "root file system and default capabilities: llm-sandbox writes its code files into `/sandbox` and runs as "
+        "root by default. `docker run` rows use `--network none` and nothing else. Stricter settings cost kernelgw "
+        "a little at container start (tmpfs mounts), if anything."
+    )
+    w(
+        "- **llm-sandbox needed configuration to work offline here.** Its default environment setup makes a venv "
+        "(`python -m venv --system-site-packages`) and runs `pip install --upgrade pip`; without network pip fails "
+        "after its retries, and the venv sits on the image's base interpreter, which cannot see the packages in "
+        "`/opt/kernel` (see the Session start notes for the measured outcome). So the stateless rows use "
+        "`skip_environment_setup=True` (documented for pre-built images), which runs `python` from the image's PATH "
+        "(`/opt/kernel/bin/python`). Its interactive mode needs that venv for `pip install ipython` and its runner; "
+        "it fails offline with the default setup, so the benchmark skips the setup and points the venv path at "
+        "`/opt/kernel` with a symlink (one `docker exec`, included in the timings); pip then finds IPython already "
+        "installed. Image `CMD` is replaced by `sleep infinity` (our image's CMD starts a Jupyter kernel). "
+        "`MPLBACKEND=Agg` is set for llm-sandbox."
+    )
+    w(
+        "- **Same machine for everything.** The clients, the gateway, the Docker engine and the kernels share 2 "
+        "cores; concurrency and flood results include that contention (the raw floor shows how much)."
+    )
+    w(
+        "- **What the floor is.** Raw jupyter_client is a Python asyncio client, the same library the gateway uses "
+        "to talk to kernels; a leaner client could go lower. The floor never pays for other transports' messages "
+        "(queued iopub messages are drained before each timed sample)."
+    )
+    w(
+        "- **kernelgw's REST rows** use httpx's AsyncClient (keep-alive); the SDK rows use the sync SDK "
+        "(`Client.run`, httpx sync), which also parses every event into pydantic models."
+    )
+    w(
+        "- **Memory.** Container memory comes from the cgroup (page cache of files the kernel read counts as "
+        "usage; inactive file pages are excluded from the working set, as `docker stats` does). The host "
+        "MemAvailable drop is a cross-check that includes everything (shims, engine bookkeeping, page cache), and "
+        "is noisier."
+    )
+    w(
+        "- **Not measured:** gVisor (`runsc`), other llm-sandbox backends (Podman, Kubernetes), llm-sandbox's own "
+        "container pool, many gateways.\n"
+    )
 
     out.write_text("\n".join(md))
     print(f"wrote {out}")

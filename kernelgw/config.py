@@ -212,13 +212,12 @@ class Settings(BaseSettings):
         # <runtime_dir>/<12-char id>/k-<port> must fit in sun_path (108 bytes incl. NUL)
         if len(str(v)) > 80:
             raise ValueError(
-                f"runtime_dir {str(v)!r} is too long for unix socket paths; "
-                "use a path of at most 80 characters"
+                f"runtime_dir {str(v)!r} is too long for unix socket paths; use a path of at most 80 characters"
             )
         return v
 
     @model_validator(mode="after")
-    def _defaults_within_maximums(self) -> "Settings":
+    def _defaults_within_maximums(self) -> Settings:
         if self.memory_mb > self.max_memory_mb:
             raise ValueError("memory_mb must not exceed max_memory_mb")
         if self.cpus > self.max_cpus:
@@ -228,7 +227,7 @@ class Settings(BaseSettings):
         return self
 
     @classmethod
-    def load(cls, config_file: Path | None = None, **overrides: Any) -> "Settings":
+    def load(cls, config_file: Path | None = None, **overrides: Any) -> Settings:
         """Settings from a JSON/TOML file, then env vars, then explicit overrides."""
         data: dict[str, Any] = {}
         if config_file is not None:

@@ -1,30 +1,30 @@
 """Exceptions, one root, each mapped to an HTTP status at the API boundary.
 
-    KernelGWError
-    ├── BadRequest                 400
-    │   ├── LimitExceeded          400  (asked for more than the gateway allows)
-    │   ├── InvalidPath            400  (workspace path: absolute, .., NUL, symlink, ...)
-    │   ├── PackageNotAllowed      400  (not on the gateway's package allowlist)
-    │   └── PolicyViolation        400  (the code policy refused a cell; names the rule)
-    ├── Unauthorized               401  (missing, malformed, unknown or revoked key/token)
-    ├── Forbidden                  403  (an admin-only endpoint, asked by a user key)
-    ├── PayloadTooLarge            413
-    │   └── QuotaExceeded          413  (per-file or workspace quota, or tmpfs full)
-    ├── FileNotFoundInWorkspace    404
-    ├── PackageUnavailable         422  (allowed, but no wheel fits / resolution failed)
-    ├── PackageInstallFailed       500  (pip failed inside the container)
-    ├── SessionNotFound            404
-    ├── HistoryNotFound            404  (no stored history for that session id)
-    ├── SessionBusy                409
-    ├── SessionLimitReached        429
-    ├── RateLimited                429  (executions per minute; carries Retry-After)
-    ├── KernelDied                 409  (the kernel is gone; restart the session)
-    ├── BackendError               503
-    │   ├── EngineUnavailable      503  (Docker engine not answering)
-    │   ├── ImageNotFound          503
-    │   └── KernelStartFailed      503
-    ├── StorageUnavailable         503  (the history database does not answer)
-    └── ClientError                (SDK side) an HTTP error answer from a gateway
+KernelGWError
+├── BadRequest                 400
+│   ├── LimitExceeded          400  (asked for more than the gateway allows)
+│   ├── InvalidPath            400  (workspace path: absolute, .., NUL, symlink, ...)
+│   ├── PackageNotAllowed      400  (not on the gateway's package allowlist)
+│   └── PolicyViolation        400  (the code policy refused a cell; names the rule)
+├── Unauthorized               401  (missing, malformed, unknown or revoked key/token)
+├── Forbidden                  403  (an admin-only endpoint, asked by a user key)
+├── PayloadTooLarge            413
+│   └── QuotaExceeded          413  (per-file or workspace quota, or tmpfs full)
+├── FileNotFoundInWorkspace    404
+├── PackageUnavailable         422  (allowed, but no wheel fits / resolution failed)
+├── PackageInstallFailed       500  (pip failed inside the container)
+├── SessionNotFound            404
+├── HistoryNotFound            404  (no stored history for that session id)
+├── SessionBusy                409
+├── SessionLimitReached        429
+├── RateLimited                429  (executions per minute; carries Retry-After)
+├── KernelDied                 409  (the kernel is gone; restart the session)
+├── BackendError               503
+│   ├── EngineUnavailable      503  (Docker engine not answering)
+│   ├── ImageNotFound          503
+│   └── KernelStartFailed      503
+├── StorageUnavailable         503  (the history database does not answer)
+└── ClientError                (SDK side) an HTTP error answer from a gateway
 """
 
 from __future__ import annotations

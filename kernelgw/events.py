@@ -18,7 +18,7 @@ The kernel-output shapes map one to one onto nbformat v4 output types
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -147,20 +147,18 @@ class ProtocolError(_Event):
 
 
 Event = Annotated[
-    Union[
-        Queued,
-        Status,
-        Stream,
-        Display,
-        UpdateDisplay,
-        Result,
-        ClearOutput,
-        Error,
-        Truncated,
-        Done,
-        Gap,
-        ProtocolError,
-    ],
+    Queued
+    | Status
+    | Stream
+    | Display
+    | UpdateDisplay
+    | Result
+    | ClearOutput
+    | Error
+    | Truncated
+    | Done
+    | Gap
+    | ProtocolError,
     Field(discriminator="type"),
 ]
 

@@ -36,7 +36,7 @@ class KeyQuotas:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "KeyQuotas":
+    def from_dict(cls, data: dict[str, Any]) -> KeyQuotas:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kernelgw.events import DoneStatus, Event
-
 
 MAX_ENV_VARS = 100
 MAX_ENV_BYTES = 64 * 1024
@@ -52,7 +51,7 @@ class CreateSession(_Body):
         return env
 
     @model_validator(mode="after")
-    def _one_source(self) -> "CreateSession":
+    def _one_source(self) -> CreateSession:
         if self.notebook is not None and self.from_session is not None:
             raise ValueError("give either notebook or from_session, not both")
         return self
@@ -96,8 +95,9 @@ class ReplayedCell(BaseModel):
 
 class CreatedSession(SessionInfo):
     replay: list[ReplayedCell] | None = Field(
-        None, description="Restores only: one entry per code cell, in order. A failing cell does not stop "
-        "the replay; a cell that loses the kernel's state (died, or restarted after a timeout) does."
+        None,
+        description="Restores only: one entry per code cell, in order. A failing cell does not stop "
+        "the replay; a cell that loses the kernel's state (died, or restarted after a timeout) does.",
     )
 
 
@@ -191,7 +191,7 @@ class WsInterrupt(_Body):
     type: Literal["interrupt"]
 
 
-WsMessage = Annotated[Union[WsExecute, WsInterrupt], Field(discriminator="type")]
+WsMessage = Annotated[WsExecute | WsInterrupt, Field(discriminator="type")]
 
 
 # ---------------------------------------------------------------- auth and keys

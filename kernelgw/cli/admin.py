@@ -12,7 +12,7 @@ import json
 import re
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -75,9 +75,15 @@ def keys() -> None:
 @click.option("--admin", is_flag=True, help="An admin key: sees and ends every session, manages keys.")
 @click.option("--max-sessions", type=click.IntRange(min=1), default=None, help="Sessions it may hold at once.")
 @click.option("--max-memory-mb", type=click.IntRange(min=64), default=None, help="Most memory a session may ask for.")
-@click.option("--max-cpus", type=click.FloatRange(min=0, min_open=True), default=None, help="Most CPUs a session may ask for.")
-@click.option("--max-timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Longest execution timeout (s).")
-@click.option("--executions-per-minute", type=click.IntRange(min=1), default=None, help="Executions it may start per minute.")
+@click.option(
+    "--max-cpus", type=click.FloatRange(min=0, min_open=True), default=None, help="Most CPUs a session may ask for."
+)
+@click.option(
+    "--max-timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Longest execution timeout (s)."
+)
+@click.option(
+    "--executions-per-minute", type=click.IntRange(min=1), default=None, help="Executions it may start per minute."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the key and its record as JSON.")
 @config_option
 def create_key(
@@ -103,7 +109,10 @@ def create_key(
         await audit.write_now(
             store,
             audit.AuditRecord(
-                at=datetime.now(timezone.utc), kind="key_created", key_id=key.id, detail=f"name={name!r} role={key.role} by=cli"
+                at=datetime.now(UTC),
+                kind="key_created",
+                key_id=key.id,
+                detail=f"name={name!r} role={key.role} by=cli",
             ),
         )
         return key, text
@@ -173,7 +182,7 @@ def revoke_key(key_id: str, config_file: Path | None) -> None:
             await audit.write_now(
                 store,
                 audit.AuditRecord(
-                    at=datetime.now(timezone.utc), kind="key_revoked", key_id=key.id, detail=f"name={key.name!r} by=cli"
+                    at=datetime.now(UTC), kind="key_revoked", key_id=key.id, detail=f"name={key.name!r} by=cli"
                 ),
             )
         return key
@@ -191,7 +200,7 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks
 
 def parse_when(text: str, now: datetime | None = None) -> datetime:
     """``30m``, ``2h``, ``7d`` (ago) or an ISO 8601 time (UTC unless it says)."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     m = _AGO.match(text.strip())
     if m:
         return now - timedelta(**{_UNITS[m.group(2)]: float(m.group(1))})
@@ -199,7 +208,7 @@ def parse_when(text: str, now: datetime | None = None) -> datetime:
         value = datetime.fromisoformat(text.strip())
     except ValueError:
         raise click.BadParameter(f"{text!r}: use e.g. 30m, 2h, 7d or 2026-11-22T10:00") from None
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 @click.command()

@@ -1,14 +1,14 @@
 """The ``kernelgw`` command: run a gateway, build the kernel image, run code.
 
-    kernelgw serve [--host H] [--port P] [--config FILE] [--log-format json|text]
-                   [--insecure-allow-remote]
-    kernelgw keys create NAME [--admin] [--max-sessions N] ... | keys list | keys revoke ID
-    kernelgw audit [--since 2h] [--key ID] [--session ID] [--kind K] [--json]
-    kernelgw image build [--tag T] [--base auto|debootstrap|IMAGE] [--force]
-    kernelgw run [CODE | -] [--server URL] [--session ID] [--timeout S]
-                 [--save-images DIR] [--keep] [--upload FILE ...] [--save-artifacts DIR]
-    kernelgw export SESSION [-o OUT.ipynb] [--server URL]
-    kernelgw mcp [--server URL] [--transport stdio|http] [--host H] [--port P]
+kernelgw serve [--host H] [--port P] [--config FILE] [--log-format json|text]
+               [--insecure-allow-remote]
+kernelgw keys create NAME [--admin] [--max-sessions N] ... | keys list | keys revoke ID
+kernelgw audit [--since 2h] [--key ID] [--session ID] [--kind K] [--json]
+kernelgw image build [--tag T] [--base auto|debootstrap|IMAGE] [--force]
+kernelgw run [CODE | -] [--server URL] [--session ID] [--timeout S]
+             [--save-images DIR] [--keep] [--upload FILE ...] [--save-artifacts DIR]
+kernelgw export SESSION [-o OUT.ipynb] [--server URL]
+kernelgw mcp [--server URL] [--transport stdio|http] [--host H] [--port P]
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def serve(
     from pydantic import ValidationError
 
     from kernelgw import logs
-    from kernelgw.server.app import create_app
     from kernelgw.config import Settings
+    from kernelgw.server.app import create_app
 
     overrides: dict[str, Any] = {}
     if host is not None:
@@ -370,7 +370,7 @@ def _describe(exc: BaseException, server: str) -> str:
 def _quiet_delete(session: Any) -> None:
     try:
         session.delete(missing_ok=True)
-    except Exception as exc:  # noqa: BLE001 - cleanup must not hide the real outcome
+    except Exception as exc:
         click.echo(f"kernelgw: could not delete session {session.id}: {exc}", err=True)
 
 

@@ -23,7 +23,7 @@ import base64
 import binascii
 import html
 from collections.abc import Iterable, Mapping
-from typing import Any, Union
+from typing import Any
 
 from kernelgw.errors import KernelGWError
 from kernelgw.events import (
@@ -44,7 +44,7 @@ from kernelgw.events import (
 
 __all__ = ["Execution", "ExecutionBuilder", "ExecutionError", "Output"]
 
-Output = Union[Stream, Display, Result, Error]
+Output = Stream | Display | Result | Error
 """One output as a notebook shows it (nbformat: stream, display_data,
 execute_result, error)."""
 
@@ -160,11 +160,7 @@ class ExecutionBuilder:
                 self._outputs.clear()
                 self._clear_on_next_output = False
             last = self._outputs[-1] if self._outputs else None
-            if (
-                isinstance(event, Stream)
-                and isinstance(last, Stream)
-                and last.name == event.name
-            ):
+            if isinstance(event, Stream) and isinstance(last, Stream) and last.name == event.name:
                 # Consecutive stream chunks show as one output, as in nbformat.
                 self._outputs[-1] = last.model_copy(update={"text": last.text + event.text})
             else:
@@ -175,9 +171,7 @@ class ExecutionBuilder:
 
     def build(self) -> Execution:
         """A snapshot of what arrived so far (complete once `finished`)."""
-        return Execution._from_parts(
-            tuple(self._events), tuple(self._outputs), self.done, self.execution_id
-        )
+        return Execution._from_parts(tuple(self._events), tuple(self._outputs), self.done, self.execution_id)
 
 
 class Execution:
@@ -190,7 +184,7 @@ class Execution:
     your notebook).
     """
 
-    __slots__ = ("_events", "_outputs", "_done", "_execution_id")
+    __slots__ = ("_done", "_events", "_execution_id", "_outputs")
 
     def __init__(
         self,

@@ -38,20 +38,20 @@ from websockets.asyncio.client import connect as _aconnect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as _connect
 
+from kernelgw.client.execution import Execution
 from kernelgw.errors import ClientError
 from kernelgw.events import Done, Event, Gap, ProtocolError, parse_event
-from kernelgw.client.execution import Execution
 from kernelgw.runtime.packages import ImageList, InstallResult
 from kernelgw.runtime.workspace import FileEntry, FileList, UploadResult
 
 __all__ = [
+    "DEFAULT_URL",
     "AsyncClient",
     "AsyncSession",
     "Client",
     "ReplayedCell",
     "Session",
     "SessionInfo",
-    "DEFAULT_URL",
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -180,9 +180,7 @@ def error_from_response(status_code: int, content: bytes | str, reason: str = ""
         detail = body["detail"]
         if isinstance(detail, list):  # pydantic validation errors
             message = "; ".join(
-                f"{'.'.join(str(p) for p in d.get('loc', ()))}: {d.get('msg', '')}"
-                if isinstance(d, dict)
-                else str(d)
+                f"{'.'.join(str(p) for p in d.get('loc', ()))}: {d.get('msg', '')}" if isinstance(d, dict) else str(d)
                 for d in detail
             )
         else:
@@ -390,9 +388,7 @@ class _SessionBase(Generic[C]):
         self.last_info = SessionInfo.model_validate(response.json())
         return self.last_info
 
-    def _execute_call(
-        self, code: str, timeout: float | None, execution_id: str | None
-    ) -> _Call[Execution]:
+    def _execute_call(self, code: str, timeout: float | None, execution_id: str | None) -> _Call[Execution]:
         body: dict[str, Any] = {"code": code}
         if timeout is not None:
             body["timeout"] = timeout
@@ -435,9 +431,7 @@ class _SessionBase(Generic[C]):
         return _notebook_call(self.id, path)
 
     def _note_call(self, markdown: str) -> _Call[dict[str, Any]]:
-        return _Call(
-            "POST", _session_path(self.id, "/notes"), lambda r: r.json(), json={"markdown": markdown}
-        )
+        return _Call("POST", _session_path(self.id, "/notes"), lambda r: r.json(), json={"markdown": markdown})
 
     def _history_call(self) -> _Call[list[Execution]]:
         return _history_call(self.id)
@@ -531,9 +525,7 @@ class _StreamState:
     with an event, so a reconnect never runs the code twice.
     """
 
-    def __init__(
-        self, client: _BaseClient, session_id: str, code: str, timeout: float | None
-    ) -> None:
+    def __init__(self, client: _BaseClient, session_id: str, code: str, timeout: float | None) -> None:
         self._client = client
         self.session_id = session_id
         self.execution_id = uuid.uuid4().hex
@@ -628,9 +620,7 @@ class Session(_SessionBase["Client"]):
     def info(self) -> SessionInfo:
         return self._client._send(self._info_call())
 
-    def run(
-        self, code: str, *, timeout: float | None = None, execution_id: str | None = None
-    ) -> Execution:
+    def run(self, code: str, *, timeout: float | None = None, execution_id: str | None = None) -> Execution:
         """Run ``code`` and wait for it; errors in the code do not raise (see
         `Execution.raise_for_error`)."""
         return self._client._send(self._execute_call(code, timeout, execution_id))
@@ -754,8 +744,13 @@ class Client(_BaseClient):
 
     def _send(self, call: _Call[T]) -> T:
         response = self._http.request(
-            call.method, self._url(call.path), json=call.json, timeout=call.timeout,
-            content=call.content, params=call.params, headers=call.headers,
+            call.method,
+            self._url(call.path),
+            json=call.json,
+            timeout=call.timeout,
+            content=call.content,
+            params=call.params,
+            headers=call.headers,
         )
         return call.finish(response)
 
@@ -777,8 +772,13 @@ class Client(_BaseClient):
         new kernel first; ``session.replay`` says how each cell fared."""
         return self._send(
             self._create_call(
-                memory_mb=memory_mb, cpus=cpus, env=env, image=image, timeout=timeout,
-                notebook=notebook, from_session=from_session,
+                memory_mb=memory_mb,
+                cpus=cpus,
+                env=env,
+                image=image,
+                timeout=timeout,
+                notebook=notebook,
+                from_session=from_session,
             )
         )
 
@@ -796,8 +796,13 @@ class Client(_BaseClient):
     ) -> Iterator[Session]:
         """A new session, deleted when the ``with`` block ends."""
         with self.create_session(
-            memory_mb=memory_mb, cpus=cpus, env=env, image=image, timeout=timeout,
-            notebook=notebook, from_session=from_session,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            env=env,
+            image=image,
+            timeout=timeout,
+            notebook=notebook,
+            from_session=from_session,
         ) as session:
             yield session
 
@@ -842,9 +847,7 @@ class AsyncSession(_SessionBase["AsyncClient"]):
     async def info(self) -> SessionInfo:
         return await self._client._send(self._info_call())
 
-    async def run(
-        self, code: str, *, timeout: float | None = None, execution_id: str | None = None
-    ) -> Execution:
+    async def run(self, code: str, *, timeout: float | None = None, execution_id: str | None = None) -> Execution:
         return await self._client._send(self._execute_call(code, timeout, execution_id))
 
     async def stream(self, code: str, *, timeout: float | None = None) -> AsyncIterator[Event]:
@@ -948,8 +951,13 @@ class AsyncClient(_BaseClient):
 
     async def _send(self, call: _Call[T]) -> T:
         response = await self._http.request(
-            call.method, self._url(call.path), json=call.json, timeout=call.timeout,
-            content=call.content, params=call.params, headers=call.headers,
+            call.method,
+            self._url(call.path),
+            json=call.json,
+            timeout=call.timeout,
+            content=call.content,
+            params=call.params,
+            headers=call.headers,
         )
         return call.finish(response)
 
@@ -966,8 +974,13 @@ class AsyncClient(_BaseClient):
     ) -> AsyncSession:
         return await self._send(
             self._create_call(
-                memory_mb=memory_mb, cpus=cpus, env=env, image=image, timeout=timeout,
-                notebook=notebook, from_session=from_session,
+                memory_mb=memory_mb,
+                cpus=cpus,
+                env=env,
+                image=image,
+                timeout=timeout,
+                notebook=notebook,
+                from_session=from_session,
             )
         )
 
@@ -984,8 +997,13 @@ class AsyncClient(_BaseClient):
         from_session: str | None = None,
     ) -> AsyncIterator[AsyncSession]:
         async with await self.create_session(
-            memory_mb=memory_mb, cpus=cpus, env=env, image=image, timeout=timeout,
-            notebook=notebook, from_session=from_session,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            env=env,
+            image=image,
+            timeout=timeout,
+            notebook=notebook,
+            from_session=from_session,
         ) as session:
             yield session
 
@@ -995,9 +1013,7 @@ class AsyncClient(_BaseClient):
     async def list_sessions(self) -> list[AsyncSession]:
         return await self._send(self._list_call())
 
-    async def export_notebook(
-        self, session_id: str, path: str | os.PathLike[str] | None = None
-    ) -> dict[str, Any]:
+    async def export_notebook(self, session_id: str, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         return await self._send(_notebook_call(session_id, path))
 
     async def history(self, session_id: str) -> list[Execution]:

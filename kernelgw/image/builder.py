@@ -159,9 +159,7 @@ def _pick_mirror(entries: Iterable[tuple[str, list[str]]], suite: str) -> str | 
     candidates = [
         (uri, suites)
         for uri, suites in entries
-        if _usable_uri(uri)
-        and not uri.rstrip("/").endswith("-security")
-        and not any("security" in s for s in suites)
+        if _usable_uri(uri) and not uri.rstrip("/").endswith("-security") and not any("security" in s for s in suites)
     ]
     for uri, suites in candidates:
         if suite in suites:
@@ -292,8 +290,7 @@ def _client() -> docker.DockerClient:
         client.ping()
     except docker.errors.DockerException as exc:
         raise EngineUnavailable(
-            f"The Docker engine is not answering ({exc}). Start it "
-            "(scripts/ensure-docker.sh does) and try again."
+            f"The Docker engine is not answering ({exc}). Start it (scripts/ensure-docker.sh does) and try again."
         ) from exc
     return client
 
@@ -516,9 +513,7 @@ _PROBE = (
 def probe_base(client: docker.DockerClient, base: str) -> dict[str, Any]:
     """Python version, machine and libc of ``base`` (runs it, no network)."""
     try:
-        out = client.containers.run(
-            base, ["python3", "-c", _PROBE], remove=True, network_mode="none", stderr=True
-        )
+        out = client.containers.run(base, ["python3", "-c", _PROBE], remove=True, network_mode="none", stderr=True)
     except (docker.errors.ContainerError, docker.errors.APIError) as exc:
         raise BaseImageError(f"Could not run python3 in the base image {base!r}: {exc}") from exc
     text = out.decode(errors="replace").strip().splitlines()
@@ -595,9 +590,7 @@ def download_wheels(
     proc = subprocess.run(base_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         first = proc.stdout
-        offline = subprocess.run(
-            [*base_cmd, "--no-index"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        offline = subprocess.run([*base_cmd, "--no-index"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if offline.returncode != 0:
             tail = "\n".join(first.splitlines()[-_LOG_TAIL_LINES:])
             raise WheelDownloadError(
@@ -754,20 +747,14 @@ def build_image(
                 previous = labels.get("kernelgw.base")
                 if previous in candidates.get(base, (base,)):
                     prev_image = _get_image(client, previous)
-                    if prev_image is not None and labels.get(HASH_LABEL) == compute_build_hash(
-                        files, prev_image.id
-                    ):
+                    if prev_image is not None and labels.get(HASH_LABEL) == compute_build_hash(files, prev_image.id):
                         seconds = time.monotonic() - t_start
                         _say(console, f"{tag} is up to date ({existing.short_id}, base {previous})")
                         return ImageBuildResult(tag, existing.id, False, previous, seconds)
 
             base_name, base_image = resolve_base(client, base, console, timings)
             build_hash = compute_build_hash(files, base_image.id)
-            if (
-                existing is not None
-                and not force
-                and (existing.labels or {}).get(HASH_LABEL) == build_hash
-            ):
+            if existing is not None and not force and (existing.labels or {}).get(HASH_LABEL) == build_hash:
                 seconds = time.monotonic() - t_start
                 _say(console, f"{tag} is up to date ({existing.short_id}, base {base_name})")
                 return ImageBuildResult(tag, existing.id, False, base_name, seconds, tuple(timings))
@@ -807,7 +794,7 @@ def build_image(
                     "kernelgw.base-id": base_image.id,
                     "kernelgw.python": pyver,
                     "kernelgw.machine": machine,
-                    "kernelgw.glibc": "%d.%d" % info["glibc"],
+                    "kernelgw.glibc": "{}.{}".format(*info["glibc"]),
                     "kernelgw.packages": json.dumps(packages_from_wheels(wheels), separators=(",", ":")),
                 }
                 t0 = time.monotonic()

@@ -26,6 +26,5 @@ def require(module: str, extra: str, feature: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ImportError(
-            f"{feature} needs the '{module}' package, which is not installed: "
-            f"pip install 'kernelgw[{extra}]'"
+            f"{feature} needs the '{module}' package, which is not installed: pip install 'kernelgw[{extra}]'"
         ) from exc

@@ -240,15 +240,12 @@ class KernelGWTool(BaseTool):
             self._sync_sessions.pop(key, None)
         return True
 
-    def _answer(
-        self, session_id: str, observation: Observation, note: str | None = None
-    ) -> tuple[Any, dict[str, Any]]:
+    def _answer(self, session_id: str, observation: Observation, note: str | None = None) -> tuple[Any, dict[str, Any]]:
         artifact = observation.artifact(session_id=session_id)
         text = f"{note}\n{observation.text}" if note else observation.text
         if self.images_in_content and observation.images:
             content: Any = [{"type": "text", "text": text}] + [
-                {"type": "image", "base64": image.data, "mime_type": image.mime_type}
-                for image in observation.images
+                {"type": "image", "base64": image.data, "mime_type": image.mime_type} for image in observation.images
             ]
             return content, artifact
         return text, artifact

@@ -187,7 +187,7 @@ class SandboxRegistry:
             with anyio.CancelScope(shield=True), anyio.move_on_after(30):
                 await sandbox.session.delete(missing_ok=True)
             log.info("sandbox %s deleted", sandbox_id)
-        except Exception as exc:  # noqa: BLE001 - the gateway's idle reaper is the backstop
+        except Exception as exc:
             log.warning("could not delete sandbox %s: %s", sandbox_id, exc)
 
     def forget(self, sandbox_id: str) -> None:
@@ -428,9 +428,7 @@ def create_server(
         recursive: bool = False,
         sandbox_id: SandboxId = None,
     ) -> CallToolResult:
-        sandbox, entries, note = await use(
-            ctx, sandbox_id, lambda s: s.files(path, recursive=recursive), create=False
-        )
+        sandbox, entries, note = await use(ctx, sandbox_id, lambda s: s.files(path, recursive=recursive), create=False)
         if not entries:
             return _result(sandbox, [_text(_noted(note, f"{path or 'the working directory'} is empty"))])
         lines = [
@@ -470,7 +468,7 @@ def create_server(
         structured_output=False,
     )
     async def reset_session(ctx: Context[Any, Any], sandbox_id: SandboxId = None) -> CallToolResult:
-        sandbox, _, note = await use(ctx, sandbox_id, lambda s: s.restart(), create=False)
+        sandbox, _, _note = await use(ctx, sandbox_id, lambda s: s.restart(), create=False)
         return _result(sandbox, [_text("The kernel was restarted: variables, imports and files are gone.")])
 
     del run_python, upload_file, download_file, list_files, export_notebook, reset_session
@@ -518,9 +516,7 @@ def run_stdio(server_url: str = DEFAULT_URL, **options: Any) -> None:
     anyio.run(main)
 
 
-def http_app(
-    server_url: str = DEFAULT_URL, *, host: str = "127.0.0.1", path: str = "/mcp", **options: Any
-) -> Any:
+def http_app(server_url: str = DEFAULT_URL, *, host: str = "127.0.0.1", path: str = "/mcp", **options: Any) -> Any:
     """The streamable-HTTP server as an ASGI (Starlette) app; ``host`` is where it
     listens (loopback hosts get the SDK's DNS-rebinding protection)."""
     server = create_server(server_url, **options)

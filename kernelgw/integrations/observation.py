@@ -42,8 +42,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelgw.events import Artifact, Display, Done, Error, Result
 from kernelgw.client.execution import Execution
+from kernelgw.events import Artifact, Display, Done, Error, Result
 
 __all__ = [
     "DEFAULT_MAX_CHARS",
@@ -304,9 +304,7 @@ def observe(
         reason = f" -- {execution.reason}" if execution.reason else ""
         sections.append(f"status: {status or 'unfinished'}{reason}")
     if execution.state_lost:
-        sections.append(
-            "note: the kernel was restarted; variables, imports and files from earlier runs are gone."
-        )
+        sections.append("note: the kernel was restarted; variables, imports and files from earlier runs are gone.")
 
     text = "\n".join(sections) if sections else ("ok (no output)" if status == "ok" else f"status: {status}")
     return Observation(

@@ -92,9 +92,7 @@ def code_parameters(description: str = CODE_DESCRIPTION) -> dict[str, Any]:
     }
 
 
-def openai_tool(
-    *, name: str = TOOL_NAME, description: str = TOOL_DESCRIPTION, strict: bool = True
-) -> dict[str, Any]:
+def openai_tool(*, name: str = TOOL_NAME, description: str = TOOL_DESCRIPTION, strict: bool = True) -> dict[str, Any]:
     """The tool for OpenAI Chat Completions (``tools=[openai_tool()]``); also the shape
     most OpenAI-compatible servers (vLLM, Ollama, LiteLLM, ...) accept."""
     function: dict[str, Any] = {"name": name, "description": description, "parameters": code_parameters()}
@@ -199,9 +197,9 @@ def is_kernelgw_call(call: Any, name: str = TOOL_NAME) -> bool:
 
 def _problem(call: ToolCall) -> str | None:
     if call.problem is not None:
-        return f"error: invalid arguments for {call.name}: {call.problem}. Expected {{\"code\": \"<python source>\"}}."
+        return f'error: invalid arguments for {call.name}: {call.problem}. Expected {{"code": "<python source>"}}.'
     if call.code is None:
-        return f"error: {call.name} needs a \"code\" argument: {{\"code\": \"<python source>\"}}."
+        return f'error: {call.name} needs a "code" argument: {{"code": "<python source>"}}.'
     return None
 
 

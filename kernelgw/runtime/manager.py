@@ -13,10 +13,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from kernelgw.runtime.backends.base import Backend, KernelSpec
 from kernelgw.config import Settings
 from kernelgw.errors import LimitExceeded, SessionLimitReached, SessionNotFound
 from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
+from kernelgw.runtime.backends.base import Backend, KernelSpec
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.pool import PoolProfile, WarmPool
 from kernelgw.runtime.recorder import Recorder
@@ -257,9 +257,7 @@ class SessionManager:
         idle = [
             s.id
             for s in self._sessions.values()
-            if s.queue_length == 0
-            and s.subscriber_count == 0
-            and now - s.last_activity > self.settings.idle_timeout_s
+            if s.queue_length == 0 and s.subscriber_count == 0 and now - s.last_activity > self.settings.idle_timeout_s
         ]
         for session_id in idle:
             try:

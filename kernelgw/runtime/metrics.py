@@ -22,8 +22,11 @@ class Metrics:
         self.pool_hits = Counter("kernelgw_pool_hits", "Sessions served from the warm pool", registry=r)
         self.pool_misses = Counter("kernelgw_pool_misses", "Sessions that had to start cold", registry=r)
         self.session_start = Histogram(
-            "kernelgw_session_start_seconds", "Time to create a session", ["source"],
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "kernelgw_session_start_seconds",
+            "Time to create a session",
+            ["source"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.executions = Counter("kernelgw_executions", "Executions by final status", ["status"], registry=r)
         self.execution_seconds = Histogram(

@@ -42,7 +42,6 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict
 
-from kernelgw.runtime.backends.base import Backend, KernelHandle
 from kernelgw.errors import (
     BadRequest,
     ImageNotFound,
@@ -51,6 +50,7 @@ from kernelgw.errors import (
     PackageUnavailable,
     QuotaExceeded,
 )
+from kernelgw.runtime.backends.base import Backend, KernelHandle
 from kernelgw.runtime.workspace import PYTHON, HelperAnswer
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ def parse_allowlist(entries: Iterable[str]) -> dict[str, Requirement]:
 def check_request(requested: Sequence[str], allowlist: dict[str, Requirement]) -> list[Requirement]:
     """The requested requirements, or why they are refused (400)."""
     if not requested:
-        raise BadRequest("Name at least one package, e.g. {\"packages\": [\"sympy\"]}.")
+        raise BadRequest('Name at least one package, e.g. {"packages": ["sympy"]}.')
     if len(requested) > MAX_PACKAGES_PER_REQUEST:
         raise BadRequest(f"At most {MAX_PACKAGES_PER_REQUEST} packages per request.")
     if not allowlist:
@@ -324,13 +324,15 @@ class PackageInstaller:
             dest = Path(tmp) / "wheels"
             wheels = await self._resolve(todo, pins, target, Path(tmp), dest)
             needed = [
-                w for w in wheels
+                w
+                for w in wheels
                 if wheel_name_version(w.name)[0] not in target.packages
                 and have.get(wheel_name_version(w.name)[0]) != wheel_name_version(w.name)[1]
             ]
             answer = await self._send_and_install(handle, needed)
-        installed = [PackageInfo(name=normalize_name(p["name"]), version=str(p["version"]))
-                     for p in answer.get("installed", [])]
+        installed = [
+            PackageInfo(name=normalize_name(p["name"]), version=str(p["version"])) for p in answer.get("installed", [])
+        ]
         return InstallResult(installed=installed, already_present=present, duration_ms=_ms(t0))
 
     # --- host side
@@ -348,15 +350,29 @@ class PackageInstaller:
         from kernelgw.image.builder import _pip_command
 
         base = [
-            *_pip_command(), "download",
-            "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
-            "--only-binary=:all:", "--implementation", "cp", "--python-version", target.python,
+            *_pip_command(),
+            "download",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--progress-bar",
+            "off",
+            "--only-binary=:all:",
+            "--implementation",
+            "cp",
+            "--python-version",
+            target.python,
             *[arg for p in target.platforms for arg in ("--platform", p)],
-            "--dest", str(dest), "--find-links", str(cache),
-            "--requirement", str(tmp / "requirements.txt"), "--constraint", str(tmp / "constraints.txt"),
+            "--dest",
+            str(dest),
+            "--find-links",
+            str(cache),
+            "--requirement",
+            str(tmp / "requirements.txt"),
+            "--constraint",
+            str(tmp / "constraints.txt"),
         ]
         async with self._resolve_lock:
-            code, output = await _run(base + ["--no-index"], self.timeout)
+            code, output = await _run([*base, "--no-index"], self.timeout)
             if code != 0 and self.allow_download:
                 shutil.rmtree(dest, ignore_errors=True)
                 log.info("wheel cache %s lacks %s; downloading", cache, ", ".join(map(str, reqs)))
@@ -393,8 +409,7 @@ class PackageInstaller:
         code, message = str(answer.get("error")), str(answer.get("message", ""))
         if code == "no_space":
             raise QuotaExceeded(
-                "The session's package directory is full (setting packages_size_mb). "
-                f"pip: {message[-500:]}"
+                f"The session's package directory is full (setting packages_size_mb). pip: {message[-500:]}"
             )
         raise PackageInstallFailed(f"Installing into the session failed: {message[-1500:]}")
 

@@ -115,7 +115,7 @@ class WarmPool:
                 except Exception as exc:
                     self.failures += 1
                     log.warning("warm pool could not start a kernel (%s); retrying", exc)
-                    await asyncio.sleep(min(30.0, 2.0**min(self.failures, 5)))
+                    await asyncio.sleep(min(30.0, 2.0 ** min(self.failures, 5)))
                     continue
                 self.failures = 0
                 self._ready.append(session)
@@ -123,7 +123,10 @@ class WarmPool:
                 if not self._warmed:
                     log.info(
                         "warm pool %s: %d/%d kernels ready (%.1fs)",
-                        self.profile.image, len(self._ready), self.target, time.monotonic() - self._created,
+                        self.profile.image,
+                        len(self._ready),
+                        self.target,
+                        time.monotonic() - self._created,
                     )
                     self._warmed = len(self._ready) >= self.target
                 continue

@@ -15,14 +15,14 @@ if TYPE_CHECKING:
 
 
 class Recorder(Protocol):
-    async def session_started(self, session: "KernelSession") -> None:
+    async def session_started(self, session: KernelSession) -> None:
         """After the kernel answered for the first time."""
         ...
 
-    async def execution_finished(self, session: "KernelSession", execution: "QueuedExecution") -> None:
+    async def execution_finished(self, session: KernelSession, execution: QueuedExecution) -> None:
         """After ``done`` was published; ``execution.published`` holds all its events."""
         ...
 
-    async def session_ended(self, session: "KernelSession", reason: str) -> None:
+    async def session_ended(self, session: KernelSession, reason: str) -> None:
         """After the session was deleted or reaped (``reason`` says which)."""
         ...

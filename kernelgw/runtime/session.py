@@ -24,7 +24,7 @@ import signal
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import zmq
@@ -33,8 +33,8 @@ from jupyter_client.asynchronous import AsyncKernelClient
 from zmq.utils.monitor import parse_monitor_message
 
 from kernelgw import events as ev
-from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec, KernelState
 from kernelgw.errors import BadRequest, KernelStartFailed
+from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec, KernelState
 from kernelgw.runtime.iopub import cut_text, payload_size, to_event, trim_error
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.recorder import Recorder
@@ -176,7 +176,7 @@ class KernelSession:
         self.backend = backend
         self.config = config
         self.state: SessionState = "starting"
-        self.created_at = datetime.now(timezone.utc)
+        self.created_at = datetime.now(UTC)
         self.last_activity = time.monotonic()
         self.last_activity_at = self.created_at
         self.execution_count = 0
@@ -240,8 +240,12 @@ class KernelSession:
         self._readers = [
             asyncio.create_task(self._read_iopub(self._kc), name=f"iopub-{self.id}"),
             asyncio.create_task(self._read_shell(self._kc), name=f"shell-{self.id}"),
-            asyncio.create_task(self._watch_oversized("iopub", self._kc.iopub_channel.socket), name=f"iopub-monitor-{self.id}"),
-            asyncio.create_task(self._watch_oversized("shell", self._kc.shell_channel.socket), name=f"shell-monitor-{self.id}"),
+            asyncio.create_task(
+                self._watch_oversized("iopub", self._kc.iopub_channel.socket), name=f"iopub-monitor-{self.id}"
+            ),
+            asyncio.create_task(
+                self._watch_oversized("shell", self._kc.shell_channel.socket), name=f"shell-monitor-{self.id}"
+            ),
         ]
         self.state = "idle"
         self.dead_reason = None
@@ -433,7 +437,7 @@ class KernelSession:
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
-        self.last_activity_at = datetime.now(timezone.utc)
+        self.last_activity_at = datetime.now(UTC)
 
     # ------------------------------------------------------------- executing
     @property
@@ -447,9 +451,7 @@ class KernelSession:
         if timeout is None:
             timeout = self.config.exec_timeout_s
         if not 0 < timeout <= self.config.max_exec_timeout_s:
-            raise BadRequest(
-                f"timeout must be greater than 0 and at most {self.config.max_exec_timeout_s:g} seconds"
-            )
+            raise BadRequest(f"timeout must be greater than 0 and at most {self.config.max_exec_timeout_s:g} seconds")
         execution_id = execution_id or uuid.uuid4().hex
         if execution_id in self._recent_ids:
             raise BadRequest(f"execution_id {execution_id!r} was already used in this session")
@@ -671,7 +673,7 @@ class KernelSession:
         silent request (no restart; nothing is bound in the user namespace)."""
         self.config = config
         self.recorder = recorder
-        self.created_at = datetime.now(timezone.utc)
+        self.created_at = datetime.now(UTC)
         self.touch()
         if env:
             reply = await self._silent_request(f"__import__('os').environ.update({json.dumps(env)})")
@@ -805,16 +807,16 @@ class KernelSession:
                 self._disconnect_pending = True
                 try:
                     async with asyncio.timeout(RETRY_GRACE_S):
-                        while parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_CONNECT_RETRIED:
+                        while (
+                            parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_CONNECT_RETRIED
+                        ):
                             pass
                     continue  # ZMQ reconnects by itself: not a refused message
                 except TimeoutError:
                     pass
                 finally:
                     self._disconnect_pending = False
-                log.warning(
-                    "session %s: the kernel sent a %s message over the size limit; dropped", self.id, channel
-                )
+                log.warning("session %s: the kernel sent a %s message over the size limit; dropped", self.id, channel)
                 with contextlib.suppress(zmq.ZMQError):
                     sock.disconnect(endpoint)
                 sock.connect(endpoint)

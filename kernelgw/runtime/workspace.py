@@ -23,13 +23,12 @@ import json
 import logging
 import mimetypes
 from collections.abc import AsyncIterable, AsyncIterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import anyio
 from pydantic import BaseModel, ConfigDict
 
-from kernelgw.runtime.backends.base import Backend, ExecProcess, KernelHandle
 from kernelgw.errors import (
     BackendError,
     BadRequest,
@@ -38,6 +37,7 @@ from kernelgw.errors import (
     KernelGWError,
     QuotaExceeded,
 )
+from kernelgw.runtime.backends.base import Backend, ExecProcess, KernelHandle
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,7 @@ def validate_path(path: str, *, allow_root: bool = False) -> str:
     if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
         raise InvalidPath(f"The path is longer than {MAX_PATH_BYTES} bytes.")
     if path.startswith("/"):
-        raise InvalidPath(
-            f"The path {path!r} is absolute; give it relative to the workspace (e.g. 'data.csv')."
-        )
+        raise InvalidPath(f"The path {path!r} is absolute; give it relative to the workspace (e.g. 'data.csv').")
     stripped = path.rstrip("/") if path.endswith("/") and path.strip("/") else path
     if stripped == "":
         if allow_root:
@@ -171,7 +169,7 @@ def _entry(data: dict[str, Any], cls: type[FileEntry] = FileEntry, **extra: Any)
         path=path,
         type=kind,
         size=int(data["size"]),
-        mtime=datetime.fromtimestamp(int(data["mtime_ns"]) / 1e9, timezone.utc),
+        mtime=datetime.fromtimestamp(int(data["mtime_ns"]) / 1e9, UTC),
         mime_type=guess_mime(path) if kind == "file" else None,
         **extra,
     )

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kernelgw.server import policy
 from kernelgw.errors import PayloadTooLarge, PolicyViolation, RateLimited
 from kernelgw.keys import Principal
+from kernelgw.server import policy
 
 
 def check_code_size(limit: int, code: str) -> None:
@@ -43,6 +43,4 @@ async def admit(state: Any, principal: Principal, code: str) -> None:
     if per_minute is not None:
         wait = state.rate_limiter.acquire(principal.key_id or "", per_minute)
         if wait > 0:
-            raise RateLimited(
-                f"This API key may start {per_minute} executions per minute; retry in {wait:.1f}s.", wait
-            )
+            raise RateLimited(f"This API key may start {per_minute} executions per minute; retry in {wait:.1f}s.", wait)

@@ -13,15 +13,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kernelgw import __version__
-from kernelgw.runtime.backends import Backend, create_backend
 from kernelgw.config import Settings
-from kernelgw.server.auth import Authenticator
-from kernelgw.server.limits import BodySizeLimit
 from kernelgw.errors import KernelGWError, RateLimited, Unauthorized
-from kernelgw.server.policy import CodePolicy
-from kernelgw.server.ratelimit import ExecutionRateLimiter
+from kernelgw.runtime.backends import Backend, create_backend
 from kernelgw.runtime.manager import SessionManager
 from kernelgw.runtime.metrics import Metrics
+from kernelgw.server.auth import Authenticator
+from kernelgw.server.limits import BodySizeLimit
+from kernelgw.server.policy import CodePolicy
+from kernelgw.server.ratelimit import ExecutionRateLimiter
 from kernelgw.storage import Store
 
 log = logging.getLogger(__name__)

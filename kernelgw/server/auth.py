@@ -16,13 +16,16 @@ import ipaddress
 import logging
 import secrets
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Request, Response
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
+from kernelgw.config import Settings
+from kernelgw.errors import Forbidden, KernelGWError, StorageUnavailable, Unauthorized
+from kernelgw.keys import ANONYMOUS, ApiKey, KeyQuotas, Principal, bearer, parse_key
 from kernelgw.models import (
     ApiKeyList,
     BrowserToken,
@@ -30,9 +33,6 @@ from kernelgw.models import (
     CreatedApiKey,
     WhoAmI,
 )
-from kernelgw.config import Settings
-from kernelgw.errors import Forbidden, KernelGWError, StorageUnavailable, Unauthorized
-from kernelgw.keys import ANONYMOUS, ApiKey, KeyQuotas, Principal, bearer, parse_key
 from kernelgw.storage import Store
 from kernelgw.storage import audit as audit_log
 from kernelgw.storage.keys import KeyStore
@@ -155,7 +155,7 @@ class Authenticator:
             raise Unauthorized("The token is invalid or expired; get a new one from POST /v1/auth/token.") from None
 
     def issue_token(self, principal: Principal) -> tuple[str, datetime]:
-        expires = datetime.now(timezone.utc) + timedelta(seconds=self.settings.browser_token_ttl_s)
+        expires = datetime.now(UTC) + timedelta(seconds=self.settings.browser_token_ttl_s)
         # the nonce makes every token distinct, also two issued in the same second
         return self._tokens.dumps({"k": principal.key_id, "n": secrets.token_hex(8)}), expires
 
@@ -173,7 +173,7 @@ def principal_of(request: Request) -> Principal:
     return getattr(request.state, "principal", ANONYMOUS)  # type: ignore[no-any-return]
 
 
-def session_for(request: Request, session_id: str) -> "KernelSession":
+def session_for(request: Request, session_id: str) -> KernelSession:
     """The session if the caller may see it; another key's session is a 404."""
     return request.app.state.manager.get(session_id, principal_of(request))  # type: ignore[no-any-return]
 
@@ -224,9 +224,7 @@ async def list_keys(request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/keys", status_code=201, response_model=CreatedApiKey)
-async def create_key(
-    body: CreateApiKey, request: Request, admin: Principal = Depends(require_admin)
-) -> dict[str, Any]:
+async def create_key(body: CreateApiKey, request: Request, admin: Principal = Depends(require_admin)) -> dict[str, Any]:
     """A new key; the response is the only place its secret ever appears."""
     auth: Authenticator = request.app.state.auth
     quotas = KeyQuotas(**body.quotas.model_dump()) if body.quotas else KeyQuotas()
@@ -250,6 +248,4 @@ async def revoke_key(key_id: str, request: Request, admin: Principal = Depends(r
 
 def record_key_event(store: Store, kind: str, key: ApiKey, by: str | None) -> None:
     detail = f"name={key.name!r} role={key.role}" + (f" by={by}" if by else "")
-    audit_log.record(
-        store, audit_log.AuditRecord(at=datetime.now(timezone.utc), kind=kind, key_id=key.id, detail=detail)
-    )
+    audit_log.record(store, audit_log.AuditRecord(at=datetime.now(UTC), kind=kind, key_id=key.id, detail=detail))

@@ -19,16 +19,14 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from kernelgw.server.auth import authenticate, session_for
+from kernelgw.errors import BadRequest, KernelDied, SessionBusy
 from kernelgw.models import ErrorResponse
 from kernelgw.runtime.backends.base import KernelHandle
-from kernelgw.errors import BadRequest, KernelDied, SessionBusy
 from kernelgw.runtime.session import KernelSession
 from kernelgw.runtime.workspace import Download, FileList, UploadResult, WorkspaceFiles, validate_path
+from kernelgw.server.auth import authenticate, session_for
 
-_errors: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 503)
-}
+_errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 503)}
 router = APIRouter(tags=["files"], responses=_errors, dependencies=[Depends(authenticate)])
 
 

@@ -15,8 +15,12 @@ import nbformat
 from fastapi import APIRouter, Depends, Request, Response
 
 from kernelgw import events as ev
-from kernelgw.server.admission import check_code
-from kernelgw.server.auth import authenticate, principal_of, session_for
+from kernelgw.errors import (
+    BadRequest,
+    HistoryNotFound,
+    PayloadTooLarge,
+    SessionNotFound,
+)
 from kernelgw.models import (
     CreateSession,
     ErrorResponse,
@@ -24,13 +28,10 @@ from kernelgw.models import (
     NoteRequest,
     NoteResponse,
 )
-from kernelgw.errors import (
-    BadRequest,
-    HistoryNotFound,
-    PayloadTooLarge,
-    SessionNotFound,
-)
 from kernelgw.runtime.manager import SessionManager
+from kernelgw.runtime.session import KernelSession
+from kernelgw.server.admission import check_code
+from kernelgw.server.auth import authenticate, principal_of, session_for
 from kernelgw.server.notebook import (
     InvalidNotebook,
     ReplayStep,
@@ -39,7 +40,6 @@ from kernelgw.server.notebook import (
     read_notebook,
     replay_plan,
 )
-from kernelgw.runtime.session import KernelSession
 from kernelgw.storage import SessionRecord, Store
 
 _errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 503)}

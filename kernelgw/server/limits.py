@@ -67,7 +67,12 @@ class BodySizeLimit:
 
 async def _reject(send: Send, limit: int) -> None:
     body = orjson.dumps(
-        {"error": {"code": "payload_too_large", "message": f"The request body is larger than the gateway's limit of {limit} bytes."}}
+        {
+            "error": {
+                "code": "payload_too_large",
+                "message": f"The request body is larger than the gateway's limit of {limit} bytes.",
+            }
+        }
     )
     await send(
         {

@@ -114,9 +114,7 @@ class _Outputs:
                 )
             )
         elif isinstance(event, ev.Error):
-            self._append(
-                new_output("error", ename=event.ename, evalue=event.evalue, traceback=list(event.traceback))
-            )
+            self._append(new_output("error", ename=event.ename, evalue=event.evalue, traceback=list(event.traceback)))
         elif isinstance(event, ev.ClearOutput):
             if event.wait:
                 self._clear_pending = True
@@ -189,9 +187,7 @@ def _code_cell(execution: ExecutionLike, displays: dict[str, list[NotebookNode]]
     }
     if reason:
         metadata["kernelgw"]["reason"] = reason
-    cell = new_code_cell(
-        source=execution.code, execution_count=count, outputs=outputs.items, metadata=metadata
-    )
+    cell = new_code_cell(source=execution.code, execution_count=count, outputs=outputs.items, metadata=metadata)
     cell["id"] = _cell_id(execution.execution_id, used)
     return cell
 

@@ -8,8 +8,6 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from kernelgw.server.auth import authenticate
-from kernelgw.server.files import session_handle
 from kernelgw.models import ErrorResponse
 from kernelgw.runtime.packages import (
     ImageInfo,
@@ -20,6 +18,8 @@ from kernelgw.runtime.packages import (
     check_request,
     image_target,
 )
+from kernelgw.server.auth import authenticate
+from kernelgw.server.files import session_handle
 
 _errors: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 422, 500, 503)

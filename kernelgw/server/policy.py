@@ -256,7 +256,7 @@ def _strip_options(args: str, spec: str) -> str:
     """The statement after a magic's getopt-style options (``%timeit -n 10 f()`` -> ``f()``)."""
     rest = args.strip()
     while rest.startswith("-") and len(rest) > 1:
-        word, rest = (rest.split(None, 1) + [""])[:2]
+        word, rest = ([*rest.split(None, 1), ""])[:2]
         if word == "--":
             break
         if word.startswith("--"):
@@ -265,7 +265,7 @@ def _strip_options(args: str, spec: str) -> str:
             letters = word[1:]
             takes_value = next((k for k, ch in enumerate(letters) if ch + ":" in spec), None) == len(letters) - 1
         if takes_value:
-            rest = (rest.split(None, 1) + [""])[1]
+            rest = ([*rest.split(None, 1), ""])[1]
     return rest
 
 

@@ -7,9 +7,6 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from kernelgw.server import history
-from kernelgw.server.admission import admit
-from kernelgw.server.auth import authenticate, principal_of, require_admin, session_for
 from kernelgw.models import (
     CreatedSession,
     CreateSession,
@@ -22,6 +19,9 @@ from kernelgw.models import (
     SessionList,
 )
 from kernelgw.runtime.manager import SessionManager, SessionOptions
+from kernelgw.server import history
+from kernelgw.server.admission import admit
+from kernelgw.server.auth import authenticate, principal_of, require_admin, session_for
 
 _errors: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422, 429, 503)

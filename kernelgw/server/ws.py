@@ -20,12 +20,12 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import TypeAdapter, ValidationError
 
 from kernelgw import events as ev
-from kernelgw.server.admission import admit
-from kernelgw.server.auth import Authenticator, same_origin
-from kernelgw.models import WsExecute, WsMessage
 from kernelgw.errors import KernelGWError, Unauthorized
 from kernelgw.keys import Principal
+from kernelgw.models import WsExecute, WsMessage
 from kernelgw.runtime.session import KernelSession, Subscription
+from kernelgw.server.admission import admit
+from kernelgw.server.auth import Authenticator, same_origin
 
 router = APIRouter()
 _message = TypeAdapter(WsMessage)
@@ -144,10 +144,10 @@ def _reply(sub: Subscription, message: str, execution_id: str | None = None) -> 
 def _describe(exc: ValidationError) -> str:
     first = exc.errors()[0]
     if first.get("type") == "json_invalid":
-        return "message is not valid JSON; send {\"type\": \"execute\", \"code\": \"...\"} or {\"type\": \"interrupt\"}"
+        return 'message is not valid JSON; send {"type": "execute", "code": "..."} or {"type": "interrupt"}'
     loc = ".".join(str(x) for x in first.get("loc", ()))
     return (
         f"invalid message ({loc or 'message'}: {first.get('msg')}); expected "
-        "{\"type\": \"execute\", \"code\": \"...\", \"execution_id\"?: str, \"timeout\"?: number} "
-        "or {\"type\": \"interrupt\"}"
+        '{"type": "execute", "code": "...", "execution_id"?: str, "timeout"?: number} '
+        'or {"type": "interrupt"}'
     )

@@ -61,7 +61,7 @@ def code_sha256(code: str) -> str:
     return hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def record(store: "Store", row: AuditRecord) -> None:
+def record(store: Store, row: AuditRecord) -> None:
     """Queue one audit row (never waits)."""
     values = asdict(row)
 
@@ -72,7 +72,7 @@ def record(store: "Store", row: AuditRecord) -> None:
 
 
 async def query(
-    store: "Store",
+    store: Store,
     *,
     since: datetime | None = None,
     until: datetime | None = None,
@@ -118,7 +118,7 @@ async def query(
     ]
 
 
-async def write_now(store: "Store", row: AuditRecord) -> None:
+async def write_now(store: Store, row: AuditRecord) -> None:
     """Write one row at once (the CLI, which has no writer task)."""
     engine = await store.read_engine()
     async with engine.begin() as conn:

@@ -10,7 +10,7 @@ time (``auth_cache_s``).
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
@@ -55,7 +55,7 @@ class KeyStore:
             name=name,
             role=role,
             secret_sha256=hash_secret(secret),
-            created_at=datetime.now(timezone.utc),
+            created_at=datetime.now(UTC),
             quotas=quotas or KeyQuotas(),
         )
         engine = await self.store.read_engine()
@@ -101,6 +101,6 @@ class KeyStore:
         t = schema.api_keys
         async with engine.begin() as conn:
             await conn.execute(
-                update(t).where(t.c.id == key_id, t.c.revoked_at.is_(None)).values(revoked_at=datetime.now(timezone.utc))
+                update(t).where(t.c.id == key_id, t.c.revoked_at.is_(None)).values(revoked_at=datetime.now(UTC))
             )
         return await self.get(key_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from kernelgw.events import EVENT_LIST_ADAPTER, Event
@@ -11,7 +11,7 @@ from kernelgw.events import EVENT_LIST_ADAPTER, Event
 
 def as_utc(value: datetime) -> datetime:
     """SQLite gives back naive datetimes; everything stored is UTC."""
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +60,7 @@ def async_database_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def database_url_for(settings: "Settings") -> str:
+def database_url_for(settings: Settings) -> str:
     """The settings' ``database_url``, else a SQLite file in ``data_dir``."""
     if settings.database_url:
         return async_database_url(settings.database_url)
@@ -72,7 +72,7 @@ def _utc(value: datetime | None) -> datetime | None:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 Write = Callable[[AsyncConnection], Awaitable[Any]]
@@ -134,7 +134,7 @@ class Store:
         """Queue-to-commit time of recent rows (kept for measurements, bounded)."""
 
     @classmethod
-    def from_settings(cls, settings: "Settings") -> "Store":
+    def from_settings(cls, settings: Settings) -> Store:
         return cls(
             database_url_for(settings),
             gateway_name=settings.gateway_name,
@@ -210,9 +210,7 @@ class Store:
                 cursor.close()
 
             return engine
-        return create_async_engine(
-            url, pool_pre_ping=True, pool_size=5, max_overflow=5, connect_args={"timeout": 10}
-        )
+        return create_async_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5, connect_args={"timeout": 10})
 
     async def _ensure_ready(self, force: bool = False) -> bool:
         """Create the tables when not done yet; retried at most every few seconds."""
@@ -305,7 +303,7 @@ class Store:
                 op.future.set_exception(StorageUnavailable(f"The history storage failed: {why}."))
 
     # ------------------------------------------------------------ Recorder
-    async def session_started(self, session: "KernelSession") -> None:
+    async def session_started(self, session: KernelSession) -> None:
         values = {
             "id": session.id,
             "gateway_name": self.gateway_name,
@@ -324,10 +322,12 @@ class Store:
         self._audit(
             "session_created",
             session,
-            detail=json.dumps({"image": spec.image, "memory_mb": spec.memory_mb, "cpus": spec.cpus, "runtime": spec.runtime}),
+            detail=json.dumps(
+                {"image": spec.image, "memory_mb": spec.memory_mb, "cpus": spec.cpus, "runtime": spec.runtime}
+            ),
         )
 
-    async def execution_finished(self, session: "KernelSession", execution: "QueuedExecution") -> None:
+    async def execution_finished(self, session: KernelSession, execution: QueuedExecution) -> None:
         done = execution.done.result() if execution.done.done() and not execution.done.cancelled() else None
         if done is None:  # not finished: nothing the history could show
             return
@@ -369,7 +369,7 @@ class Store:
             detail=done.reason,
         )
 
-    async def session_ended(self, session: "KernelSession", reason: str) -> None:
+    async def session_ended(self, session: KernelSession, reason: str) -> None:
         self._positions.pop(session.id, None)
         ended_at = _now()
 
@@ -384,12 +384,14 @@ class Store:
         kind = {"deleted": "session_deleted", "reaped": "session_reaped"}.get(reason, "session_ended")
         self._audit(kind, session, detail=reason)
 
-    def session_event(self, session: "KernelSession", kind: str, detail: str) -> None:
+    def session_event(self, session: KernelSession, kind: str, detail: str) -> None:
         """A kernel died or was restarted (audit only)."""
         self._audit(kind, session, detail=detail)
 
-    def _audit(self, kind: str, session: "KernelSession", **values: Any) -> None:
-        audit.record(self, audit.AuditRecord(at=_now(), kind=kind, key_id=session.owner, session_id=session.id, **values))
+    def _audit(self, kind: str, session: KernelSession, **values: Any) -> None:
+        audit.record(
+            self, audit.AuditRecord(at=_now(), kind=kind, key_id=session.owner, session_id=session.id, **values)
+        )
 
     # ------------------------------------------------------------ notes
     async def add_note(self, session_id: str, after_seq: int, markdown: str) -> NoteRecord:
@@ -413,17 +415,13 @@ class Store:
         """The engine, after every queued write is committed: readers see their own writes."""
         await self.flush()
         if not await self._ensure_ready() or self._engine is None:
-            raise StorageUnavailable(
-                "The history storage is unavailable (the database does not answer); retry later."
-            )
+            raise StorageUnavailable("The history storage is unavailable (the database does not answer); retry later.")
         return self._engine
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         engine = await self.read_engine()
         async with engine.connect() as conn:
-            row = (
-                await conn.execute(select(schema.sessions).where(schema.sessions.c.id == session_id))
-            ).first()
+            row = (await conn.execute(select(schema.sessions).where(schema.sessions.c.id == session_id))).first()
         if row is None:
             return None
         return SessionRecord(
@@ -490,10 +488,14 @@ class Store:
         while True:
             async with engine.begin() as conn:
                 ids = (
-                    await conn.execute(
-                        select(s.c.id).where(s.c.ended_at.is_not(None), s.c.ended_at < cutoff).limit(500)
+                    (
+                        await conn.execute(
+                            select(s.c.id).where(s.c.ended_at.is_not(None), s.c.ended_at < cutoff).limit(500)
+                        )
                     )
-                ).scalars().all()
+                    .scalars()
+                    .all()
+                )
                 if not ids:
                     break
                 await conn.execute(delete(schema.executions).where(schema.executions.c.session_id.in_(ids)))
@@ -526,4 +528,3 @@ class Store:
                 .where(s.c.gateway_name == self.gateway_name, s.c.ended_at.is_(None))
                 .values(ended_at=_now(), end_reason=CRASHED_REASON)
             )
-

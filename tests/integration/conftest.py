@@ -21,8 +21,8 @@ import httpx
 import pytest
 import uvicorn
 
-from kernelgw.server import create_app
 from kernelgw.config import Settings
+from kernelgw.server import create_app
 
 IMAGE = os.environ.get("KERNELGW_IMAGE", "kernelgw/python:latest")
 # The container runtime of every test gateway: runc (default) or runsc (gVisor);

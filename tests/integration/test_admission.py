@@ -100,7 +100,14 @@ def test_policy_over_websocket_and_on_restore(capgw: RunningGateway, http: httpx
         "metadata": {},
         "cells": [
             {"cell_type": "code", "id": "a", "source": "x = 1", "metadata": {}, "outputs": [], "execution_count": None},
-            {"cell_type": "code", "id": "b", "source": "import subprocess", "metadata": {}, "outputs": [], "execution_count": None},
+            {
+                "cell_type": "code",
+                "id": "b",
+                "source": "import subprocess",
+                "metadata": {},
+                "outputs": [],
+                "execution_count": None,
+            },
         ],
     }
     resp = http.post("/v1/sessions", json={"notebook": notebook})
@@ -135,7 +142,9 @@ def test_an_image_over_the_cap_is_replaced_by_a_note(http: httpx.Client, sid: st
 
 
 def test_a_kernel_message_over_the_cap_is_dropped_and_reported(http: httpx.Client, sid: str) -> None:
-    result = execute(http, sid, "import sys\nsys.stdout.write('x' * (3 * 1024 * 1024))\nsys.stdout.flush()\nprint('end')")
+    result = execute(
+        http, sid, "import sys\nsys.stdout.write('x' * (3 * 1024 * 1024))\nsys.stdout.flush()\nprint('end')"
+    )
     assert result["status"] == "ok"
     truncated = [e for e in result["events"] if e["type"] == "truncated"]
     assert truncated and truncated[0]["limit_bytes"] == 1 * MiB
@@ -146,15 +155,19 @@ def test_a_kernel_message_over_the_cap_is_dropped_and_reported(http: httpx.Clien
     assert [e["text"] for e in again["events"] if e["type"] == "stream"] == ["still here\n"]
 
 
-def test_request_bodies_over_the_cap_get_413_but_uploads_have_their_own_limit(
-    http: httpx.Client, sid: str
-) -> None:
-    resp = http.post(f"/v1/sessions/{sid}/execute", content=b'{"code": "' + b"1" * (2 * MiB) + b'"}',
-                     headers={"content-type": "application/json"})
+def test_request_bodies_over_the_cap_get_413_but_uploads_have_their_own_limit(http: httpx.Client, sid: str) -> None:
+    resp = http.post(
+        f"/v1/sessions/{sid}/execute",
+        content=b'{"code": "' + b"1" * (2 * MiB) + b'"}',
+        headers={"content-type": "application/json"},
+    )
     assert resp.status_code == 413 and resp.json()["error"]["code"] == "payload_too_large"
     upload = http.put(f"/v1/sessions/{sid}/files/big.bin", content=os.urandom(2 * MiB))
     assert upload.status_code in (200, 201), upload.text
-    assert execute(http, sid, "import os\nprint(os.path.getsize('/workspace/big.bin'))")["events"][-2]["text"] == f"{2 * MiB}\n"
+    assert (
+        execute(http, sid, "import os\nprint(os.path.getsize('/workspace/big.bin'))")["events"][-2]["text"]
+        == f"{2 * MiB}\n"
+    )
 
 
 def test_websocket_frames_over_the_cap_close_the_socket_and_a_new_one_works(capgw: RunningGateway, sid: str) -> None:

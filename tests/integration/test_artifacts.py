@@ -84,7 +84,10 @@ os.makedirs("empty-dir")
     result = run(http, session_id, code)
     assert artifacts(result) == {
         "reports/2024/summary.md": {
-            "path": "reports/2024/summary.md", "size": 4, "mime_type": "text/markdown", "change": "created"
+            "path": "reports/2024/summary.md",
+            "size": 4,
+            "mime_type": "text/markdown",
+            "change": "created",
         }
     }
 

@@ -53,12 +53,7 @@ def test_stdout_and_stderr_are_separate_streams_in_order(http: httpx.Client, ses
 
 
 def test_matplotlib_plot_yields_a_valid_png(http: httpx.Client, session_id: str) -> None:
-    code = (
-        "import matplotlib.pyplot as plt\n"
-        "fig, ax = plt.subplots()\n"
-        "ax.plot([1, 2, 3], [1, 4, 9])\n"
-        "plt.show()\n"
-    )
+    code = "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2, 3], [1, 4, 9])\nplt.show()\n"
     result = run(http, session_id, code)
     assert result["status"] == "ok", result
     displays = [e for e in result["events"] if e["type"] == "display"]
@@ -72,7 +67,7 @@ def test_matplotlib_plot_yields_a_valid_png(http: httpx.Client, session_id: str)
 def test_dataframe_yields_html_and_text(http: httpx.Client, session_id: str) -> None:
     code = "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})"
     result = run(http, session_id, code)
-    data = [e for e in result["events"] if e["type"] == "result"][0]["data"]
+    data = next(e for e in result["events"] if e["type"] == "result")["data"]
     assert "<table" in data["text/html"]
     assert "a  b" in data["text/plain"].replace("   ", "  ")
 
@@ -80,7 +75,7 @@ def test_dataframe_yields_html_and_text(http: httpx.Client, session_id: str) -> 
 def test_exception_yields_error_event_with_traceback(http: httpx.Client, session_id: str) -> None:
     result = run(http, session_id, "def f():\n    return 1 / 0\nf()")
     assert result["status"] == "error"
-    error = [e for e in result["events"] if e["type"] == "error"][0]
+    error = next(e for e in result["events"] if e["type"] == "error")
     assert error["ename"] == "ZeroDivisionError"
     assert error["evalue"] == "division by zero"
     assert any("\x1b[" in line for line in error["traceback"])
@@ -95,7 +90,7 @@ def test_input_fails_fast_instead_of_hanging(http: httpx.Client, session_id: str
     started = time.monotonic()
     result = run(http, session_id, "input('name? ')", timeout=30)
     assert result["status"] == "error"
-    error = [e for e in result["events"] if e["type"] == "error"][0]
+    error = next(e for e in result["events"] if e["type"] == "error")
     assert error["ename"] == "StdinNotImplementedError"
     assert time.monotonic() - started < 30  # it did not wait for the timeout
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import docker
@@ -98,7 +98,9 @@ def test_50mb_csv_streams_in_reads_with_pandas_and_streams_out(
     # The gateway runs in this process: a buffered upload would raise the peak by 50 MiB.
     assert grew < 20 * MiB, f"peak RSS grew by {grew / MiB:.1f} MiB during a {size / MiB:.0f} MiB upload"
 
-    result = run(http, big_session, "import pandas as pd\ndf = pd.read_csv('data/big.csv')\nprint(len(df), int(df.x.sum()))")
+    result = run(
+        http, big_session, "import pandas as pd\ndf = pd.read_csv('data/big.csv')\nprint(len(df), int(df.x.sum()))"
+    )
     assert result["status"] == "ok", result
     n, xsum = map(int, stdout(result).split())
     assert n == rows and xsum == sum(j % 97 for j in range(rows))
@@ -126,7 +128,7 @@ def test_50mb_csv_streams_in_reads_with_pandas_and_streams_out(
 
 
 def test_listing_shows_type_size_and_mtime(http: httpx.Client, session_id: str) -> None:
-    before = datetime.now(timezone.utc)
+    before = datetime.now(UTC)
     assert http.put(files_url(session_id, "a.txt"), content=b"hello").status_code == 201
     assert http.put(files_url(session_id, "sub/deep/b.json"), content=b"{}").status_code == 201
     run(http, session_id, "import os; os.symlink('/etc/passwd', 'link')")
@@ -292,16 +294,25 @@ def test_special_files_and_files_used_as_directories_are_refused(http: httpx.Cli
     )
     assert run(http, session_id, code)["status"] == "ok"
     for method, path in [
-        ("GET", "sub/pipe"), ("GET", "sub/sock"), ("PUT", "sub/pipe"), ("PUT", "sub/sock"),
-        ("GET", "sub/pipe/x"), ("GET", "sub/sock/x"), ("GET", "sub/f.txt/x"),
-        ("PUT", "sub/pipe/x"), ("PUT", "sub/f.txt/x"), ("DELETE", "sub/sock/x"),
+        ("GET", "sub/pipe"),
+        ("GET", "sub/sock"),
+        ("PUT", "sub/pipe"),
+        ("PUT", "sub/sock"),
+        ("GET", "sub/pipe/x"),
+        ("GET", "sub/sock/x"),
+        ("GET", "sub/f.txt/x"),
+        ("PUT", "sub/pipe/x"),
+        ("PUT", "sub/f.txt/x"),
+        ("DELETE", "sub/sock/x"),
     ]:
         resp = http.request(method, files_url(session_id, path), content=b"x", timeout=15)
         assert resp.status_code == 400, (method, path, resp.text)
         assert resp.json()["error"]["code"] == "invalid_path", (method, path)
     listing = http.get(files_url(session_id), params={"path": "sub"}).json()
     assert {e["path"]: e["type"] for e in listing["entries"]} == {
-        "sub/f.txt": "file", "sub/pipe": "other", "sub/sock": "other"
+        "sub/f.txt": "file",
+        "sub/pipe": "other",
+        "sub/sock": "other",
     }
     one = http.get(files_url(session_id), params={"path": "sub/sock"}).json()
     assert [(e["path"], e["type"]) for e in one["entries"]] == [("sub/sock", "other")]
@@ -512,12 +523,25 @@ def test_cli_run_uploads_then_runs_and_saves_artifacts(gateway_url: str, tmp_pat
     code = "import pandas as pd\ndf = pd.read_csv('data.csv')\nprint(df.x.sum())\ndf.describe().to_csv('summary/stats.csv')"
     code = "import os; os.makedirs('summary', exist_ok=True)\n" + code
     proc = subprocess.run(
-        [sys.executable, "-m", "kernelgw", "run", "--server", gateway_url, "--upload", str(data),
-         "--save-artifacts", str(out), code],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "kernelgw",
+            "run",
+            "--server",
+            gateway_url,
+            "--upload",
+            str(data),
+            "--save-artifacts",
+            str(out),
+            code,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "6"
     assert "[created: summary/stats.csv" in proc.stderr and "data.csv" not in proc.stderr.replace("stats.csv", "")
     assert (out / "summary" / "stats.csv").read_text().startswith(",x\ncount,3.0")
-

@@ -17,7 +17,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -232,7 +232,11 @@ def test_five_turn_analysis_exports_a_notebook_that_reexecutes_with_nbclient(
     assert json.loads(path.read_text()) == nb
     nbformat.validate(nbformat.read(path, as_version=4))
     nb = joined(nb)
-    assert nb["metadata"]["kernelspec"] == {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    assert nb["metadata"]["kernelspec"] == {
+        "name": "python3",
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }
     assert nb["metadata"]["language_info"]["name"] == "python"
     assert nb["metadata"]["language_info"]["version"].startswith("3.")
     assert [c["cell_type"] for c in nb["cells"]] == ["code", "code", "markdown", "code", "code", "code"]
@@ -391,8 +395,11 @@ def test_invalid_restores_are_refused_before_a_kernel_starts(http: httpx.Client)
     before = len(http.get("/v1/sessions").json()["sessions"])
     for body, status, fragment in [
         ({"notebook": {"nbformat": 3, "cells": []}}, 400, "nbformat v4"),
-        ({"notebook": {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "code"}]}},
-         400, "cells/0"),
+        (
+            {"notebook": {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "code"}]}},
+            400,
+            "cells/0",
+        ),
         ({"notebook": {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": "x = 1"}}, 400, "cells"),
         ({"notebook": "x = 1"}, 422, "notebook"),
         ({"from_session": "no-such-session"}, 404, "no-such-session"),
@@ -408,8 +415,11 @@ def test_note_added_while_a_cell_runs_follows_that_cell(http: httpx.Client, gw: 
     sid = http.post("/v1/sessions", json={}).json()["id"]
     try:
         with connect(f"{gw.ws_url}/v1/sessions/{sid}/ws") as ws:
-            ws.send(json.dumps({"type": "execute", "code": "import time; time.sleep(1); print('slow')",
-                                "execution_id": "slow"}))
+            ws.send(
+                json.dumps(
+                    {"type": "execute", "code": "import time; time.sleep(1); print('slow')", "execution_id": "slow"}
+                )
+            )
             assert json.loads(ws.recv())["type"] == "queued"
             note = http.post(f"/v1/sessions/{sid}/notes", json={"markdown": "**after slow**"})
             assert note.status_code == 201, note.text
@@ -473,7 +483,7 @@ def _stand_in_session(session_id: str) -> Any:
         id=session_id,
         spec=SimpleNamespace(image="img:test", memory_mb=512, cpus=1.0, runtime="runc"),
         owner=None,
-        created_at=datetime.now(timezone.utc),
+        created_at=datetime.now(UTC),
         kernel_info={"language_info": {"name": "python", "version": "3.11"}},
     )
 
@@ -536,7 +546,7 @@ async def test_store_purges_only_what_the_retention_lets_go(database_url: str) -
             await store.execution_finished(session, _finished_execution("e1", "1"))
         await store.add_note(ended.id, 3, "note")
         await store.session_ended(ended, "deleted")
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         await store.purge(now + timedelta(hours=12))
         assert await store.get_session(ended.id) is not None
         await store.purge(now + timedelta(days=2))
@@ -548,9 +558,7 @@ async def test_store_purges_only_what_the_retention_lets_go(database_url: str) -
         await store.close()
 
 
-def test_history_expires_after_the_retention(
-    database_url: str, docker_client: docker.DockerClient
-) -> None:
+def test_history_expires_after_the_retention(database_url: str, docker_client: docker.DockerClient) -> None:
     """Last in this file (as the purge test above): with a retention of 0 days the
     gateway purges every ended session in the database, also the other tests' ones."""
     gateway = start_gateway(

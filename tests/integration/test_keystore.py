@@ -6,7 +6,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -67,7 +67,7 @@ async def test_keys_are_created_listed_revoked_and_never_stored_in_clear(store: 
 
 async def test_audit_rows_are_written_and_filtered(store: Store) -> None:
     session = uuid.uuid4().hex
-    t0 = datetime.now(timezone.utc) - timedelta(seconds=1)
+    t0 = datetime.now(UTC) - timedelta(seconds=1)
     for i, (kind, key_id) in enumerate(
         [("session_created", "k1"), ("execution", "k1"), ("execution", "k2"), ("session_deleted", "k1")]
     ):
@@ -97,9 +97,9 @@ async def test_audit_rows_are_written_and_filtered(store: Store) -> None:
 async def test_old_audit_rows_are_purged(store: Store) -> None:
     session = uuid.uuid4().hex
     store.audit_retention_days = 30
-    old = datetime.now(timezone.utc) - timedelta(days=31)
+    old = datetime.now(UTC) - timedelta(days=31)
     audit.record(store, audit.AuditRecord(at=old, kind="session_created", session_id=session))
-    audit.record(store, audit.AuditRecord(at=datetime.now(timezone.utc), kind="session_deleted", session_id=session))
+    audit.record(store, audit.AuditRecord(at=datetime.now(UTC), kind="session_deleted", session_id=session))
     await store.flush()
     await store.purge()
     assert [r.kind for r in await audit.query(store, session_id=session)] == ["session_deleted"]

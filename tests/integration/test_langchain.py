@@ -18,16 +18,16 @@ import pytest
 
 pytest.importorskip("langchain_core", reason="needs the langchain extra: pip install 'kernelgw[langchain]'")
 
-from langchain.agents import create_agent  # noqa: E402
-from langchain_core.language_models import BaseChatModel  # noqa: E402
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage  # noqa: E402
-from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
-from langchain_core.utils.function_calling import convert_to_openai_tool  # noqa: E402
-from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
-from pydantic import Field  # noqa: E402
+from langchain.agents import create_agent
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.checkpoint.memory import InMemorySaver
+from pydantic import Field
 
-from kernelgw.client.sdk import Client  # noqa: E402
-from kernelgw.integrations.langchain import KernelGWTool  # noqa: E402
+from kernelgw.client.sdk import Client
+from kernelgw.integrations.langchain import KernelGWTool
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,9 @@ def call(code: str) -> Step:
     def step(messages: Sequence[BaseMessage]) -> AIMessage:
         return AIMessage(
             content="",
-            tool_calls=[{"name": "run_python", "args": {"code": code}, "id": f"call_{next(_ids)}", "type": "tool_call"}],
+            tool_calls=[
+                {"name": "run_python", "args": {"code": code}, "id": f"call_{next(_ids)}", "type": "tool_call"}
+            ],
         )
 
     return step
@@ -70,7 +72,9 @@ class ScriptedChatModel(BaseChatModel):
         self.bound_tools = [convert_to_openai_tool(t) for t in tools]
         return self
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
         assert self.script, "the agent asked the model for more turns than scripted"
         self.seen.append(list(messages))
         return ChatResult(generations=[ChatGeneration(message=self.script.pop(0)(messages))])
@@ -265,7 +269,9 @@ def test_threads_get_separate_sessions_and_sync_async_share_one(tool: KernelGWTo
     import asyncio
 
     async def later() -> Any:
-        return await tool.ainvoke({"name": "run_python", "args": {"code": "secret + 1"}, "id": "c2", "type": "tool_call"}, a)
+        return await tool.ainvoke(
+            {"name": "run_python", "args": {"code": "secret + 1"}, "id": "c2", "type": "tool_call"}, a
+        )
 
     found = asyncio.run(later())
     assert found.content == "result:\n42"
@@ -286,8 +292,12 @@ def test_existing_session_is_used_and_not_deleted(gateway_url: str) -> None:
         with KernelGWTool(base_url=gateway_url, session_id=session.id, images_in_content=True) as tool:
             assert tool.invoke({"code": "x"}) == "result:\n'from the app'"
             message = tool.invoke(
-                {"name": "run_python", "id": "c3", "type": "tool_call",
-                 "args": {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()"}}
+                {
+                    "name": "run_python",
+                    "id": "c3",
+                    "type": "tool_call",
+                    "args": {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()"},
+                }
             )
             text, image = message.content
             assert text == {"type": "text", "text": "displayed: 1 image (image/png)"}
@@ -298,10 +308,13 @@ def test_existing_session_is_used_and_not_deleted(gateway_url: str) -> None:
 
 async def test_parallel_tool_calls_of_one_conversation_share_one_session(gateway_url: str) -> None:
     def both(messages: Sequence[BaseMessage]) -> AIMessage:
-        return AIMessage(content="", tool_calls=[
-            {"name": "run_python", "args": {"code": "import os\nos.getpid()"}, "id": "p1", "type": "tool_call"},
-            {"name": "run_python", "args": {"code": "import os\nos.getpid()"}, "id": "p2", "type": "tool_call"},
-        ])
+        return AIMessage(
+            content="",
+            tool_calls=[
+                {"name": "run_python", "args": {"code": "import os\nos.getpid()"}, "id": "p1", "type": "tool_call"},
+                {"name": "run_python", "args": {"code": "import os\nos.getpid()"}, "id": "p2", "type": "tool_call"},
+            ],
+        )
 
     async with KernelGWTool(base_url=gateway_url) as tool:
         model = ScriptedChatModel(script=[both, answer])

@@ -12,9 +12,9 @@ Three ways in, each a real `kernelgw mcp` subprocess:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
-import asyncio
 import json
 import signal
 import socket
@@ -28,14 +28,13 @@ import pytest
 
 pytest.importorskip("mcp", reason="needs the mcp extra: pip install 'kernelgw[mcp]'")
 
-from mcp import Client, StdioServerParameters, stdio_client  # noqa: E402
-from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from mcp_types import CallToolResult, EmbeddedResource, ImageContent, TextContent  # noqa: E402
+from mcp import Client, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult, EmbeddedResource, ImageContent, TextContent
 
-from kernelgw.client.sdk import Client as GatewayClient  # noqa: E402
-from kernelgw.integrations.mcp import META_KEY  # noqa: E402
-
-from tests.integration.conftest import free_port  # noqa: E402
+from kernelgw.client.sdk import Client as GatewayClient
+from kernelgw.integrations.mcp import META_KEY
+from tests.integration.conftest import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -48,8 +47,19 @@ PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 4, 9])\nplt.show()"
 def _start_http_server(gateway_url: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kernelgw", "mcp", "--transport", "http", "--port", str(port),
-         "--server", gateway_url, *extra],
+        [
+            sys.executable,
+            "-m",
+            "kernelgw",
+            "mcp",
+            "--transport",
+            "http",
+            "--port",
+            str(port),
+            "--server",
+            gateway_url,
+            *extra,
+        ],
     )
     deadline = time.monotonic() + 60
     while True:
@@ -201,7 +211,8 @@ async def test_upload_list_download(mode: str, gateway_url: str, http_url: str) 
         down = await conn.call("download_file", path="data/out.json")
         [resource] = [c for c in down.content if isinstance(c, EmbeddedResource)]
         assert json.loads(resource.resource.text) == [  # type: ignore[union-attr]
-            {"region": "north", "units": 3}, {"region": "south", "units": 5}
+            {"region": "north", "units": 3},
+            {"region": "south", "units": 5},
         ]
         assert resource.resource.mime_type == "application/json"
 

@@ -50,7 +50,7 @@ def install(http: httpx.Client, sid: str, *packages: str) -> httpx.Response:
 
 def session_packages_dir(http: httpx.Client, sid: str) -> list[str]:
     out = stdout(run(http, sid, "import os; print(sorted(os.listdir('/opt/kernelgw/packages')))"))
-    return eval(out)  # a list literal printed by the kernel  # noqa: S307
+    return eval(out)  # a list literal printed by the kernel
 
 
 NO_NETWORK = """\
@@ -81,7 +81,11 @@ def test_allowlisted_package_installs_into_a_networkless_kernel_without_restart(
     assert set(installed) == {"sympy", "mpmath"}  # the dependency came along
     assert body["already_present"] == []
 
-    result = run(pkg_http, sid, "import sympy\nx = sympy.Symbol('x')\nprint(sympy.integrate(x**2, x), sympy.__version__, kept + 1)")
+    result = run(
+        pkg_http,
+        sid,
+        "import sympy\nx = sympy.Symbol('x')\nprint(sympy.integrate(x**2, x), sympy.__version__, kept + 1)",
+    )
     assert result["status"] == "ok", result
     assert stdout(result).split() == ["x**3/3", installed["sympy"], "42"]  # same kernel: state kept
     assert stdout(run(pkg_http, sid, NO_NETWORK)).startswith("offline")

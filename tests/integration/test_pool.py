@@ -62,10 +62,7 @@ def test_pooled_session_is_a_hit_and_indistinguishable_from_a_fresh_one(
     second = phttp.post("/v1/sessions", json={}).json()["id"]
     try:
         assert second != first
-        out = stdout(run(phttp, second, (
-            "import os\n"
-            "print('secret' in dir(), 'json' in dir(), os.listdir('.'))\n"
-        )))
+        out = stdout(run(phttp, second, ("import os\nprint('secret' in dir(), 'json' in dir(), os.listdir('.'))\n")))
         assert out == "False False []\n"
         second_container = container_of(docker_client, second)
         assert second_container.id != first_container.id
@@ -130,7 +127,9 @@ def test_non_default_profile_starts_cold(phttp: httpx.Client) -> None:
 def test_metrics_reflect_real_events(phttp: httpx.Client) -> None:
     sid = phttp.post("/v1/sessions", json={}).json()["id"]
     try:
-        before = {s: metric(phttp, "kernelgw_executions_total", f'{{status="{s}"}}') for s in ("ok", "error", "timeout")}
+        before = {
+            s: metric(phttp, "kernelgw_executions_total", f'{{status="{s}"}}') for s in ("ok", "error", "timeout")
+        }
         out_before = metric(phttp, "kernelgw_output_bytes_total")
         run(phttp, sid, "print('x' * 1000)")
         run(phttp, sid, "1/0")

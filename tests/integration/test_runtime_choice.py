@@ -48,7 +48,13 @@ def test_a_session_can_ask_for_gvisor(gw: RunningGateway, docker_client: docker.
             assert _container(docker_client, boxed_id).attrs["HostConfig"]["Runtime"] == "runsc"
             assert _container(docker_client, plain["id"]).attrs["HostConfig"]["Runtime"] == "runc"
             # gVisor's own kernel answers inside the sandbox
-            out = stdout(run(http, boxed_id, "import subprocess\nprint(subprocess.run(['dmesg'], capture_output=True, text=True).stdout)"))
+            out = stdout(
+                run(
+                    http,
+                    boxed_id,
+                    "import subprocess\nprint(subprocess.run(['dmesg'], capture_output=True, text=True).stdout)",
+                )
+            )
             assert "gVisor" in out
             assert stdout(run(http, plain["id"], "print(6 * 7)")) == "42\n"
         finally:

@@ -101,8 +101,9 @@ def test_root_filesystem_is_read_only_and_user_is_not_root(http: httpx.Client, s
     assert out[4] == "0000000000000000"  # no capabilities at all
 
 
-def test_container_configuration(docker_client: docker.DockerClient, gateway: RunningGateway,
-                                 http: httpx.Client, session_id: str) -> None:
+def test_container_configuration(
+    docker_client: docker.DockerClient, gateway: RunningGateway, http: httpx.Client, session_id: str
+) -> None:
     (container,) = docker_client.containers.list(filters={"label": f"kernelgw.session={session_id}"})
     host = container.attrs["HostConfig"]
     assert host["Runtime"] == RUNTIME  # the runsc pass really runs kernels in gVisor
@@ -111,7 +112,9 @@ def test_container_configuration(docker_client: docker.DockerClient, gateway: Ru
     assert host["CapDrop"] == ["ALL"]
     assert "no-new-privileges" in host["SecurityOpt"]
     if RUNTIME == "runsc":  # the process limit is RLIMIT_NPROC inside gVisor; the cgroup also counts its threads
-        assert {"Name": "nproc", "Soft": gateway.settings.pids_limit, "Hard": gateway.settings.pids_limit} in host["Ulimits"]
+        assert {"Name": "nproc", "Soft": gateway.settings.pids_limit, "Hard": gateway.settings.pids_limit} in host[
+            "Ulimits"
+        ]
         assert host["PidsLimit"] > gateway.settings.pids_limit
     else:
         assert host["PidsLimit"] == gateway.settings.pids_limit

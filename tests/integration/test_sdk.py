@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from kernelgw.client.execution import ExecutionBuilder, ExecutionError
 from kernelgw.client.sdk import AsyncClient, AsyncSession, Client, Session, SessionInfo
 from kernelgw.errors import ClientError
-from kernelgw.client.execution import ExecutionBuilder, ExecutionError
 
 pytestmark = pytest.mark.integration
 

@@ -63,12 +63,23 @@ def test_profile_is_the_docker_default_without_ptrace() -> None:
     assert not [r for r in allowed if REMOVED & set(r["names"])]
     # still the default's shape: one big unconditional allow list, and the
     # rules that depend on capabilities (none here: cap_drop ALL) or arguments
-    unconditional = {
-        n for r in allowed if not (r["args"] or r["includes"] or r["excludes"]) for n in r["names"]
-    }
+    unconditional = {n for r in allowed if not (r["args"] or r["includes"] or r["excludes"]) for n in r["names"]}
     assert {"read", "write", "mmap", "execve", "wait4", "kill"} <= unconditional
-    for blocked in ("keyctl", "add_key", "request_key", "unshare", "mount", "bpf", "perf_event_open",
-                    "kexec_load", "init_module", "userfaultfd", "personality", "clone", "clone3"):
+    for blocked in (
+        "keyctl",
+        "add_key",
+        "request_key",
+        "unshare",
+        "mount",
+        "bpf",
+        "perf_event_open",
+        "kexec_load",
+        "init_module",
+        "userfaultfd",
+        "personality",
+        "clone",
+        "clone3",
+    ):
         assert blocked not in unconditional, blocked
     by_cap = {n: r["includes"]["caps"] for r in allowed if r["includes"].get("caps") for n in r["names"]}
     assert by_cap["unshare"] == ["CAP_SYS_ADMIN"] and by_cap["kcmp"] == ["CAP_SYS_PTRACE"]
@@ -81,7 +92,7 @@ def test_containers_carry_the_profile(docker_client: docker.DockerClient, http: 
     opts = host["SecurityOpt"]
     assert "no-new-privileges" in opts
     (seccomp,) = [o for o in opts if o.startswith("seccomp=")]
-    assert json.loads(seccomp[len("seccomp="):]) == json.loads(seccomp_profile())
+    assert json.loads(seccomp[len("seccomp=") :]) == json.loads(seccomp_profile())
     if RUNTIME == "runc":
         code = "print(json.dumps([l.split()[1] for l in open('/proc/self/status') if l.startswith('Seccomp:')]))"
         mode = run_json(http, session_id, code)
@@ -179,8 +190,10 @@ def test_process_vm_readv_and_writev_fail(http: httpx.Client, session_id: str) -
     result = run_json(http, session_id, code)
     if RUNTIME == "runc":
         assert result == {
-            "process_vm_readv_self": "EPERM", "process_vm_readv_pid1": "EPERM",
-            "process_vm_writev_self": "EPERM", "process_vm_writev_pid1": "EPERM",
+            "process_vm_readv_self": "EPERM",
+            "process_vm_readv_pid1": "EPERM",
+            "process_vm_writev_self": "EPERM",
+            "process_vm_writev_pid1": "EPERM",
             "copied": "\0" * 8,
         }, result
     else:
@@ -220,8 +233,12 @@ def test_syscalls_the_docker_default_blocks_still_fail(http: httpx.Client, sessi
     result = run_json(http, session_id, code)
     if RUNTIME == "runc":
         assert result == {
-            "keyctl": "EPERM", "add_key": "EPERM", "request_key": "EPERM", "unshare_user": "EPERM",
-            "personality": "EPERM", "clone3": "ENOSYS",
+            "keyctl": "EPERM",
+            "add_key": "EPERM",
+            "request_key": "EPERM",
+            "unshare_user": "EPERM",
+            "personality": "EPERM",
+            "clone3": "ENOSYS",
         }, result
     else:
         # gVisor has no kernel keyrings; namespaces stay inside its own kernel
@@ -261,6 +278,11 @@ def test_ordinary_work_still_works(http: httpx.Client, session_id: str) -> None:
     )
     result = run_json(http, session_id, "import os\n" + code)
     assert result == {
-        "sum": 499999500000.0, "groups": 7, "png": True, "svg": True,
-        "ls": ["plot.png"], "sh": "42\n", "pool": [1, 2, 3],
+        "sum": 499999500000.0,
+        "groups": 7,
+        "png": True,
+        "svg": True,
+        "ls": ["plot.png"],
+        "sh": "42\n",
+        "pool": [1, 2, 3],
     }, result

@@ -119,7 +119,9 @@ def test_containers_left_by_a_killed_gateway_are_removed_at_next_start(
     with log.open("wb") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kernelgw", "serve", "--port", str(port)],
-            env=env, stdout=log_file, stderr=subprocess.STDOUT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
         )
     try:
         url = f"http://127.0.0.1:{port}"

@@ -25,9 +25,7 @@ def test_timeout_interrupts_and_keeps_earlier_variables(http: httpx.Client, sess
     assert stdout(run(http, session_id, "print(kept)")) == "still here\n"
 
 
-def test_cell_swallowing_interrupt_is_restarted_and_reported_as_state_lost(
-    http: httpx.Client, session_id: str
-) -> None:
+def test_cell_swallowing_interrupt_is_restarted_and_reported_as_state_lost(http: httpx.Client, session_id: str) -> None:
     run(http, session_id, "lost = 1")
     code = "while True:\n    try:\n        while True:\n            pass\n    except KeyboardInterrupt:\n        pass\n"
     result = run(http, session_id, code, timeout=2)
@@ -38,7 +36,7 @@ def test_cell_swallowing_interrupt_is_restarted_and_reported_as_state_lost(
     info = http.get(f"/v1/sessions/{session_id}").json()
     assert info["state"] == "idle"
     after = run(http, session_id, "'lost' in dir()")
-    assert [e for e in after["events"] if e["type"] == "result"][0]["data"]["text/plain"] == "False"
+    assert next(e for e in after["events"] if e["type"] == "result")["data"]["text/plain"] == "False"
 
 
 def test_interrupt_endpoint_stops_a_running_cell(http: httpx.Client, session_id: str) -> None:
@@ -65,7 +63,7 @@ def test_restart_endpoint_gives_a_fresh_kernel(http: httpx.Client, session_id: s
     assert resp.status_code == 200
     assert resp.json()["execution_count"] == 0
     after = run(http, session_id, "'gone' in dir()")
-    assert [e for e in after["events"] if e["type"] == "result"][0]["data"]["text/plain"] == "False"
+    assert next(e for e in after["events"] if e["type"] == "result")["data"]["text/plain"] == "False"
 
 
 def test_queue_runs_cells_one_at_a_time_in_order(http: httpx.Client, session_id: str) -> None:
@@ -87,7 +85,7 @@ def test_queue_runs_cells_one_at_a_time_in_order(http: httpx.Client, session_id:
     counts = [results[i]["execution_count"] for i in range(4)]
     assert counts == sorted(counts)
     final = run(http, session_id, "order")
-    assert [e for e in final["events"] if e["type"] == "result"][0]["data"]["text/plain"] == "[0, 1, 2, 3]"
+    assert next(e for e in final["events"] if e["type"] == "result")["data"]["text/plain"] == "[0, 1, 2, 3]"
 
 
 def test_kernel_crash_mid_cell_delivers_partial_output_then_dead(http: httpx.Client, session_id: str) -> None:

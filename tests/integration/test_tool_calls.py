@@ -88,7 +88,7 @@ def test_openai_responses(session: Session) -> None:
     assert image["type"] == "input_image"
     prefix = "data:image/png;base64,"
     assert image["image_url"].startswith(prefix)
-    assert base64.b64decode(image["image_url"][len(prefix):]).startswith(PNG_MAGIC)
+    assert base64.b64decode(image["image_url"][len(prefix) :]).startswith(PNG_MAGIC)
     json.dumps(items)
 
 
@@ -99,11 +99,13 @@ async def test_anthropic_messages_async(gateway_url: str) -> None:
 
     # the same simulation locally: the kernel's numbers must match
     rng = np.random.default_rng(42)
-    orders = pd.DataFrame({
-        "region": rng.choice(["north", "south", "east", "west"], 1000),
-        "units": rng.integers(1, 20, 1000),
-        "price": rng.choice([4.5, 9.99, 15.0], 1000),
-    })
+    orders = pd.DataFrame(
+        {
+            "region": rng.choice(["north", "south", "east", "west"], 1000),
+            "units": rng.integers(1, 20, 1000),
+            "price": rng.choice([4.5, 9.99, 15.0], 1000),
+        }
+    )
     orders["revenue"] = orders.units * orders.price
     expected = orders.groupby("region").revenue.sum().round(2).to_dict()
 
@@ -148,11 +150,14 @@ def test_a_sdk_object_call_and_a_bad_one(session: Session) -> None:
         name: str
         type: str
 
-    ok = run_tool_call(session, ToolUseBlock(id="toolu_x", name="run_python", type="tool_use",
-                                             input={"code": "print('from an SDK object')"}))
+    ok = run_tool_call(
+        session,
+        ToolUseBlock(id="toolu_x", name="run_python", type="tool_use", input={"code": "print('from an SDK object')"}),
+    )
     assert ok["content"] == [{"type": "text", "text": "stdout:\nfrom an SDK object"}]
-    bad = run_tool_call(session, {"id": "call_y", "type": "function",
-                                  "function": {"name": "run_python", "arguments": "{\"code\": \"1 +"}})
+    bad = run_tool_call(
+        session, {"id": "call_y", "type": "function", "function": {"name": "run_python", "arguments": '{"code": "1 +'}}
+    )
     assert bad["content"].startswith("error: invalid arguments for run_python: the arguments are not valid JSON")
     # nothing ran for the bad call
     assert session.info().execution_count == 1

@@ -110,9 +110,7 @@ def test_unknown_session_closes_with_4404(gateway: RunningGateway) -> None:
     assert info.value.rcvd is not None and info.value.rcvd.code == 4404
 
 
-def test_deleting_the_session_closes_its_websockets(
-    gateway: RunningGateway, http: httpx.Client
-) -> None:
+def test_deleting_the_session_closes_its_websockets(gateway: RunningGateway, http: httpx.Client) -> None:
     sid = http.post("/v1/sessions", json={}).json()["id"]
     with connect(f"{gateway.ws_url}/v1/sessions/{sid}/ws") as ws:
         http.delete(f"/v1/sessions/{sid}")
@@ -142,9 +140,11 @@ def _raw_ws_that_never_reads(ws_url: str) -> socket.socket:
 def test_slow_watcher_is_dropped_and_never_blocks_the_kernel_or_others(gateway: RunningGateway) -> None:
     from tests.integration.conftest import gateway_settings, start_gateway
 
-    gw = start_gateway(gateway_settings(
-        gateway_name=f"{gateway.settings.gateway_name}s", subscriber_queue=20, max_output_bytes=200_000_000
-    ))
+    gw = start_gateway(
+        gateway_settings(
+            gateway_name=f"{gateway.settings.gateway_name}s", subscriber_queue=20, max_output_bytes=200_000_000
+        )
+    )
     try:
         with httpx.Client(base_url=gw.url, timeout=120) as http:
             sid = http.post("/v1/sessions", json={}).json()["id"]

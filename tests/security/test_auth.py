@@ -54,9 +54,7 @@ class Keys:
     def __init__(self) -> None:
         self.admin = new_key("ops", "--admin")
         self.alice = new_key("alice")
-        self.bob = new_key(
-            "bob", "--max-sessions", "1", "--max-memory-mb", "768", "--executions-per-minute", "3"
-        )
+        self.bob = new_key("bob", "--max-sessions", "1", "--max-memory-mb", "768", "--executions-per-minute", "3")
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +64,7 @@ def keys() -> Keys:
 
 @pytest.fixture(scope="module")
 def authgw(keys: Keys, docker_client: Any) -> Iterator[RunningGateway]:
-    gw = start_gateway(
-        gateway_settings(gateway_name=f"auth{os.getpid()}", data_dir=str(DATA_DIR), auth_cache_s=0.2)
-    )
+    gw = start_gateway(gateway_settings(gateway_name=f"auth{os.getpid()}", data_dir=str(DATA_DIR), auth_cache_s=0.2))
     yield gw
     gw.stop()
     left = docker_client.containers.list(all=True, filters={"label": f"kernelgw.gateway={gw.settings.gateway_name}"})
@@ -198,7 +194,9 @@ def test_keys_are_stored_only_as_hashes(keys: Keys, authgw: RunningGateway) -> N
         "cols = [r[1] for r in conn.execute('PRAGMA table_info(kgw_api_keys)')]\n"
         "print(json.dumps({'raw': raw.decode('latin-1'), 'columns': cols}))\n"
     )
-    out = json.loads(subprocess.run([sys.executable, "-c", script, str(DATA_DIR)], capture_output=True, text=True, check=True).stdout)
+    out = json.loads(
+        subprocess.run([sys.executable, "-c", script, str(DATA_DIR)], capture_output=True, text=True, check=True).stdout
+    )
     for key in (keys.admin, keys.alice, keys.bob):
         secret = key["key"].rsplit("_", 1)[1]
         assert secret not in out["raw"]
@@ -251,9 +249,7 @@ def test_listing_shows_only_own_sessions_and_admin_sees_all(
     assert every[alice_session]["owner"] == keys.alice["id"]
 
 
-def test_admin_can_end_anyones_session_and_users_cannot_manage_keys(
-    alice: httpx.Client, admin: httpx.Client
-) -> None:
+def test_admin_can_end_anyones_session_and_users_cannot_manage_keys(alice: httpx.Client, admin: httpx.Client) -> None:
     sid = alice.post("/v1/sessions", json={}).json()["id"]
     assert admin.delete(f"/v1/sessions/{sid}").status_code == 204
     assert alice.get(f"/v1/sessions/{sid}").status_code == 404
@@ -394,7 +390,10 @@ def test_audit_log_records_who_ran_what(alice: httpx.Client, keys: Keys) -> None
     assert ok["status"] == "ok" and ok["output_bytes"] >= len("audited\n") and ok["duration_ms"] > 0
     assert err["status"] == "error" and err["error_name"] == "ZeroDivisionError"
     # filters: by key, by kind
-    by_key = [json.loads(line) for line in cli("audit", "--key", keys.alice["id"], "--kind", "execution", "--json").stdout.splitlines()]
+    by_key = [
+        json.loads(line)
+        for line in cli("audit", "--key", keys.alice["id"], "--kind", "execution", "--json").stdout.splitlines()
+    ]
     assert {r["execution_id"] for r in rows[1:3]} <= {r["execution_id"] for r in by_key}
     assert all(r["key_id"] == keys.alice["id"] for r in by_key)
     table = cli("audit", "--since", "1h", "--session", sid)

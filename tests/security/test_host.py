@@ -77,9 +77,7 @@ def test_host_files_are_not_visible(http: httpx.Client, session_id: str, host_ma
     assert seen["pid1"].endswith("docker-init")  # the container's own init, not the host's
 
 
-def test_proc_shows_no_gateway_secret_or_variable(
-    http: httpx.Client, docker_client: docker.DockerClient
-) -> None:
+def test_proc_shows_no_gateway_secret_or_variable(http: httpx.Client, docker_client: docker.DockerClient) -> None:
     assert os.environ.get(SECRET_ENV) is None or os.environ[SECRET_ENV] == SECRET_MARKER
     user_env = {"KERNELGW_USER_PASSED": "yes", "PLAIN": "1"}
     with new_session(http, env=user_env) as sid:
@@ -105,8 +103,11 @@ def test_proc_shows_no_gateway_secret_or_variable(
     assert seen["secret"] is False
     assert set(seen["names"]) <= {"KERNELGW_USER_PASSED"}, seen["names"]
     assert SECRET_MARKER not in engine_env
-    assert not [line for line in engine_env.splitlines() if line.startswith("KERNELGW_") and
-                not line.startswith("KERNELGW_USER_PASSED=")]
+    assert not [
+        line
+        for line in engine_env.splitlines()
+        if line.startswith("KERNELGW_") and not line.startswith("KERNELGW_USER_PASSED=")
+    ]
 
 
 READ_ONLY_TARGETS = [
@@ -171,8 +172,12 @@ def test_filling_a_tmpfs_ends_in_enospc_and_the_session_goes_on(
     assert result["written"] <= size_mb << 20
     # the full mount does not break the kernel: it still runs cells, and writes
     # elsewhere work (IPython keeps its history under /tmp)
-    still = run(http, session_id, "other = '/workspace' if path.startswith('/tmp') else '/tmp'\n"
-                                  "open(os.path.join(other, 'small.txt'), 'w').write('ok')\nprint('still here')")
+    still = run(
+        http,
+        session_id,
+        "other = '/workspace' if path.startswith('/tmp') else '/tmp'\n"
+        "open(os.path.join(other, 'small.txt'), 'w').write('ok')\nprint('still here')",
+    )
     # (IPython may add a line saying it can no longer save its history)
     assert still["status"] == "ok" and "still here" in stdout(still), still["events"][-1]
     freed = run(http, session_id, "os.remove(path)\nopen(path, 'wb').write(b'x')\nprint(os.path.getsize(path))")

@@ -70,8 +70,17 @@ def counters(http: httpx.Client, sid: str) -> dict[str, int]:
 def test_malformed_json_gets_422(http: httpx.Client, target: str, name: str) -> None:
     before = counters(http, target)
     sessions = len(http.get("/v1/sessions").json()["sessions"])
-    for body in [b"{", b"not json", b'{"code": "1",}', b"\xff\xfe{}", b"", b'{"code": "\\ud800"'] + [
-        b'{"code": 1}', b'{"markdown": ["x"]}', b'{"packages": "sympy"}', b'{"memory_mb": "lots"}'
+    for body in [
+        b"{",
+        b"not json",
+        b'{"code": "1",}',
+        b"\xff\xfe{}",
+        b"",
+        b'{"code": "\\ud800"',
+        b'{"code": 1}',
+        b'{"markdown": ["x"]}',
+        b'{"packages": "sympy"}',
+        b'{"memory_mb": "lots"}',
     ]:
         resp = http.post(endpoint(name, target), content=body, headers=JSON)
         assert_error(resp, 422)

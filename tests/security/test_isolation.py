@@ -109,7 +109,10 @@ def test_neighbour_processes_are_invisible(http: httpx.Client, session_id: str, 
 
 
 def test_no_other_connection_directory_is_mounted(
-    http: httpx.Client, gateway: RunningGateway, session_id: str, neighbour: Neighbour,
+    http: httpx.Client,
+    gateway: RunningGateway,
+    session_id: str,
+    neighbour: Neighbour,
     docker_client: docker.DockerClient,
 ) -> None:
     (container,) = session_containers(docker_client, session_id)

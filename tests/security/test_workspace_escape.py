@@ -72,9 +72,7 @@ TRAVERSALS = {
 
 
 @pytest.mark.parametrize("kind", list(TRAVERSALS))
-def test_crafted_names_are_refused_everywhere(
-    http: httpx.Client, workspace: str, host_marker: Path, kind: str
-) -> None:
+def test_crafted_names_are_refused_everywhere(http: httpx.Client, workspace: str, host_marker: Path, kind: str) -> None:
     path = TRAVERSALS[kind](host_marker)
     host_content = host_marker.read_bytes()
     before = workspace_tree(http, workspace)
@@ -111,10 +109,18 @@ def test_links_out_of_the_workspace_serve_nothing(http: httpx.Client, session_id
     outcomes: dict[str, object] = {}
     leaked: list[str] = []
     for method, path in [
-        ("GET", "marker"), ("GET", "hostname"), ("GET", "init_root/etc/passwd"), ("GET", "up/etc/passwd"),
-        ("GET", "up/workspace/hostname"), ("GET", "deep/er/etc/passwd"), ("GET", "tmp/.ipython/profile_default"),
-        ("PUT", "tmp/kgw-evil"), ("PUT", "up/tmp/kgw-evil"), ("PUT", "init_root/tmp/kgw-evil"),
-        ("DELETE", "deep/er/etc/hostname"), ("DELETE", "tmp/.ipython"),
+        ("GET", "marker"),
+        ("GET", "hostname"),
+        ("GET", "init_root/etc/passwd"),
+        ("GET", "up/etc/passwd"),
+        ("GET", "up/workspace/hostname"),
+        ("GET", "deep/er/etc/passwd"),
+        ("GET", "tmp/.ipython/profile_default"),
+        ("PUT", "tmp/kgw-evil"),
+        ("PUT", "up/tmp/kgw-evil"),
+        ("PUT", "init_root/tmp/kgw-evil"),
+        ("DELETE", "deep/er/etc/hostname"),
+        ("DELETE", "tmp/.ipython"),
     ]:
         resp = http.request(method, files_url(session_id, path), content=b"kgw-evil")
         outcomes[f"{method} {path}"] = (resp.status_code, error_code(resp))
@@ -144,18 +150,18 @@ def test_recursive_listing_never_follows_links(http: httpx.Client, session_id: s
     resp = http.get(files_url(session_id), params={"recursive": "true"})
     assert resp.status_code == 200, resp.text
     entries = {e["path"]: e["type"] for e in resp.json()["entries"]}
-    assert entries == {"d": "directory", "d/e": "directory", "d/e/f.txt": "file",
-                       "d/root": "symlink", "d/e/loop": "symlink"}
+    assert entries == {
+        "d": "directory",
+        "d/e": "directory",
+        "d/e/f.txt": "file",
+        "d/root": "symlink",
+        "d/e/loop": "symlink",
+    }
 
 
 def test_special_files_are_refused_at_once(http: httpx.Client, session_id: str) -> None:
     # a FIFO would block a reader forever; a socket has no bytes at all
-    code = (
-        "import os, socket\n"
-        "os.mkfifo('pipe')\n"
-        "s = socket.socket(socket.AF_UNIX)\n"
-        "s.bind('/workspace/sock')\n"
-    )
+    code = "import os, socket\nos.mkfifo('pipe')\ns = socket.socket(socket.AF_UNIX)\ns.bind('/workspace/sock')\n"
     assert run(http, session_id, code)["status"] == "ok"
     for path in ("pipe", "sock"):
         for method in ("GET", "PUT"):

@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernelgw.server import create_app
-from kernelgw.runtime.backends.base import EngineHealth, KernelHandle, KernelSpec, KernelState
 from kernelgw.config import Settings
 from kernelgw.errors import EngineUnavailable
+from kernelgw.runtime.backends.base import EngineHealth, KernelHandle, KernelSpec, KernelState
+from kernelgw.server import create_app
 
 
 class EngineDown:

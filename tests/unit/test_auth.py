@@ -3,7 +3,7 @@ body caps, audit time parsing."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import click
 import pytest
@@ -14,8 +14,6 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from kernelgw.cli.admin import parse_when
-from kernelgw.server.auth import is_loopback, same_origin
-from kernelgw.server.limits import BodySizeLimit
 from kernelgw.config import Settings
 from kernelgw.errors import Unauthorized
 from kernelgw.keys import (
@@ -30,6 +28,8 @@ from kernelgw.keys import (
     new_secret,
     parse_key,
 )
+from kernelgw.server.auth import is_loopback, same_origin
+from kernelgw.server.limits import BodySizeLimit
 from kernelgw.server.ratelimit import ExecutionRateLimiter
 
 
@@ -43,8 +43,16 @@ def test_a_new_key_parses_back_to_its_id_and_secret() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "kgw_", "kgw_abc_def", "xyz_" + "a" * 12 + "_" + "b" * 43, "kgw_" + "A" * 12 + "_" + "b" * 43,
-     "kgw_" + "a" * 12 + "_" + "b" * 42, "kgw_" + "a" * 12 + "_" + "b" * 43 + "x", "kgw_" + "a" * 12 + "_" + "b/" * 21 + "c"],
+    [
+        "",
+        "kgw_",
+        "kgw_abc_def",
+        "xyz_" + "a" * 12 + "_" + "b" * 43,
+        "kgw_" + "A" * 12 + "_" + "b" * 43,
+        "kgw_" + "a" * 12 + "_" + "b" * 42,
+        "kgw_" + "a" * 12 + "_" + "b" * 43 + "x",
+        "kgw_" + "a" * 12 + "_" + "b/" * 21 + "c",
+    ],
 )
 def test_malformed_keys_do_not_parse(text: str) -> None:
     assert parse_key(text) is None
@@ -52,7 +60,7 @@ def test_malformed_keys_do_not_parse(text: str) -> None:
 
 def test_keys_match_only_their_own_secret() -> None:
     secret = new_secret()
-    key = ApiKey("abcdefabcdef", "n", "user", hash_secret(secret), datetime.now(timezone.utc))
+    key = ApiKey("abcdefabcdef", "n", "user", hash_secret(secret), datetime.now(UTC))
     assert key.matches(secret)
     assert not key.matches(new_secret())
     assert key.secret_sha256 != secret and len(key.secret_sha256) == 64
@@ -60,8 +68,15 @@ def test_keys_match_only_their_own_secret() -> None:
 
 @pytest.mark.parametrize(
     ("header", "expected"),
-    [(None, None), ("", None), ("Bearer", None), ("Bearer   ", None), ("Basic abc", None),
-     ("Bearer abc", "abc"), ("bearer  abc ", "abc")],
+    [
+        (None, None),
+        ("", None),
+        ("Bearer", None),
+        ("Bearer   ", None),
+        ("Basic abc", None),
+        ("Bearer abc", "abc"),
+        ("bearer  abc ", "abc"),
+    ],
 )
 def test_bearer_header(header: str | None, expected: str | None) -> None:
     assert bearer(header) == expected
@@ -129,19 +144,27 @@ def test_same_origin(origin: str | None, host: str | None, allowed: list[str], o
 
 @pytest.mark.parametrize(
     ("host", "loopback"),
-    [("127.0.0.1", True), ("127.1.2.3", True), ("::1", True), ("localhost", True),
-     ("0.0.0.0", False), ("::", False), ("10.0.0.1", False), ("example.com", False)],
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.1", False),
+        ("example.com", False),
+    ],
 )
 def test_is_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
 
 
 def test_parse_when_accepts_durations_and_iso_times() -> None:
-    now = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
     assert parse_when("30m", now) == now - timedelta(minutes=30)
     assert parse_when("2h", now) == now - timedelta(hours=2)
     assert parse_when("1.5d", now) == now - timedelta(days=1.5)
-    assert parse_when("2026-11-20T08:00", now) == datetime(2026, 11, 20, 8, 0, tzinfo=timezone.utc)
+    assert parse_when("2026-11-20T08:00", now) == datetime(2026, 11, 20, 8, 0, tzinfo=UTC)
     assert parse_when("2026-11-20T08:00+01:00", now).utcoffset() == timedelta(hours=1)
     with pytest.raises(click.BadParameter):
         parse_when("yesterday", now)
@@ -151,7 +174,9 @@ def _echo_app(limit: int) -> Starlette:
     async def echo(request: Request) -> JSONResponse:
         return JSONResponse({"size": len(await request.body())})
 
-    app = Starlette(routes=[Route("/v1/x", echo, methods=["POST"]), Route("/v1/sessions/s/files/a", echo, methods=["PUT"])])
+    app = Starlette(
+        routes=[Route("/v1/x", echo, methods=["POST"]), Route("/v1/sessions/s/files/a", echo, methods=["PUT"])]
+    )
     app.state.settings = Settings(max_request_bytes=limit)
     app.add_middleware(BodySizeLimit)
     return app

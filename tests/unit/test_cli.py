@@ -94,7 +94,9 @@ def test_printer_writes_streams_results_errors_and_saves_images(tmp_path):
 def test_printer_without_save_dir_prints_text_plain():
     out = io.StringIO()
     printer = _Printer(None, out=out, err=io.StringIO())
-    printer.event(SimpleNamespace(type="display", execution_id="e", data={"image/png": "AAAA", "text/plain": "<Figure>"}))
+    printer.event(
+        SimpleNamespace(type="display", execution_id="e", data={"image/png": "AAAA", "text/plain": "<Figure>"})
+    )
     printer.event(SimpleNamespace(type="display", execution_id="e", data={"image/png": "AAAA"}))
     assert out.getvalue() == "<Figure>\n[image/png; use --save-images DIR to keep it]\n"
 

@@ -75,9 +75,7 @@ def test_base_url_must_be_http(bad):
 
 def test_create_body_leaves_out_unset_options():
     with Client() as client:
-        assert client._create_call(
-            memory_mb=None, cpus=None, env=None, image=None, timeout=None
-        ).json == {}
+        assert client._create_call(memory_mb=None, cpus=None, env=None, image=None, timeout=None).json == {}
         call = client._create_call(memory_mb=512, cpus=0.5, env={"A": "1"}, image="img", timeout=9)
         assert call.method == "POST" and call.path == "/v1/sessions"
         assert call.json == {"memory_mb": 512, "cpus": 0.5, "env": {"A": "1"}, "image": "img", "timeout": 9}
@@ -237,9 +235,7 @@ def gateway(request: httpx.Request) -> httpx.Response:
     if path == "/v1/sessions" and method == "GET":
         return httpx.Response(200, json={"sessions": [INFO, {**INFO, "id": "def456"}]})
     if not path.startswith("/v1/sessions/abc123"):
-        return httpx.Response(
-            404, json={"error": {"code": "session_not_found", "message": "No session."}}
-        )
+        return httpx.Response(404, json={"error": {"code": "session_not_found", "message": "No session."}})
     rest = path.removeprefix("/v1/sessions/abc123")
     if rest == "" and method == "GET":
         return httpx.Response(200, json={**INFO, "execution_count": 5})
@@ -255,13 +251,11 @@ def gateway(request: httpx.Request) -> httpx.Response:
         events = [
             {"type": "stream", "seq": 1, "execution_id": eid, "name": "stdout", "text": "out\n"},
             {"type": "result", "seq": 2, "execution_id": eid, "data": {"text/plain": "42"}},
-            {"type": "done", "seq": 3, "execution_id": eid, "status": "ok", "duration_ms": 3.0,
-             "execution_count": 1},
+            {"type": "done", "seq": 3, "execution_id": eid, "status": "ok", "duration_ms": 3.0, "execution_count": 1},
         ]
         return httpx.Response(
             200,
-            json={"execution_id": eid, "status": "ok", "execution_count": 1, "duration_ms": 3.0,
-                  "events": events},
+            json={"execution_id": eid, "status": "ok", "execution_count": 1, "duration_ms": 3.0, "events": events},
         )
     return httpx.Response(405, json={"detail": "Method Not Allowed"})
 

@@ -6,9 +6,9 @@ import base64
 
 import pytest
 
+from kernelgw.client.execution import Execution, ExecutionBuilder, ExecutionError
 from kernelgw.errors import KernelGWError
 from kernelgw.events import Display, Result, Stream
-from kernelgw.client.execution import Execution, ExecutionBuilder, ExecutionError
 
 EID = "e1"
 PNG1 = b"\x89PNG\r\n\x1a\n-one"
@@ -28,9 +28,7 @@ def run_events(*body, status="ok", count=1, **done):
     """queued, busy, *body, done -- as the gateway sends them."""
     events = [ev("queued", 1, code="..."), ev("status", 2, state="busy")]
     events += [{**e, "seq": 3 + i} for i, e in enumerate(body)]
-    events.append(
-        ev("done", 3 + len(body), status=status, execution_count=count, duration_ms=12.5, **done)
-    )
+    events.append(ev("done", 3 + len(body), status=status, execution_count=count, duration_ms=12.5, **done))
     return events
 
 
@@ -242,9 +240,7 @@ def test_error_and_raise_for_error():
 
 @pytest.mark.parametrize("status", ["timeout", "dead"])
 def test_raise_for_error_without_an_error_event(status):
-    ex = Execution(
-        run_events(status=status, count=None, reason="took longer than 1s", state_lost=True)
-    )
+    ex = Execution(run_events(status=status, count=None, reason="took longer than 1s", state_lost=True))
     assert ex.error is None
     assert ex.reason == "took longer than 1s"
     assert ex.state_lost is True

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelgw.image import builder as image
 from kernelgw.errors import KernelGWError
+from kernelgw.image import builder as image
 
 DEB822 = """\
 Types: deb
@@ -103,7 +103,7 @@ def test_find_apt_mirror(tmp_path: Path) -> None:
 FILES = {
     "Dockerfile": b"ARG BASE=python:3.12-slim\nFROM ${BASE}\n",
     "requirements.txt": b"ipykernel\nnumpy\n",
-    "start-kernel": b"#!/bin/sh\nexec python -m ipykernel_launcher -f \"$1\"\n",
+    "start-kernel": b'#!/bin/sh\nexec python -m ipykernel_launcher -f "$1"\n',
 }
 
 
@@ -121,7 +121,9 @@ def test_build_hash_changes_with_inputs() -> None:
     assert image.compute_build_hash(changed_reqs, "sha256:aaa") != h
     assert image.compute_build_hash(FILES, "sha256:bbb") != h
     # moving bytes from one file to the next must not collide
-    shifted = dict(FILES, Dockerfile=FILES["Dockerfile"][:-1], **{"requirements.txt": b"\n" + FILES["requirements.txt"]})
+    shifted = dict(
+        FILES, Dockerfile=FILES["Dockerfile"][:-1], **{"requirements.txt": b"\n" + FILES["requirements.txt"]}
+    )
     assert image.compute_build_hash(shifted, "sha256:aaa") != h
 
 
@@ -160,7 +162,9 @@ def test_packages_from_wheels() -> None:
 
 
 def test_parse_step() -> None:
-    assert image.parse_step("Step 3/12 : RUN python3 -m venv /opt/kernel") == "Step 3/12 : RUN python3 -m venv /opt/kernel"
+    assert (
+        image.parse_step("Step 3/12 : RUN python3 -m venv /opt/kernel") == "Step 3/12 : RUN python3 -m venv /opt/kernel"
+    )
     assert image.parse_step(" ---> Running in 1234") is None
 
 

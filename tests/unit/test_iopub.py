@@ -20,8 +20,14 @@ def test_stream() -> None:
 def test_display_keeps_bundle_untouched_and_display_id() -> None:
     png = "iVBORw0KGgo" * 1000
     event = to_event(
-        msg("display_data", {"data": {"image/png": png, "text/plain": "<Figure>"}, "metadata": {"a": 1},
-                             "transient": {"display_id": "d"}}),
+        msg(
+            "display_data",
+            {
+                "data": {"image/png": png, "text/plain": "<Figure>"},
+                "metadata": {"a": 1},
+                "transient": {"display_id": "d"},
+            },
+        ),
         "e1",
     )
     assert isinstance(event, ev.Display)

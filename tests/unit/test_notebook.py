@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import nbformat
@@ -20,7 +20,7 @@ from kernelgw.server.notebook import (
 )
 from kernelgw.storage.records import ExecutionRecord, NoteRecord
 
-T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 
 
@@ -28,8 +28,13 @@ def execution(
     position: int, code: str, events: list[ev.Event], *, status: str = "ok", count: int | None = None, seq: int = 0
 ) -> ExecutionRecord:
     eid = f"e{position}"
-    done = ev.Done(execution_id=eid, status=status, execution_count=count, duration_ms=12.5,
-                   reason=None if status == "ok" else f"{status} happened")  # type: ignore[arg-type]
+    done = ev.Done(
+        execution_id=eid,
+        status=status,
+        execution_count=count,
+        duration_ms=12.5,
+        reason=None if status == "ok" else f"{status} happened",
+    )  # type: ignore[arg-type]
     all_events = [ev.Queued(execution_id=eid, code=code), ev.Status(execution_id=eid, state="busy"), *events, done]
     return ExecutionRecord(
         session_id="s1",
@@ -56,14 +61,21 @@ def outputs(cell: Any) -> list[dict[str, Any]]:
 
 
 def test_stream_chunks_merge_per_name_like_jupyter() -> None:
-    nb = build_notebook([
-        execution(0, "...", [
-            ev.Stream(name="stdout", text="a"),
-            ev.Stream(name="stdout", text="b\n"),
-            ev.Stream(name="stderr", text="warn\n"),
-            ev.Stream(name="stdout", text="c\n"),
-        ], count=1),
-    ])
+    nb = build_notebook(
+        [
+            execution(
+                0,
+                "...",
+                [
+                    ev.Stream(name="stdout", text="a"),
+                    ev.Stream(name="stdout", text="b\n"),
+                    ev.Stream(name="stderr", text="warn\n"),
+                    ev.Stream(name="stdout", text="c\n"),
+                ],
+                count=1,
+            ),
+        ]
+    )
     assert outputs(nb.cells[0]) == [
         out("stream", name="stdout", text="ab\n"),
         out("stream", name="stderr", text="warn\n"),
@@ -74,15 +86,27 @@ def test_stream_chunks_merge_per_name_like_jupyter() -> None:
 
 def test_display_result_and_error_map_to_nbformat_outputs() -> None:
     tb = ["\x1b[0;31mZeroDivisionError\x1b[0m Traceback", "\x1b[0;31mZeroDivisionError\x1b[0m: division by zero"]
-    nb = build_notebook([
-        execution(0, "plot", [
-            ev.Display(data={"image/png": PNG, "text/plain": "<Figure>"}, metadata={"image/png": {"width": 1}},
-                       display_id="d1"),
-            ev.Result(execution_count=3, data={"text/plain": "42", "text/html": "<b>42</b>"}),
-            ev.Error(ename="ZeroDivisionError", evalue="division by zero", traceback=tb,
-                     traceback_text=["x", "y"]),
-        ], status="error", count=3),
-    ])
+    nb = build_notebook(
+        [
+            execution(
+                0,
+                "plot",
+                [
+                    ev.Display(
+                        data={"image/png": PNG, "text/plain": "<Figure>"},
+                        metadata={"image/png": {"width": 1}},
+                        display_id="d1",
+                    ),
+                    ev.Result(execution_count=3, data={"text/plain": "42", "text/html": "<b>42</b>"}),
+                    ev.Error(
+                        ename="ZeroDivisionError", evalue="division by zero", traceback=tb, traceback_text=["x", "y"]
+                    ),
+                ],
+                status="error",
+                count=3,
+            ),
+        ]
+    )
     assert outputs(nb.cells[0]) == [
         out("display_data", data={"image/png": PNG, "text/plain": "<Figure>"}, metadata={"image/png": {"width": 1}}),
         out("execute_result", data={"text/plain": "42", "text/html": "<b>42</b>"}, metadata={}, execution_count=3),
@@ -94,16 +118,28 @@ def test_display_result_and_error_map_to_nbformat_outputs() -> None:
 
 
 def test_update_display_reaches_outputs_in_earlier_cells() -> None:
-    nb = build_notebook([
-        execution(0, "h = display('v1', display_id=True)", [
-            ev.Display(data={"text/plain": "'v1'"}, display_id="d"),
-            ev.Display(data={"text/plain": "'other'"}, display_id="x"),
-        ], count=1),
-        execution(1, "h.display('again')", [ev.Display(data={"text/plain": "'again'"}, display_id="d")], count=2),
-        execution(2, "h.update('v2')", [
-            ev.UpdateDisplay(data={"text/plain": "'v2'"}, metadata={"m": 1}, display_id="d"),
-        ], count=3),
-    ])
+    nb = build_notebook(
+        [
+            execution(
+                0,
+                "h = display('v1', display_id=True)",
+                [
+                    ev.Display(data={"text/plain": "'v1'"}, display_id="d"),
+                    ev.Display(data={"text/plain": "'other'"}, display_id="x"),
+                ],
+                count=1,
+            ),
+            execution(1, "h.display('again')", [ev.Display(data={"text/plain": "'again'"}, display_id="d")], count=2),
+            execution(
+                2,
+                "h.update('v2')",
+                [
+                    ev.UpdateDisplay(data={"text/plain": "'v2'"}, metadata={"m": 1}, display_id="d"),
+                ],
+                count=3,
+            ),
+        ]
+    )
     assert outputs(nb.cells[0]) == [
         out("display_data", data={"text/plain": "'v2'"}, metadata={"m": 1}),
         out("display_data", data={"text/plain": "'other'"}, metadata={}),
@@ -118,24 +154,38 @@ def test_update_of_an_unknown_display_id_is_ignored() -> None:
 
 
 def test_clear_output_now_and_wait() -> None:
-    nb = build_notebook([
-        execution(0, "now", [
-            ev.Stream(name="stdout", text="1\n"),
-            ev.ClearOutput(wait=False),
-            ev.Stream(name="stdout", text="2\n"),
-        ]),
-        execution(1, "wait", [
-            ev.Stream(name="stdout", text="frame 1\n"),
-            ev.ClearOutput(wait=True),
-            ev.Display(data={"text/plain": "frame 2"}),
-            ev.ClearOutput(wait=True),
-        ]),
-        execution(2, "wait then update", [
-            ev.Display(data={"text/plain": "p0"}, display_id="p"),
-            ev.ClearOutput(wait=True),
-            ev.UpdateDisplay(data={"text/plain": "p1"}, display_id="p"),
-        ]),
-    ])
+    nb = build_notebook(
+        [
+            execution(
+                0,
+                "now",
+                [
+                    ev.Stream(name="stdout", text="1\n"),
+                    ev.ClearOutput(wait=False),
+                    ev.Stream(name="stdout", text="2\n"),
+                ],
+            ),
+            execution(
+                1,
+                "wait",
+                [
+                    ev.Stream(name="stdout", text="frame 1\n"),
+                    ev.ClearOutput(wait=True),
+                    ev.Display(data={"text/plain": "frame 2"}),
+                    ev.ClearOutput(wait=True),
+                ],
+            ),
+            execution(
+                2,
+                "wait then update",
+                [
+                    ev.Display(data={"text/plain": "p0"}, display_id="p"),
+                    ev.ClearOutput(wait=True),
+                    ev.UpdateDisplay(data={"text/plain": "p1"}, display_id="p"),
+                ],
+            ),
+        ]
+    )
     assert outputs(nb.cells[0]) == [out("stream", name="stdout", text="2\n")]
     # the last clear(wait=True) has no output after it: the last frame stays
     assert outputs(nb.cells[1]) == [out("display_data", data={"text/plain": "frame 2"}, metadata={})]
@@ -144,25 +194,35 @@ def test_clear_output_now_and_wait() -> None:
 
 
 def test_clear_output_does_not_cross_cells() -> None:
-    nb = build_notebook([
-        execution(0, "a", [ev.Stream(name="stdout", text="kept\n"), ev.ClearOutput(wait=True)]),
-        execution(1, "b", [ev.Stream(name="stdout", text="b\n")]),
-    ])
+    nb = build_notebook(
+        [
+            execution(0, "a", [ev.Stream(name="stdout", text="kept\n"), ev.ClearOutput(wait=True)]),
+            execution(1, "b", [ev.Stream(name="stdout", text="b\n")]),
+        ]
+    )
     assert outputs(nb.cells[0]) == [out("stream", name="stdout", text="kept\n")]
     assert outputs(nb.cells[1]) == [out("stream", name="stdout", text="b\n")]
 
 
 def test_truncation_and_unfinished_executions_leave_a_note_on_stderr() -> None:
-    nb = build_notebook([
-        execution(0, "spam", [
-            ev.Stream(name="stderr", text="x"),
-            ev.Truncated(limit_bytes=10, message="output exceeded 10 bytes"),
-        ]),
-        execution(1, "while True: pass", [], status="timeout"),
-        execution(2, "boom", [ev.Stream(name="stdout", text="hi\n")], status="dead"),
-    ])
+    nb = build_notebook(
+        [
+            execution(
+                0,
+                "spam",
+                [
+                    ev.Stream(name="stderr", text="x"),
+                    ev.Truncated(limit_bytes=10, message="output exceeded 10 bytes"),
+                ],
+            ),
+            execution(1, "while True: pass", [], status="timeout"),
+            execution(2, "boom", [ev.Stream(name="stdout", text="hi\n")], status="dead"),
+        ]
+    )
     assert outputs(nb.cells[0]) == [out("stream", name="stderr", text="x[kernelgw: output exceeded 10 bytes]\n")]
-    assert outputs(nb.cells[1]) == [out("stream", name="stderr", text="[kernelgw: execution timeout: timeout happened]\n")]
+    assert outputs(nb.cells[1]) == [
+        out("stream", name="stderr", text="[kernelgw: execution timeout: timeout happened]\n")
+    ]
     assert outputs(nb.cells[2])[1]["text"].startswith("[kernelgw: execution dead")
     assert [c.metadata["kernelgw"]["status"] for c in nb.cells] == ["ok", "timeout", "dead"]
     nbformat.validate(nb)
@@ -182,7 +242,10 @@ def test_notebook_metadata_notes_and_validity() -> None:
         image="img:1",
     )
     assert [(c.cell_type, c.source) for c in nb.cells] == [
-        ("markdown", "# first"), ("code", "a = 1"), ("markdown", "## between"), ("code", "b = 2"),
+        ("markdown", "# first"),
+        ("code", "a = 1"),
+        ("markdown", "## between"),
+        ("code", "b = 2"),
         ("markdown", "the end"),
     ]
     assert nb.nbformat == 4 and nb.metadata.kernelspec == KERNELSPEC
@@ -236,8 +299,13 @@ def test_replay_plan_of_a_plain_jupyter_notebook_joins_source_lines() -> None:
         "metadata": {},
         "cells": [
             {"cell_type": "markdown", "metadata": {}, "source": ["# t"]},
-            {"cell_type": "code", "metadata": {}, "source": ["x = 1\n", "y = 2"], "outputs": [],
-             "execution_count": None},
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "source": ["x = 1\n", "y = 2"],
+                "outputs": [],
+                "execution_count": None,
+            },
         ],
     }
     assert [(s.index, s.code) for s in replay_plan(read_notebook(nb))] == [(1, "x = 1\ny = 2")]

@@ -6,8 +6,8 @@ import base64
 from typing import Any
 
 from kernelgw.client.execution import Execution
-from kernelgw.integrations.observation import format_traceback, observe, truncate_middle
 from kernelgw.events import Error
+from kernelgw.integrations.observation import format_traceback, observe, truncate_middle
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
 
@@ -37,11 +37,15 @@ def error(ename: str, evalue: str, lines: list[str]) -> dict[str, Any]:
 
 
 def test_stdout_and_result() -> None:
-    obs = observe(Execution([
-        stdout("hello\n"),
-        {"type": "result", "execution_count": 1, "data": {"text/plain": "3628800"}},
-        done(),
-    ]))
+    obs = observe(
+        Execution(
+            [
+                stdout("hello\n"),
+                {"type": "result", "execution_count": 1, "data": {"text/plain": "3628800"}},
+                done(),
+            ]
+        )
+    )
     assert obs.text == "stdout:\nhello\nresult:\n3628800"
     assert obs.ok and not obs.is_error and obs.execution_count == 1
     assert obs.images == [] and obs.html == [] and obs.files == []
@@ -71,8 +75,9 @@ def test_error_keeps_the_last_frames() -> None:
 
 
 def test_syntax_error_shows_the_line() -> None:
-    obs = observe(Execution([error("SyntaxError", "incomplete input (2551227035.py, line 1)", SYNTAX_TRACEBACK),
-                             done("error")]))
+    obs = observe(
+        Execution([error("SyntaxError", "incomplete input (2551227035.py, line 1)", SYNTAX_TRACEBACK), done("error")])
+    )
     assert obs.text.startswith("error: SyntaxError: incomplete input")
     assert "    x = (\n         ^" in obs.text
 
@@ -84,9 +89,15 @@ def test_traceback_with_no_frames_wanted() -> None:
 
 
 def test_error_without_message() -> None:
-    lines = ["-" * 75, "KeyboardInterrupt                         Traceback (most recent call last)",
-             "Cell In[3], line 1\n----> 1 while True: pass\n", "KeyboardInterrupt: "]
-    obs = observe(Execution([error("KeyboardInterrupt", "", lines), done("interrupted", reason="interrupted by a client")]))
+    lines = [
+        "-" * 75,
+        "KeyboardInterrupt                         Traceback (most recent call last)",
+        "Cell In[3], line 1\n----> 1 while True: pass\n",
+        "KeyboardInterrupt: ",
+    ]
+    obs = observe(
+        Execution([error("KeyboardInterrupt", "", lines), done("interrupted", reason="interrupted by a client")])
+    )
     assert obs.text == (
         "error: KeyboardInterrupt\ntraceback:\nCell In[3], line 1\n----> 1 while True: pass\n"
         "status: interrupted -- interrupted by a client"
@@ -94,13 +105,27 @@ def test_error_without_message() -> None:
 
 
 def test_images_html_and_files() -> None:
-    obs = observe(Execution([
-        {"type": "display", "data": {"text/plain": "<Figure size 640x480 with 1 Axes>", "image/png": PNG + "\n"}},
-        {"type": "result", "execution_count": 1,
-         "data": {"text/plain": "   x\n0  1", "text/html": "<table><tr><td>1</td></tr></table>"}},
-        done(artifacts=[{"path": "plot.png", "size": 20331, "mime_type": "image/png", "change": "created"},
-                        {"path": "data.csv", "size": 12, "mime_type": "text/csv", "change": "modified"}]),
-    ]))
+    obs = observe(
+        Execution(
+            [
+                {
+                    "type": "display",
+                    "data": {"text/plain": "<Figure size 640x480 with 1 Axes>", "image/png": PNG + "\n"},
+                },
+                {
+                    "type": "result",
+                    "execution_count": 1,
+                    "data": {"text/plain": "   x\n0  1", "text/html": "<table><tr><td>1</td></tr></table>"},
+                },
+                done(
+                    artifacts=[
+                        {"path": "plot.png", "size": 20331, "mime_type": "image/png", "change": "created"},
+                        {"path": "data.csv", "size": 12, "mime_type": "text/csv", "change": "modified"},
+                    ]
+                ),
+            ]
+        )
+    )
     assert obs.text == (
         "result:\n   x\n0  1\n"
         "displayed: 1 image (image/png), 1 HTML output\n"
@@ -123,31 +148,46 @@ def test_images_html_and_files() -> None:
 
 
 def test_updated_and_cleared_displays_count_as_shown() -> None:
-    obs = observe(Execution([
-        {"type": "display", "data": {"text/plain": "step 1"}, "display_id": "p"},
-        {"type": "update_display", "data": {"text/plain": "step 9"}, "display_id": "p"},
-        {"type": "display", "data": {"image/jpeg": "abcd"}},
-        {"type": "clear_output", "wait": False},
-        {"type": "display", "data": {"application/json": {"a": 1}}},
-        done(),
-    ]))
+    obs = observe(
+        Execution(
+            [
+                {"type": "display", "data": {"text/plain": "step 1"}, "display_id": "p"},
+                {"type": "update_display", "data": {"text/plain": "step 9"}, "display_id": "p"},
+                {"type": "display", "data": {"image/jpeg": "abcd"}},
+                {"type": "clear_output", "wait": False},
+                {"type": "display", "data": {"application/json": {"a": 1}}},
+                done(),
+            ]
+        )
+    )
     # only what is still shown: the cleared JPEG is gone, the JSON output is described
     assert obs.text == "displayed: 1 output of type application/json"
-    obs = observe(Execution([
-        {"type": "display", "data": {"text/plain": "step 1"}, "display_id": "p"},
-        {"type": "update_display", "data": {"text/plain": "step 9"}, "display_id": "p"},
-        done(),
-    ]))
+    obs = observe(
+        Execution(
+            [
+                {"type": "display", "data": {"text/plain": "step 1"}, "display_id": "p"},
+                {"type": "update_display", "data": {"text/plain": "step 9"}, "display_id": "p"},
+                done(),
+            ]
+        )
+    )
     assert obs.text == "display:\nstep 9"
 
 
 def test_timeout_restart_and_dropped_output() -> None:
-    obs = observe(Execution([
-        stdout("working\n"),
-        {"type": "truncated", "limit_bytes": 1000, "message": "output limit reached"},
-        done("timeout", reason="the execution exceeded its 5 s timeout; the kernel was restarted",
-             state_lost=True),
-    ]))
+    obs = observe(
+        Execution(
+            [
+                stdout("working\n"),
+                {"type": "truncated", "limit_bytes": 1000, "message": "output limit reached"},
+                done(
+                    "timeout",
+                    reason="the execution exceeded its 5 s timeout; the kernel was restarted",
+                    state_lost=True,
+                ),
+            ]
+        )
+    )
     assert obs.is_error and obs.status == "timeout"
     assert obs.text == (
         "stdout:\nworking\n"
@@ -219,8 +259,11 @@ def test_chained_exception_shows_the_final_one() -> None:
 
 
 def test_the_cells_frame_is_kept_when_the_error_is_deep_in_a_library() -> None:
-    lines = ["-" * 75, "KeyError                                  Traceback (most recent call last)",
-             "Cell In[7], line 1\n----> 1 orders.groupby('regoin')\n"]
+    lines = [
+        "-" * 75,
+        "KeyError                                  Traceback (most recent call last)",
+        "Cell In[7], line 1\n----> 1 orders.groupby('regoin')\n",
+    ]
     lines += [f"File .../pandas/core/groupby/lib{i}.py:{i}, in f{i}()\n" for i in range(5)]
     lines += ["KeyError: 'regoin'"]
     text = observe(Execution([error("KeyError", "'regoin'", lines), done("error")])).text

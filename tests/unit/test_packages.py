@@ -11,10 +11,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from kernelgw.server import create_app
-from kernelgw.runtime.backends.base import EngineHealth, ExecProcess, KernelHandle, KernelSpec, KernelState
 from kernelgw.config import Settings
 from kernelgw.errors import BadRequest, EngineUnavailable, PackageNotAllowed
+from kernelgw.runtime.backends.base import EngineHealth, ExecProcess, KernelHandle, KernelSpec, KernelState
 from kernelgw.runtime.packages import (
     check_request,
     image_target,
@@ -23,6 +22,7 @@ from kernelgw.runtime.packages import (
     pip_failure,
     wheel_name_version,
 )
+from kernelgw.server import create_app
 
 
 def test_names_are_normalised_per_pep_503() -> None:
@@ -129,8 +129,9 @@ class EngineDown:
     async def reap_orphans(self) -> list[str]:
         return []
 
-    async def exec(self, handle: KernelHandle, argv: list[str], *, stdin: bool = False,
-                   timeout: float = 120.0) -> ExecProcess:
+    async def exec(
+        self, handle: KernelHandle, argv: list[str], *, stdin: bool = False, timeout: float = 120.0
+    ) -> ExecProcess:
         raise AssertionError("exec must not be reached")
 
     async def image_labels(self, image: str) -> dict[str, str] | None:

@@ -41,8 +41,14 @@ async def settle(pool: WarmPool, ready: int) -> None:
 
 def make(size: int = 2, max_size: int = 4, shrink: float = 60) -> tuple[WarmPool, Metrics]:
     metrics = Metrics()
-    pool = WarmPool(PoolProfile("img", 256, 1.0), starter, size=size, max_size=max_size,  # type: ignore[arg-type]
-                    shrink_after_s=shrink, metrics=metrics)
+    pool = WarmPool(
+        PoolProfile("img", 256, 1.0),
+        starter,
+        size=size,
+        max_size=max_size,  # type: ignore[arg-type]
+        shrink_after_s=shrink,
+        metrics=metrics,
+    )
     return pool, metrics
 
 

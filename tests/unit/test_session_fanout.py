@@ -15,8 +15,14 @@ from kernelgw.runtime.session import KernelSession, SessionConfig, Subscription
 def make_session(replay: int = 5, queue: int = 100) -> KernelSession:
     spec = KernelSpec("s", "img", 256, 1.0, 64, 16, 16, 16)
     config = SessionConfig(
-        exec_timeout_s=10, max_exec_timeout_s=20, interrupt_grace_s=1, kernel_start_timeout_s=5,
-        max_output_bytes=1000, replay_buffer=replay, subscriber_queue=queue, state_poll_s=0.1,
+        exec_timeout_s=10,
+        max_exec_timeout_s=20,
+        interrupt_grace_s=1,
+        kernel_start_timeout_s=5,
+        max_output_bytes=1000,
+        replay_buffer=replay,
+        subscriber_queue=queue,
+        state_poll_s=0.1,
     )
     return KernelSession("s", spec, backend=None, config=config)  # type: ignore[arg-type]
 

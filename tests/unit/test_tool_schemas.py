@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from click.testing import CliRunner
@@ -42,8 +42,12 @@ def test_openai_chat_completions_tool() -> None:
     tool = openai_tool()
     assert tool == {
         "type": "function",
-        "function": {"name": "run_python", "description": tool["function"]["description"], "parameters": SCHEMA,
-                     "strict": True},
+        "function": {
+            "name": "run_python",
+            "description": tool["function"]["description"],
+            "parameters": SCHEMA,
+            "strict": True,
+        },
     }
     assert "stateful" in tool["function"]["description"]
     assert "strict" not in openai_tool(strict=False)["function"]
@@ -52,8 +56,13 @@ def test_openai_chat_completions_tool() -> None:
 
 def test_openai_responses_tool_is_flat() -> None:
     tool = openai_responses_tool(name="python", description="Run it.")
-    assert tool == {"type": "function", "name": "python", "description": "Run it.", "parameters": SCHEMA,
-                    "strict": True}
+    assert tool == {
+        "type": "function",
+        "name": "python",
+        "description": "Run it.",
+        "parameters": SCHEMA,
+        "strict": True,
+    }
 
 
 def test_anthropic_tool() -> None:
@@ -70,10 +79,15 @@ def test_strict_mode_rules_hold() -> None:
 
 # ------------------------------------------------------------------- tool calls
 
-CHAT_CALL = {"id": "call_1", "type": "function",
-             "function": {"name": "run_python", "arguments": "{\"code\": \"1 + 1\"}"}}
-RESPONSES_CALL = {"type": "function_call", "id": "fc_1", "call_id": "call_2", "name": "run_python",
-                  "arguments": "{\"code\": \"2 + 2\"}", "status": "completed"}
+CHAT_CALL = {"id": "call_1", "type": "function", "function": {"name": "run_python", "arguments": '{"code": "1 + 1"}'}}
+RESPONSES_CALL = {
+    "type": "function_call",
+    "id": "fc_1",
+    "call_id": "call_2",
+    "name": "run_python",
+    "arguments": '{"code": "2 + 2"}',
+    "status": "completed",
+}
 ANTHROPIC_CALL = {"type": "tool_use", "id": "toolu_1", "name": "run_python", "input": {"code": "3 + 3"}}
 
 
@@ -119,10 +133,10 @@ class NoRun:
 @pytest.mark.parametrize(
     ("arguments", "problem"),
     [
-        ("{\"code\": ", "the arguments are not valid JSON"),
+        ('{"code": ', "the arguments are not valid JSON"),
         ("[1, 2]", "the arguments are not a JSON object"),
-        ("{\"source\": \"1\"}", "run_python needs a \"code\" argument"),
-        ("{\"code\": 5}", "run_python needs a \"code\" argument"),
+        ('{"source": "1"}', 'run_python needs a "code" argument'),
+        ('{"code": 5}', 'run_python needs a "code" argument'),
     ],
 )
 def test_bad_arguments_answer_with_an_error_for_the_model(arguments: str, problem: str) -> None:
@@ -131,7 +145,7 @@ def test_bad_arguments_answer_with_an_error_for_the_model(arguments: str, proble
     assert result["role"] == "tool" and result["tool_call_id"] == "call_1"
     assert result["content"].startswith("error: ") and problem in result["content"]
     anthropic = run_tool_call(NoRun(), {**ANTHROPIC_CALL, "input": {}})  # type: ignore[arg-type]
-    assert anthropic["is_error"] is True and "needs a \"code\" argument" in anthropic["content"][0]["text"]
+    assert anthropic["is_error"] is True and 'needs a "code" argument' in anthropic["content"][0]["text"]
 
 
 def test_a_call_for_another_tool_raises() -> None:
@@ -140,16 +154,25 @@ def test_a_call_for_another_tool_raises() -> None:
 
 
 PNG = "iVBORw0KGgo="
-PLOT = Execution([
-    {"type": "stream", "name": "stdout", "text": "drawn\n"},
-    {"type": "display", "data": {"text/plain": "<Figure>", "image/png": PNG}},
-    {"type": "done", "status": "ok", "duration_ms": 1.0},
-])
-FAILED = Execution([
-    {"type": "error", "ename": "NameError", "evalue": "name 'x' is not defined", "traceback": [],
-     "traceback_text": []},
-    {"type": "done", "status": "error", "duration_ms": 1.0},
-])
+PLOT = Execution(
+    [
+        {"type": "stream", "name": "stdout", "text": "drawn\n"},
+        {"type": "display", "data": {"text/plain": "<Figure>", "image/png": PNG}},
+        {"type": "done", "status": "ok", "duration_ms": 1.0},
+    ]
+)
+FAILED = Execution(
+    [
+        {
+            "type": "error",
+            "ename": "NameError",
+            "evalue": "name 'x' is not defined",
+            "traceback": [],
+            "traceback_text": [],
+        },
+        {"type": "done", "status": "error", "duration_ms": 1.0},
+    ]
+)
 
 
 def test_result_shapes() -> None:
@@ -159,15 +182,19 @@ def test_result_shapes() -> None:
     assert tool_result(parse_tool_call(RESPONSES_CALL), obs) == {
         "type": "function_call_output",
         "call_id": "call_2",
-        "output": [{"type": "input_text", "text": text},
-                   {"type": "input_image", "image_url": f"data:image/png;base64,{PNG}"}],
+        "output": [
+            {"type": "input_text", "text": text},
+            {"type": "input_image", "image_url": f"data:image/png;base64,{PNG}"},
+        ],
     }
     assert tool_result(parse_tool_call(RESPONSES_CALL), obs, images=False)["output"] == text
     assert tool_result(parse_tool_call(ANTHROPIC_CALL), obs) == {
         "type": "tool_result",
         "tool_use_id": "toolu_1",
-        "content": [{"type": "text", "text": text},
-                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}],
+        "content": [
+            {"type": "text", "text": text},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+        ],
         "is_error": False,
     }
     failed = tool_result(parse_tool_call(ANTHROPIC_CALL), observe(FAILED))
@@ -177,7 +204,7 @@ def test_result_shapes() -> None:
 
 def test_run_tool_call_runs_the_code_in_the_session() -> None:
     class Recorder:
-        codes: list[str] = []
+        codes: ClassVar[list[str]] = []
 
         def run(self, code: str, *, timeout: float | None = None) -> Execution:
             self.codes.append(code)
@@ -196,9 +223,7 @@ def test_run_tool_call_runs_the_code_in_the_session() -> None:
     ("module", "dependency", "extra"),
     [("kernelgw.integrations.langchain", "langchain_core", "langchain"), ("kernelgw.integrations.mcp", "mcp", "mcp")],
 )
-def test_a_missing_extra_is_named(
-    monkeypatch: pytest.MonkeyPatch, module: str, dependency: str, extra: str
-) -> None:
+def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch, module: str, dependency: str, extra: str) -> None:
     import kernelgw.integrations
 
     monkeypatch.delitem(sys.modules, module, raising=False)

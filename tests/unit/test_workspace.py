@@ -199,7 +199,9 @@ def test_put_get_list_delete_roundtrip(tmp_path: Path) -> None:
 
     (listing,), _, _ = fs(tmp_path, "list", "--recursive", "--", "")
     assert [(e["path"], e["type"]) for e in listing["entries"]] == [
-        ("sub", "directory"), ("sub/dir", "directory"), ("sub/dir/data.csv", "file")
+        ("sub", "directory"),
+        ("sub/dir", "directory"),
+        ("sub/dir/data.csv", "file"),
     ]
     (flat,), _, _ = fs(tmp_path, "list", "--", "sub")
     assert [e["path"] for e in flat["entries"]] == ["sub/dir"]
@@ -257,7 +259,7 @@ def test_helper_refuses_bad_paths_itself(tmp_path: Path) -> None:
 def test_option_like_names_are_paths_not_options(tmp_path: Path) -> None:
     _, done = put(tmp_path, "--root=x", b"1")
     assert done["ok"] and (tmp_path / "--root=x").read_bytes() == b"1"
-    (answer,), body, _ = fs(tmp_path, "get", "--", "--root=x")
+    (_answer,), body, _ = fs(tmp_path, "get", "--", "--root=x")
     assert body == b"1"
 
 

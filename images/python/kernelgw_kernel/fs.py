@@ -512,8 +512,18 @@ def cmd_put(root: str, path: str, max_bytes: int, quota: int, inp: BinaryIO, out
         tmp_fd = os.open(
             tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=root_fd
         )
-        say(out, {"ok": True, "limit": limit, "max_bytes": max_bytes, "quota": quota, "used": used,
-                  "free": free, "existing": existing})
+        say(
+            out,
+            {
+                "ok": True,
+                "limit": limit,
+                "max_bytes": max_bytes,
+                "quota": quota,
+                "used": used,
+                "free": free,
+                "existing": existing,
+            },
+        )
         size = 0
         with os.fdopen(tmp_fd, "wb", buffering=0) as f:
             try:
@@ -523,7 +533,7 @@ def cmd_put(root: str, path: str, max_bytes: int, quota: int, inp: BinaryIO, out
                         raise Refused("quota", f"the upload is larger than its limit of {limit} bytes")
                     view = memoryview(data)
                     while view:
-                        view = view[f.write(view):]
+                        view = view[f.write(view) :]
             except OSError as exc:
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     drain(inp)

@@ -28,7 +28,9 @@ from typing import Any
 from kernelgw_kernel import PACKAGES_DIR
 from kernelgw_kernel.fs import Refused, fail, read_frames, say
 
-WHEEL_NAME = re.compile(r"^[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_.]*)?-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl$")
+WHEEL_NAME = re.compile(
+    r"^[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_.]*)?-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl$"
+)
 
 
 def normalize(name: str) -> str:
@@ -94,9 +96,18 @@ def cmd_install(target: str) -> None:
             return
         proc = subprocess.run(
             [
-                sys.executable, "-m", "pip", "install",
-                "--no-index", "--no-deps", "--no-cache-dir", "--disable-pip-version-check",
-                "--no-warn-script-location", "--upgrade", "--target", target,
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--no-index",
+                "--no-deps",
+                "--no-cache-dir",
+                "--disable-pip-version-check",
+                "--no-warn-script-location",
+                "--upgrade",
+                "--target",
+                target,
                 *[os.path.join(staging, w) for w in sorted(wheels)],
             ],
             stdout=subprocess.PIPE,

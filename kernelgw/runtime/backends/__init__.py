@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 __all__ = ["Backend", "EngineHealth", "KernelHandle", "KernelSpec", "KernelState", "create_backend"]
 
 
-def create_backend(settings: "Settings") -> Backend:
+def create_backend(settings: Settings) -> Backend:
     """The Docker backend for these settings (the only one so far)."""
     from kernelgw.runtime.backends.docker import DockerBackend
 

@@ -20,19 +20,20 @@ import logging
 import os
 import secrets
 import shutil
-import stat
 import socket
+import stat
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import docker
 import docker.errors
 from docker.models.containers import Container
 
-from kernelgw.runtime.backends.base import EngineHealth, KernelHandle, KernelSpec, KernelState
 from kernelgw.errors import BackendError, EngineUnavailable, ImageNotFound, KernelDied, KernelStartFailed
+from kernelgw.runtime.backends.base import EngineHealth, KernelHandle, KernelSpec, KernelState
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,6 @@ def connection_info(ip: str, key: str) -> dict[str, Any]:
     }
 
 
-
 def process_limits(spec: KernelSpec) -> dict[str, Any]:
     """The container options that cap processes.
 
@@ -79,6 +79,7 @@ def process_limits(spec: KernelSpec) -> dict[str, Any]:
         "pids_limit": spec.pids_limit * 8 + 64,
         "ulimits": [docker.types.Ulimit(name="nproc", soft=spec.pids_limit, hard=spec.pids_limit)],
     }
+
 
 @functools.cache
 def seccomp_profile() -> str:
@@ -119,9 +120,7 @@ class DockerBackend:
             # so the kernel runs as the gateway's own (still unprivileged) user.
             self.uid, self.gid = os.geteuid(), os.getegid()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="docker")
-        self._client_factory = client_factory or partial(
-            docker.from_env, max_pool_size=max_workers, timeout=60
-        )
+        self._client_factory = client_factory or partial(docker.from_env, max_pool_size=max_workers, timeout=60)
         self._docker: docker.DockerClient | None = None
         longest = self.base_dir / ("x" * 12) / "k-5"
         if len(str(longest).encode()) > MAX_SOCKET_PATH:
@@ -187,12 +186,10 @@ class DockerBackend:
                 tmpfs={
                     "/tmp": f"rw,nosuid,nodev,size={spec.tmp_size_mb}m,mode=1777",
                     CONTAINER_WORKDIR: (
-                        f"rw,nosuid,nodev,size={spec.workspace_size_mb}m,"
-                        f"uid={self.uid},gid={self.gid},mode=0700"
+                        f"rw,nosuid,nodev,size={spec.workspace_size_mb}m,uid={self.uid},gid={self.gid},mode=0700"
                     ),
                     CONTAINER_PACKAGES_DIR: (
-                        f"rw,nosuid,nodev,size={spec.packages_size_mb}m,"
-                        f"uid={self.uid},gid={self.gid},mode=0755"
+                        f"rw,nosuid,nodev,size={spec.packages_size_mb}m,uid={self.uid},gid={self.gid},mode=0755"
                     ),
                 },
                 shm_size=f"{spec.shm_size_mb}m",
@@ -213,8 +210,7 @@ class DockerBackend:
         except docker.errors.ImageNotFound as exc:
             shutil.rmtree(conn_dir, ignore_errors=True)
             raise ImageNotFound(
-                f"Kernel image {spec.image!r} is not present. Build it with "
-                "`kernelgw image build`."
+                f"Kernel image {spec.image!r} is not present. Build it with `kernelgw image build`."
             ) from exc
         except docker.errors.APIError as exc:
             shutil.rmtree(conn_dir, ignore_errors=True)
@@ -331,8 +327,14 @@ class DockerBackend:
         api = self._client().api
         try:
             created = api.exec_create(
-                handle.container_id, argv, stdin=stdin, stdout=True, stderr=True, tty=False,
-                user=f"{self.uid}:{self.gid}", workdir="/",
+                handle.container_id,
+                argv,
+                stdin=stdin,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                user=f"{self.uid}:{self.gid}",
+                workdir="/",
             )
             sock = api.exec_start(created["Id"], socket=True)
         except docker.errors.NotFound as exc:

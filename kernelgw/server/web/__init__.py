@@ -25,7 +25,7 @@ from fastapi.responses import FileResponse, RedirectResponse
 
 STATIC_DIR = Path(str(files(__name__) / "static"))
 
-CONTENT_SECURITY_POLICY = "; ".join(  # noqa: FLY002  (one directive a line)
+CONTENT_SECURITY_POLICY = "; ".join(
     [
         "default-src 'none'",
         "script-src 'self'",
