@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 DEFAULT_IMAGE = "kernelgw/python:latest"
 
@@ -228,7 +228,12 @@ class Settings(BaseSettings):
 
     @classmethod
     def load(cls, config_file: Path | None = None, **overrides: Any) -> Settings:
-        """Settings from a JSON/TOML file, then env vars, then explicit overrides."""
+        """Settings from a JSON/TOML file, then env vars, then explicit overrides.
+
+        The three are merged before anything is validated: checks that relate two
+        settings (``memory_mb`` within ``max_memory_mb``) must see the final values,
+        not an env var against a default the file replaces.
+        """
         data: dict[str, Any] = {}
         if config_file is not None:
             text = config_file.read_text()
@@ -238,6 +243,5 @@ class Settings(BaseSettings):
                 data = tomllib.loads(text)
             else:
                 data = json.loads(text)
-        env = cls()  # reads KERNELGW_* env vars
-        merged = {**data, **env.model_dump(exclude_unset=True), **overrides}
-        return cls(**merged)
+        env = EnvSettingsSource(cls)()  # the KERNELGW_* env vars, decoded but not validated
+        return cls(**{**data, **env, **overrides})

@@ -45,3 +45,30 @@ def test_unknown_setting_is_an_error(tmp_path: Path) -> None:
     cfg.write_text(json.dumps({"max_sesions": 3}))
     with pytest.raises(ValidationError):
         Settings.load(cfg)
+
+
+def test_env_is_checked_against_the_file_not_the_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 8192 is above the default max_memory_mb (4096) but within the file's
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text("max_memory_mb = 16384\n")
+    monkeypatch.setenv("KERNELGW_MEMORY_MB", "8192")
+    settings = Settings.load(cfg)
+    assert settings.memory_mb == 8192 and settings.max_memory_mb == 16384
+
+
+def test_merged_settings_are_still_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text("max_memory_mb = 16384\n")
+    monkeypatch.setenv("KERNELGW_MEMORY_MB", "8192")
+    with pytest.raises(ValidationError, match="max_memory_mb"):
+        Settings.load(cfg, max_memory_mb=4096)
+
+
+def test_env_lists_and_objects_are_merged_with_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "gw.json"
+    cfg.write_text(json.dumps({"allowed_images": ["file/img"], "pool_size": 2}))
+    monkeypatch.setenv("KERNELGW_ALLOWED_IMAGES", '["env/img"]')
+    monkeypatch.setenv("KERNELGW_POOL_PROFILES", '[{"memory_mb": 4096, "size": 1}]')
+    settings = Settings.load(cfg)
+    assert settings.allowed_images == ["env/img"] and settings.pool_size == 2
+    assert settings.pool_profiles[0].memory_mb == 4096
