@@ -83,8 +83,9 @@ class Settings(BaseSettings):
     """Calls a cell may not make, e.g. ``["os.system", "eval"]``."""
     policy_deny_shell: bool = False
     """Refuse IPython shell escapes (``!cmd``, ``%%bash``, ``%system``)."""
-    log_format: Literal["json", "text"] = "json"
-    """The gateway's own logs on stderr: JSON lines, or text for people."""
+    log_format: Literal["auto", "json", "text"] = "auto"
+    """The gateway's own logs on stderr: JSON lines, or text for people; ``auto``:
+    text when stderr is a terminal, JSON lines otherwise."""
 
     @property
     def ws_max_message_bytes(self) -> int:

@@ -1,12 +1,13 @@
 """The ``kernelgw`` command: run a gateway, build the kernel image, run code.
 
-kernelgw serve [--host H] [--port P] [--config FILE] [--log-format json|text]
+kernelgw serve [--host H] [--port P] [--config FILE] [--log-format auto|json|text]
                [--insecure-allow-remote]
 kernelgw keys create NAME [--admin] [--max-sessions N] ... | keys list | keys revoke ID
 kernelgw audit [--since 2h] [--key ID] [--session ID] [--kind K] [--json]
 kernelgw image build [--tag T] [--base auto|debootstrap|IMAGE] [--force]
 kernelgw run [CODE | -] [--server URL] [--session ID] [--timeout S]
-             [--save-images DIR] [--keep] [--upload FILE ...] [--save-artifacts DIR]
+             [--save-images DIR | --no-save-images] [--keep] [--upload FILE ...]
+             [--save-artifacts DIR]
 kernelgw export SESSION [-o OUT.ipynb] [--server URL]
 kernelgw mcp [--server URL] [--transport stdio|http] [--host H] [--port P]
 """
@@ -31,6 +32,9 @@ EXIT_ABORTED = 2
 EXIT_GATEWAY = 3
 """The gateway could not be reached or answered with an error."""
 EXIT_SIGINT = 130
+
+DEFAULT_IMAGES_DIR = Path("kernelgw-images")
+"""Where ``kernelgw run`` saves images by default, relative to where it runs."""
 
 
 def _use_api_key(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
@@ -80,9 +84,9 @@ def main() -> None:
 )
 @click.option(
     "--log-format",
-    type=click.Choice(["json", "text"]),
+    type=click.Choice(["auto", "json", "text"]),
     default=None,
-    help="Logs on stderr: JSON lines or text [env KERNELGW_LOG_FORMAT; json].",
+    help="Logs on stderr: JSON lines, text, or auto (text on a terminal, else JSON) [env KERNELGW_LOG_FORMAT; auto].",
 )
 @click.option(
     "--insecure-allow-remote",
@@ -189,7 +193,12 @@ def image_build(tag: str, base: str, force: bool) -> None:
 
 @dataclass
 class _Printer:
-    """Writes a streamed execution's events to the terminal as they arrive."""
+    """Writes a streamed execution's events to the terminal as they arrive.
+
+    PNG images go to files in ``save_dir`` (created with the first one), never
+    over an existing file; a terminal cannot show them, and a chart's text/plain
+    (``<Figure ...>``) says nothing.
+    """
 
     save_dir: Path | None
     out: TextIO = field(default_factory=lambda: sys.stdout)
@@ -213,12 +222,8 @@ class _Printer:
 
     def _bundle(self, execution_id: str, data: dict[str, Any]) -> None:
         png = data.get("image/png")
-        if png is not None and self.save_dir is not None:
-            import base64
-
-            self.images_saved += 1
-            path = self.save_dir / f"{execution_id}-{self.images_saved}.png"
-            path.write_bytes(base64.b64decode(png))
+        path = self._save_png(execution_id, png) if png is not None and self.save_dir is not None else None
+        if path is not None:
             self.out.write(f"[image saved: {path}]\n")
         else:
             text = data.get("text/plain")
@@ -227,6 +232,36 @@ class _Printer:
             elif png is not None:
                 self.out.write("[image/png; use --save-images DIR to keep it]\n")
         self.out.flush()
+
+    def _save_png(self, execution_id: str, png: Any) -> Path | None:
+        """Write the image to a new file; None (and a note on stderr) when that fails."""
+        import base64
+        import binascii
+
+        assert self.save_dir is not None
+        self.images_saved += 1
+        try:
+            content = base64.b64decode(png if isinstance(png, str) else "".join(png))
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+            return _write_new(self.save_dir, f"{execution_id}-{self.images_saved}", ".png", content)
+        except (OSError, binascii.Error, TypeError) as exc:
+            self.err.write(f"[image not saved: {exc}]\n")
+            self.err.flush()
+            return None
+
+
+def _write_new(directory: Path, stem: str, suffix: str, content: bytes) -> Path:
+    """Write ``content`` to ``stem + suffix`` in ``directory``, or to ``stem-2 + suffix``
+    and so on when that exists: an earlier run's file is never replaced."""
+    n = 1
+    while True:
+        path = directory / (f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}")
+        try:
+            with path.open("xb") as fh:
+                fh.write(content)
+            return path
+        except FileExistsError:
+            n += 1
 
 
 def _read_code(code: str | None) -> str:
@@ -245,7 +280,12 @@ def _read_code(code: str | None) -> str:
     "save_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Save PNG images as DIR/<execution_id>-<n>.png.",
+    help=f"Save PNG images as DIR/<execution_id>-<n>.png [default: ./{DEFAULT_IMAGES_DIR}].",
+)
+@click.option(
+    "--no-save-images",
+    is_flag=True,
+    help="Do not save images; print their text form (e.g. <Figure ...>) instead.",
 )
 @click.option("--keep", is_flag=True, help="Keep the new session and print its id.")
 @click.option(
@@ -268,6 +308,7 @@ def run(
     session_id: str | None,
     timeout: float | None,
     save_dir: Path | None,
+    no_save_images: bool,
     keep: bool,
     uploads: tuple[Path, ...],
     artifacts_dir: Path | None,
@@ -276,6 +317,8 @@ def run(
 
     CODE is Python source; with '-' or no CODE it is read from stdin. Without
     --session a new session is created, and deleted afterwards unless --keep.
+    Images (charts) are saved in ./kernelgw-images (made when the first one
+    arrives; existing files are never replaced) and their paths printed.
     Files the code creates or changes in the workspace are listed on stderr.
 
     Exit status: 0 ok, 1 the code raised, 2 timeout / interrupted / kernel died,
@@ -285,10 +328,12 @@ def run(
 
     from kernelgw.client.sdk import Client
 
+    if no_save_images and save_dir is not None:
+        raise click.UsageError("--save-images and --no-save-images contradict each other")
     source = _read_code(code)
     if save_dir is not None:
         save_dir.mkdir(parents=True, exist_ok=True)
-    printer = _Printer(save_dir)
+    printer = _Printer(None if no_save_images else save_dir or DEFAULT_IMAGES_DIR)
     status: str | None = None
     reason: str | None = None
 

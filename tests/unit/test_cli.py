@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+from pathlib import Path
 from types import SimpleNamespace
 
 from click.testing import CliRunner
@@ -50,7 +51,7 @@ def test_image_build_help():
 def test_run_help():
     result = invoke("run", "--help")
     assert result.exit_code == 0
-    for option in ("--server", "--session", "--timeout", "--save-images", "--keep", "KERNELGW_URL"):
+    for option in ("--server", "--session", "--timeout", "--save-images", "--no-save-images", "--keep", "KERNELGW_URL"):
         assert option in result.output
 
 
@@ -166,3 +167,107 @@ def test_export_help_and_unreachable_gateway(tmp_path):
     result = invoke("export", "abc", "-o", str(tmp_path / "x.ipynb"), "--server", "http://127.0.0.1:9")
     assert result.exit_code == 3 and "cannot reach the gateway" in result.output
     assert not (tmp_path / "x.ipynb").exists()
+
+
+PNG = b"\x89PNG\r\n\x1a\nchart"
+
+
+class _FakeSession:
+    """Streams one chart and a done event, like a session running plt.plot."""
+
+    id = "s1"
+
+    def stream(self, source, timeout=None):
+        chart = {"image/png": base64.b64encode(PNG).decode(), "text/plain": "<Figure size 640x480 with 1 Axes>"}
+        yield SimpleNamespace(type="display", execution_id="e1", data=chart)
+        yield SimpleNamespace(type="done", status="ok", reason=None, state_lost=False, artifacts=[])
+
+    def delete(self, missing_ok=False):
+        pass
+
+
+class _FakeClient:
+    def __init__(self, server):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def create_session(self):
+        return _FakeSession()
+
+
+def _run_chart(monkeypatch, *args: str):
+    import kernelgw.client.sdk
+
+    monkeypatch.setattr(kernelgw.client.sdk, "Client", _FakeClient)
+    return CliRunner().invoke(main, ["run", "plot()", *args])
+
+
+def test_run_saves_images_next_to_where_it_runs_by_default(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    result = _run_chart(monkeypatch)
+    assert result.exit_code == 0, result.output
+    saved = Path("kernelgw-images") / "e1-1.png"
+    assert (tmp_path / saved).read_bytes() == PNG
+    assert result.stdout == f"[image saved: {saved}]\n"
+    # a second run never replaces the first one's image
+    result = _run_chart(monkeypatch)
+    assert result.stdout == f"[image saved: {Path('kernelgw-images') / 'e1-1-2.png'}]\n"
+    assert (tmp_path / saved).read_bytes() == PNG
+    assert (tmp_path / "kernelgw-images" / "e1-1-2.png").read_bytes() == PNG
+
+
+def test_run_save_images_dir_and_no_save_images(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    result = _run_chart(monkeypatch, "--save-images", "charts")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "charts" / "e1-1.png").read_bytes() == PNG
+    result = _run_chart(monkeypatch, "--no-save-images")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "<Figure size 640x480 with 1 Axes>\n"
+    assert not (tmp_path / "kernelgw-images").exists()
+    result = _run_chart(monkeypatch, "--no-save-images", "--save-images", "charts")
+    assert result.exit_code == 2 and "contradict" in result.output
+
+
+def test_printer_makes_the_directory_only_for_an_image(tmp_path):
+    printer = _Printer(tmp_path / "images", out=io.StringIO(), err=io.StringIO())
+    printer.event(SimpleNamespace(type="result", execution_id="e", data={"text/plain": "2"}))
+    assert not (tmp_path / "images").exists()
+
+
+def test_printer_falls_back_to_text_when_the_image_cannot_be_saved(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    out, err = io.StringIO(), io.StringIO()
+    printer = _Printer(blocked, out=out, err=err)
+    printer.event(
+        SimpleNamespace(type="display", execution_id="e", data={"image/png": "AAAA", "text/plain": "<Figure>"})
+    )
+    assert out.getvalue() == "<Figure>\n" and err.getvalue().startswith("[image not saved: ")
+
+
+def test_serve_log_format_option_and_default(monkeypatch, tmp_path):
+    import sys
+    from types import ModuleType
+
+    import uvicorn
+
+    from kernelgw import logs
+
+    formats = []
+    fake_app = ModuleType("kernelgw.server.app")
+    fake_app.create_app = lambda settings=None: "APP"
+    monkeypatch.setitem(sys.modules, "kernelgw.server.app", fake_app)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    monkeypatch.setattr(logs, "configure", lambda fmt="auto", **kw: formats.append(fmt))
+    env = {"KERNELGW_DATA_DIR": str(tmp_path)}
+    assert invoke("serve", env=env).exit_code == 0
+    assert invoke("serve", "--log-format", "text", env=env).exit_code == 0
+    assert invoke("serve", env={**env, "KERNELGW_LOG_FORMAT": "json"}).exit_code == 0
+    assert formats == ["auto", "text", "json"]
+    assert invoke("serve", "--log-format", "xml", env=env).exit_code == 2
