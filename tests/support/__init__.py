@@ -1,0 +1,1 @@
+"""Helpers the test directories share: a kernel backend without Docker, HTTP clients, route tables."""

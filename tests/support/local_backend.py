@@ -1,0 +1,289 @@
+"""A :class:`~kernelgw.runtime.backends.base.Backend` that runs each kernel as a
+plain host subprocess: real ipykernel, real ZMQ over ``ipc://``, no container.
+
+Why: the session's state machine (queue, interrupt, timeout escalation, death,
+restart, fan-out) only needs a kernel that speaks the Jupyter protocol and a
+process whose fate can be observed, so it can be tested in seconds without an
+engine. It runs user code **unsandboxed on the host**, which is why it lives
+under ``tests/`` and never in the package.
+
+Each kernel gets a short temporary directory holding its connection file, its
+sockets (``k-1`` ... ``k-5``, as in the Docker backend), IPython's per-user
+directories and a ``workspace/`` that is the kernel's working directory. The
+image's helper package (``images/python/kernelgw_kernel``) is importable and
+pointed at that workspace, so the artifact scan and the file helpers work as
+they do in a container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import stat
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from signal import SIGKILL
+
+from kernelgw.errors import BackendError, KernelDied, KernelStartFailed
+from kernelgw.runtime.backends.base import EngineHealth, KernelHandle, KernelSpec, KernelState
+
+IMAGE_HELPERS = Path(__file__).resolve().parents[2] / "images" / "python"
+"""Holds ``kernelgw_kernel``, the package the image installs next to the kernel."""
+_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+
+# kernelgw_kernel hard-codes /workspace; point it (and snapshot's default) at ours.
+_USE_WORKSPACE = (
+    "import sys, kernelgw_kernel as k\n"
+    "k.WORKSPACE = sys.argv.pop(1)\n"
+    "k.snapshot.__defaults__ = (k.WORKSPACE, k.MAX_WALK)\n"
+)
+KERNEL_BOOT = _USE_WORKSPACE + "from kernelgw_kernel.launcher import main\nmain()\n"
+"""The image's entry point (kernelgw_kernel.launcher with the extension), after _USE_WORKSPACE."""
+HELPER_BOOT = _USE_WORKSPACE + "import runpy\nrunpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)\n"
+"""Runs ``-m kernelgw_kernel.<helper>`` the way ``exec`` gets it, against the workspace."""
+
+
+def connection_info(ip: str, key: str) -> dict[str, object]:
+    return {
+        "transport": "ipc",
+        "ip": ip,
+        **_PORTS,
+        "key": key,
+        "signature_scheme": "hmac-sha256",
+        "kernel_name": "python3",
+    }
+
+
+@dataclass
+class _Kernel:
+    process: asyncio.subprocess.Process
+    root: Path
+
+
+class LocalBackend:
+    """Kernels as host subprocesses. ``kernels`` maps kernel id to its process,
+    so tests can kill one (``kill_kernel``) or check that none is left."""
+
+    def __init__(self, base_dir: Path | None = None, python: str = sys.executable) -> None:
+        self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="kgwl-", dir="/tmp"))
+        self.python = python
+        self.kernels: dict[str, _Kernel] = {}
+        self.started = 0
+
+    # ---------------------------------------------------------------- protocol
+    async def start(self, spec: KernelSpec) -> KernelHandle:
+        kernel_id = secrets.token_hex(6)
+        key = secrets.token_hex(32)
+        root = self.base_dir / kernel_id
+        workspace = root / "workspace"
+        workspace.mkdir(parents=True, mode=0o700)
+        connection = connection_info(str(root / "k"), key)
+        conn_file = root / "kernel.json"
+        conn_file.write_text(json.dumps(connection))
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PYTHONPATH": str(IMAGE_HELPERS),
+            "HOME": str(root / "home"),
+            "IPYTHONDIR": str(root / "ipython"),
+            "JUPYTER_RUNTIME_DIR": str(root / "jupyter"),
+            "MPLBACKEND": "agg",
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+            **spec.env,
+        }
+        try:
+            process = await asyncio.create_subprocess_exec(
+                self.python,
+                "-c",
+                KERNEL_BOOT,
+                str(workspace),
+                "--ext=kernelgw_kernel",
+                "-f",
+                str(conn_file),
+                cwd=workspace,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C in the test terminal is not the kernel's
+            )
+        except OSError as exc:
+            shutil.rmtree(root, ignore_errors=True)
+            raise KernelStartFailed(f"could not start a local kernel: {exc}") from exc
+        self.kernels[kernel_id] = _Kernel(process, root)
+        self.started += 1
+        return KernelHandle(
+            kernel_id=kernel_id,
+            session_id=spec.session_id,
+            container_id=f"local-{process.pid}",
+            conn_dir=root,
+            connection=connection,
+        )
+
+    async def stop(self, handle: KernelHandle) -> None:
+        kernel = self.kernels.pop(handle.kernel_id, None)
+        if kernel is not None:
+            if kernel.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    kernel.process.kill()
+            await kernel.process.wait()
+        await asyncio.to_thread(shutil.rmtree, handle.conn_dir, True)
+
+    async def signal(self, handle: KernelHandle, signum: int) -> None:
+        kernel = self.kernels.get(handle.kernel_id)
+        if kernel is not None and kernel.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(kernel.process.pid, signum)
+
+    async def state(self, handle: KernelHandle) -> KernelState:
+        kernel = self.kernels.get(handle.kernel_id)
+        if kernel is None:
+            return KernelState(status="missing")
+        code = kernel.process.returncode
+        if code is None:
+            return KernelState(status="running")
+        return KernelState(status="exited", exit_code=code)  # negative: killed by that signal
+
+    async def seal(self, handle: KernelHandle) -> None:
+        """The Docker backend's check that the sockets are sockets; nothing to
+        take away from the kernel, which runs as the test's own user."""
+        for port in _PORTS.values():
+            try:
+                st = os.lstat(handle.conn_dir / f"k-{port}")
+            except FileNotFoundError:
+                raise KernelStartFailed(f"The kernel did not create its socket k-{port}.") from None
+            if not stat.S_ISSOCK(st.st_mode):
+                raise KernelStartFailed(f"k-{port} in the kernel's connection directory is not a socket.")
+
+    async def reap_orphans(self) -> list[str]:
+        return []
+
+    async def exec(
+        self, handle: KernelHandle, argv: list[str], *, stdin: bool = False, timeout: float = 120.0
+    ) -> LocalExec:
+        """Run an image helper (``... -m kernelgw_kernel.<helper> ARGS``) as a host
+        subprocess against the kernel's workspace; nothing else is supported."""
+        kernel = self.kernels.get(handle.kernel_id)
+        if kernel is None or kernel.process.returncode is not None:
+            raise KernelDied("The local kernel is not running; restart the session.")
+        try:
+            module = argv[argv.index("-m") + 1]
+        except (ValueError, IndexError):
+            module = ""
+        if not module.startswith("kernelgw_kernel."):
+            raise BackendError(f"the local test backend runs only kernelgw_kernel helpers, not {argv!r}")
+        rest = argv[argv.index("-m") + 2 :]
+        workspace = handle.conn_dir / "workspace"
+        process = await asyncio.create_subprocess_exec(
+            self.python,
+            "-c",
+            HELPER_BOOT,
+            str(workspace),
+            module,
+            *rest,
+            cwd="/",
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(IMAGE_HELPERS)},
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        return LocalExec(process, timeout)
+
+    async def image_labels(self, image: str) -> dict[str, str] | None:
+        version = f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+        return {"kernelgw.python": version}
+
+    async def health(self, image: str) -> EngineHealth:
+        return EngineHealth(engine=True, image=True)
+
+    async def close(self) -> None:
+        """Like the Docker backend: kernels are the sessions' to stop. Removes
+        the base directory once it is empty."""
+        with contextlib.suppress(OSError):
+            self.base_dir.rmdir()
+
+    # ---------------------------------------------------------------- for tests
+    def running(self) -> list[str]:
+        """Ids of kernels whose process has not exited (or not been reaped yet)."""
+        return [kid for kid, k in self.kernels.items() if k.process.returncode is None]
+
+    def kill_kernel(self, handle: KernelHandle, signum: int = SIGKILL) -> None:
+        """What an OOM killer or a crash does: the process dies, nobody asked."""
+        os.kill(self.kernels[handle.kernel_id].process.pid, signum)
+
+    async def kill_all(self) -> None:
+        """Stop every kernel still known, for a fixture's teardown."""
+        for kid, kernel in list(self.kernels.items()):
+            if kernel.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    kernel.process.kill()
+            await kernel.process.wait()
+            shutil.rmtree(kernel.root, ignore_errors=True)
+            self.kernels.pop(kid, None)
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+
+
+class LocalExec:
+    """An image helper's process (see ``ExecProcess``): every read and write waits at most ``timeout``."""
+
+    STDERR_CAP = 64 * 1024
+
+    def __init__(self, process: asyncio.subprocess.Process, timeout: float) -> None:
+        self._process = process
+        self._timeout = timeout
+        self._stderr = bytearray()
+        self._stderr_task = asyncio.create_task(self._drain_stderr())
+
+    async def _drain_stderr(self) -> None:
+        assert self._process.stderr is not None
+        while chunk := await self._process.stderr.read(65536):
+            self._stderr += chunk[: max(0, self.STDERR_CAP - len(self._stderr))]
+
+    async def _bounded(self, aw: object) -> object:
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await aw  # type: ignore[misc]
+        except TimeoutError:
+            raise BackendError(f"A helper did not answer within {self._timeout:g}s.") from None
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise BackendError(f"The connection to a helper broke: {exc}") from exc
+
+    @property
+    def stderr(self) -> bytes:
+        return bytes(self._stderr)
+
+    async def write(self, data: bytes) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.write(data)
+        await self._bounded(self._process.stdin.drain())
+
+    async def close_stdin(self) -> None:
+        if self._process.stdin is not None and not self._process.stdin.is_closing():
+            self._process.stdin.close()
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                await self._process.stdin.wait_closed()
+
+    async def read(self) -> bytes:
+        assert self._process.stdout is not None
+        data = await self._bounded(self._process.stdout.read(1 << 20))
+        assert isinstance(data, bytes)
+        return data
+
+    async def exit_code(self) -> int | None:
+        try:
+            async with asyncio.timeout(1):
+                return await self._process.wait()
+        except TimeoutError:
+            return None
+
+    async def close(self) -> None:
+        if self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()
+        await self._process.wait()
+        await self._stderr_task
