@@ -4,11 +4,11 @@ the optional code policy, and the key's executions-per-minute quota."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from kernelgw.errors import PayloadTooLarge, PolicyViolation, RateLimited
 from kernelgw.keys import Principal
 from kernelgw.server import policy
+from kernelgw.server.state import GatewayState
 
 
 def check_code_size(limit: int, code: str) -> None:
@@ -21,10 +21,10 @@ INLINE_POLICY_BYTES = 16 * 1024
 larger ones in a thread: parsing a 1 MiB cell takes seconds of CPU."""
 
 
-async def check_code(state: Any, code: str, where: str = "") -> None:
+async def check_code(state: GatewayState, code: str, where: str = "") -> None:
     """Size and code policy (also for cells a restore replays)."""
     check_code_size(state.settings.max_code_bytes, code)
-    code_policy: policy.CodePolicy = state.code_policy
+    code_policy = state.code_policy
     if code_policy.enabled:
         try:
             if len(code) <= INLINE_POLICY_BYTES:
@@ -35,7 +35,7 @@ async def check_code(state: Any, code: str, where: str = "") -> None:
             raise PolicyViolation(f"{where}{exc}") from None
 
 
-async def admit(state: Any, principal: Principal, code: str) -> None:
+async def admit(state: GatewayState, principal: Principal, code: str) -> None:
     """Raise the error that refuses this execution, if any."""
     settings = state.settings
     await check_code(state, code)

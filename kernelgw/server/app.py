@@ -18,10 +18,11 @@ from kernelgw.errors import KernelGWError, RateLimited, Unauthorized
 from kernelgw.runtime.backends import Backend, create_backend
 from kernelgw.runtime.manager import SessionManager
 from kernelgw.runtime.metrics import Metrics
-from kernelgw.server.auth import Authenticator
+from kernelgw.server.authenticator import Authenticator
 from kernelgw.server.limits import BodySizeLimit
 from kernelgw.server.policy import CodePolicy
 from kernelgw.server.ratelimit import ExecutionRateLimiter
+from kernelgw.server.state import GatewayState, install
 from kernelgw.storage import Store
 
 log = logging.getLogger(__name__)
@@ -51,14 +52,9 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         # --- history storage (sessions, executions, notes): the manager's recorder
         store = Store.from_settings(cfg)
         await store.start()
-        app.state.store = store
         # --- security: keys, rate limits, code policy
         auth = Authenticator(cfg, store)
-        app.state.auth = auth
-        app.state.rate_limiter = ExecutionRateLimiter()
-        app.state.code_policy = CodePolicy.from_lists(
-            cfg.policy_deny_imports, cfg.policy_deny_calls, cfg.policy_deny_shell
-        )
+        code_policy = CodePolicy.from_lists(cfg.policy_deny_imports, cfg.policy_deny_calls, cfg.policy_deny_shell)
         try:
             await auth.check_startup()
         except BaseException:
@@ -66,11 +62,20 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             raise
         # ---
         metrics = Metrics()
-        app.state.metrics = metrics
         manager = SessionManager(cfg, be, recorder=store, metrics=metrics)
-        app.state.settings = cfg
-        app.state.backend = be
-        app.state.manager = manager
+        install(
+            app,
+            GatewayState(
+                settings=cfg,
+                backend=be,
+                store=store,
+                auth=auth,
+                rate_limiter=ExecutionRateLimiter(),
+                code_policy=code_policy,
+                metrics=metrics,
+                manager=manager,
+            ),
+        )
         try:
             await manager.start()
         except KernelGWError as exc:

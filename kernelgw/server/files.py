@@ -25,22 +25,15 @@ from kernelgw.runtime.backends.base import KernelHandle
 from kernelgw.runtime.session import KernelSession
 from kernelgw.runtime.workspace import Download, FileList, UploadResult, WorkspaceFiles, validate_path
 from kernelgw.server.auth import authenticate, session_for
+from kernelgw.server.state import gateway_state
 
 _errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 503)}
 router = APIRouter(tags=["files"], responses=_errors, dependencies=[Depends(authenticate)])
 
 
 def workspace_files(request: Request) -> WorkspaceFiles:
-    """The app's WorkspaceFiles, made on first use from its settings and backend."""
-    state = request.app.state
-    files = getattr(state, "workspace_files", None)
-    if files is None:
-        settings = state.settings
-        files = WorkspaceFiles(
-            state.backend, max_upload_bytes=settings.max_upload_bytes, timeout=settings.file_io_timeout_s
-        )
-        state.workspace_files = files
-    return files  # type: ignore[no-any-return]
+    """The app's WorkspaceFiles (made on first use)."""
+    return gateway_state(request).workspace_files
 
 
 def session_handle(request: Request, session_id: str) -> tuple[KernelSession, KernelHandle]:
@@ -58,7 +51,7 @@ def session_handle(request: Request, session_id: str) -> tuple[KernelSession, Ke
 
 
 def quota_bytes(request: Request, session: KernelSession) -> int:
-    configured = request.app.state.settings.workspace_quota_bytes
+    configured = gateway_state(request).settings.workspace_quota_bytes
     tmpfs = session.spec.workspace_size_mb * 1024 * 1024
     return min(configured, tmpfs) if configured is not None else tmpfs
 

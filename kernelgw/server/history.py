@@ -11,7 +11,6 @@ import json
 import re
 from typing import Any
 
-import nbformat
 from fastapi import APIRouter, Depends, Request, Response
 
 from kernelgw import events as ev
@@ -36,10 +35,12 @@ from kernelgw.server.notebook import (
     InvalidNotebook,
     ReplayStep,
     build_notebook,
+    notebook_text,
     plan_from_executions,
     read_notebook,
     replay_plan,
 )
+from kernelgw.server.state import gateway_state
 from kernelgw.storage import SessionRecord, Store
 
 _errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 503)}
@@ -48,11 +49,11 @@ IPYNB_MEDIA_TYPE = "application/x-ipynb+json"
 
 
 def _store(request: Request) -> Store:
-    return request.app.state.store  # type: ignore[no-any-return]
+    return gateway_state(request).store
 
 
 def _manager(request: Request) -> SessionManager:
-    return request.app.state.manager  # type: ignore[no-any-return]
+    return gateway_state(request).manager
 
 
 async def _record(request: Request, session_id: str) -> SessionRecord:
@@ -77,7 +78,7 @@ async def export_notebook(session_id: str, request: Request) -> Response:
     notes = await store.list_notes(session_id)
     # Parsing events and validating is CPU work that grows with the outputs: off the loop.
     text = await asyncio.to_thread(
-        lambda: nbformat.writes(
+        lambda: notebook_text(
             build_notebook(
                 executions,
                 notes,
@@ -100,7 +101,7 @@ async def add_note(session_id: str, body: NoteRequest, request: Request) -> dict
     """Add a markdown cell at the current position: after every execution queued so
     far (also one still running), before any queued later."""
     session = session_for(request, session_id)
-    limit = request.app.state.settings.max_code_bytes
+    limit = gateway_state(request).settings.max_code_bytes
     if len(body.markdown.encode("utf-8", "surrogatepass")) > limit:
         raise PayloadTooLarge(f"markdown is larger than the gateway's limit of {limit} bytes")
     note = await _store(request).add_note(session.id, session.last_seq, body.markdown)
@@ -169,7 +170,7 @@ async def restore_plan(body: CreateSession, request: Request) -> list[ReplayStep
         return None
     for step in steps:
         if not step.skip_reason:
-            await check_code(request.app.state, step.code, where=f"cell {step.index}: ")
+            await check_code(gateway_state(request), step.code, where=f"cell {step.index}: ")
     return steps
 
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 import re
 
 import orjson
+from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kernelgw.config import Settings
+from kernelgw.server.state import find_gateway_state
 
 DEFAULT_LIMIT = 32 * 1024 * 1024
 _UPLOAD = re.compile(r"^/v1/sessions/[^/]+/files/.")
@@ -29,8 +33,7 @@ class BodySizeLimit:
         if scope["type"] != "http" or (scope["method"] == "PUT" and _UPLOAD.match(scope["path"])):
             await self.app(scope, receive, send)
             return
-        settings = getattr(scope["app"].state, "settings", None)  # None before the lifespan ran
-        limit: int = settings.max_request_bytes if settings is not None else DEFAULT_LIMIT
+        limit = _limit(scope["app"])
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -63,6 +66,16 @@ class BodySizeLimit:
         except _BodyTooLarge:
             if not started:
                 await _reject(send, limit)
+
+
+def _limit(app: Starlette) -> int:
+    state = find_gateway_state(app)
+    if state is not None:
+        return state.settings.max_request_bytes
+    # Before the lifespan ran there is no gateway state. An app that is no gateway
+    # (this middleware's unit test) may set ``app.state.settings`` itself.
+    settings: Settings | None = getattr(app.state, "settings", None)
+    return settings.max_request_bytes if settings is not None else DEFAULT_LIMIT
 
 
 async def _reject(send: Send, limit: int) -> None:

@@ -33,16 +33,26 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import nbformat
+import nbformat.v4
 from nbformat import NotebookNode
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from kernelgw import events as ev
+
+# nbformat's functions carry no annotations, and strict mypy will not call an
+# unannotated function: the module reaches them through these typed names.
+_new_output: Callable[..., NotebookNode] = nbformat.v4.new_output
+_new_code_cell: Callable[..., NotebookNode] = nbformat.v4.new_code_cell
+_new_markdown_cell: Callable[..., NotebookNode] = nbformat.v4.new_markdown_cell
+_new_notebook: Callable[..., NotebookNode] = nbformat.v4.new_notebook
+_node: Callable[[Mapping[str, Any]], NotebookNode] = NotebookNode
+_from_dict: Callable[[Mapping[str, Any]], NotebookNode] = nbformat.from_dict
+_writes: Callable[[NotebookNode], str] = nbformat.writes
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 DEFAULT_LANGUAGE_INFO = {"name": "python"}
@@ -96,17 +106,17 @@ class _Outputs:
         if isinstance(event, ev.Stream):
             self._stream(event.name, event.text)
         elif isinstance(event, ev.Display):
-            out = self._append(new_output("display_data", data=dict(event.data), metadata=dict(event.metadata)))
+            out = self._append(_new_output("display_data", data=dict(event.data), metadata=dict(event.metadata)))
             if event.display_id:
                 self._displays.setdefault(event.display_id, []).append(out)
         elif isinstance(event, ev.UpdateDisplay):
             # Updates what is shown; not a new output, so no pending clear runs.
             for out in self._displays.get(event.display_id, []):
-                out["data"] = NotebookNode(dict(event.data))
-                out["metadata"] = NotebookNode(dict(event.metadata))
+                out["data"] = _node(dict(event.data))
+                out["metadata"] = _node(dict(event.metadata))
         elif isinstance(event, ev.Result):
             self._append(
-                new_output(
+                _new_output(
                     "execute_result",
                     data=dict(event.data),
                     metadata=dict(event.metadata),
@@ -114,7 +124,7 @@ class _Outputs:
                 )
             )
         elif isinstance(event, ev.Error):
-            self._append(new_output("error", ename=event.ename, evalue=event.evalue, traceback=list(event.traceback)))
+            self._append(_new_output("error", ename=event.ename, evalue=event.evalue, traceback=list(event.traceback)))
         elif isinstance(event, ev.ClearOutput):
             if event.wait:
                 self._clear_pending = True
@@ -133,7 +143,7 @@ class _Outputs:
         if last is not None and last["output_type"] == "stream" and last["name"] == name:
             last["text"] += text
         else:
-            self.items.append(new_output("stream", name=name, text=text))
+            self.items.append(_new_output("stream", name=name, text=text))
 
     def _append(self, out: NotebookNode) -> NotebookNode:
         self._run_pending_clear()
@@ -187,7 +197,7 @@ def _code_cell(execution: ExecutionLike, displays: dict[str, list[NotebookNode]]
     }
     if reason:
         metadata["kernelgw"]["reason"] = reason
-    cell = new_code_cell(source=execution.code, execution_count=count, outputs=outputs.items, metadata=metadata)
+    cell = _new_code_cell(source=execution.code, execution_count=count, outputs=outputs.items, metadata=metadata)
     cell["id"] = _cell_id(execution.execution_id, used)
     return cell
 
@@ -208,7 +218,7 @@ def build_notebook(
     note_index = 0
 
     def add_note(note: NoteLike) -> None:
-        cell = new_markdown_cell(source=note.markdown)
+        cell = _new_markdown_cell(source=note.markdown)
         cell["id"] = _cell_id(f"note-{len(cells)}", used)
         cells.append(cell)
 
@@ -226,9 +236,14 @@ def build_notebook(
     }
     if session_id is not None:
         metadata["kernelgw"] = {"session_id": session_id, **({"image": image} if image else {})}
-    nb = new_notebook(cells=cells, metadata=metadata)
+    nb = _new_notebook(cells=cells, metadata=metadata)
     nbformat.validate(nb)
     return nb
+
+
+def notebook_text(nb: NotebookNode) -> str:
+    """The notebook as the text of an .ipynb file."""
+    return _writes(nb)
 
 
 # ------------------------------------------------------------------ restore
@@ -259,7 +274,7 @@ def read_notebook(data: Mapping[str, Any]) -> NotebookNode:
     cells = data.get("cells")
     if not isinstance(cells, list) or not all(isinstance(c, Mapping) for c in cells):
         raise InvalidNotebook("not a valid nbformat v4 notebook: cells: must be a list of cell objects")
-    nb = nbformat.from_dict(dict(data))
+    nb = _from_dict(dict(data))
     with warnings.catch_warnings():
         # a missing cell id is not worth refusing a notebook for
         warnings.simplefilter("ignore")

@@ -20,6 +20,7 @@ from kernelgw.runtime.packages import (
 )
 from kernelgw.server.auth import authenticate
 from kernelgw.server.files import session_handle
+from kernelgw.server.state import gateway_state
 
 _errors: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 422, 500, 503)
@@ -28,20 +29,8 @@ router = APIRouter(tags=["packages"], responses=_errors, dependencies=[Depends(a
 
 
 def package_installer(request: Request) -> PackageInstaller:
-    """The app's PackageInstaller, made on first use from its settings and backend."""
-    state = request.app.state
-    installer = getattr(state, "package_installer", None)
-    if installer is None:
-        s = state.settings
-        installer = PackageInstaller(
-            state.backend,
-            allowlist=s.package_allowlist,
-            wheel_cache_dir=s.wheel_cache_dir,
-            allow_download=s.package_download,
-            timeout=s.package_install_timeout_s,
-        )
-        state.package_installer = installer
-    return installer  # type: ignore[no-any-return]
+    """The app's PackageInstaller (made on first use)."""
+    return gateway_state(request).package_installer
 
 
 @router.post("/v1/sessions/{session_id}/packages", response_model=InstallResult)
@@ -61,8 +50,9 @@ async def install_packages(session_id: str, body: InstallRequest, request: Reque
 async def list_images(request: Request) -> dict[str, Any]:
     """The images sessions may use, with their Python version and preinstalled
     packages, and the allowlist of packages sessions may add."""
-    settings = request.app.state.settings
-    backend = request.app.state.backend
+    state = gateway_state(request)
+    settings = state.settings
+    backend = state.backend
     images = []
     for name in dict.fromkeys([settings.image, *settings.allowed_images]):
         labels = await backend.image_labels(name)

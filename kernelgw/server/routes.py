@@ -22,6 +22,7 @@ from kernelgw.runtime.manager import SessionManager, SessionOptions
 from kernelgw.server import history
 from kernelgw.server.admission import admit
 from kernelgw.server.auth import authenticate, principal_of, require_admin, session_for
+from kernelgw.server.state import gateway_state
 
 _errors: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422, 429, 503)
@@ -32,14 +33,15 @@ router = APIRouter(responses=_errors, dependencies=[Depends(authenticate)])
 
 
 def _manager(request: Request) -> SessionManager:
-    return request.app.state.manager  # type: ignore[no-any-return]
+    return gateway_state(request).manager
 
 
 @public.get("/healthz", response_model=Health, tags=["gateway"])
 async def healthz(request: Request) -> Response:
     """Engine reachable and kernel image present: 200, else 503."""
-    settings = request.app.state.settings
-    health = await request.app.state.backend.health(settings.image)
+    state = gateway_state(request)
+    settings = state.settings
+    health = await state.backend.health(settings.image)
     ok = health.engine and health.image
     body = Health(
         status="ok" if ok else "degraded",
@@ -58,7 +60,7 @@ async def metrics(request: Request) -> Response:
     """Prometheus metrics: sessions, pool, executions by status, latencies, output bytes."""
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(gateway_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.post("/v1/sessions", status_code=201, response_model=CreatedSession, tags=["sessions"])
@@ -105,7 +107,7 @@ async def delete_session(session_id: str, request: Request) -> Response:
 async def execute(session_id: str, body: ExecuteRequest, request: Request) -> Response:
     """Run a cell and wait for it; returns the same events the WebSocket streams."""
     session = session_for(request, session_id)
-    await admit(request.app.state, principal_of(request), body.code)
+    await admit(gateway_state(request), principal_of(request), body.code)
     rec = session.submit(body.code, execution_id=body.execution_id, timeout=body.timeout)
     done = await rec.done
     # Events were serialised once when published; splice them instead of re-encoding.

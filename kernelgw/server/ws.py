@@ -25,7 +25,9 @@ from kernelgw.keys import Principal
 from kernelgw.models import WsExecute, WsMessage
 from kernelgw.runtime.session import KernelSession, Subscription
 from kernelgw.server.admission import admit
-from kernelgw.server.auth import Authenticator, same_origin
+from kernelgw.server.auth import same_origin
+from kernelgw.server.authenticator import Authenticator
+from kernelgw.server.state import gateway_state
 
 router = APIRouter()
 _message = TypeAdapter(WsMessage)
@@ -41,7 +43,7 @@ CLOSE_GOING_AWAY = 1001
 async def session_ws(
     websocket: WebSocket, session_id: str, last_seq: int | None = None, token: str | None = None
 ) -> None:
-    state = websocket.app.state
+    state = gateway_state(websocket)
     if not same_origin(websocket.headers.get("origin"), websocket.headers.get("host"), state.settings.allowed_origins):
         await websocket.accept()
         await websocket.close(code=CLOSE_FORBIDDEN, reason="this origin may not open sessions")
@@ -106,7 +108,7 @@ async def _send_events(websocket: WebSocket, sub: Subscription) -> None:
 async def _receive_commands(
     websocket: WebSocket, session: KernelSession, sub: Subscription, principal: Principal
 ) -> None:
-    settings = websocket.app.state.settings
+    settings = gateway_state(websocket).settings
     while True:
         try:
             raw = await websocket.receive_text()
@@ -128,7 +130,7 @@ async def _receive_commands(
             continue
         try:
             if isinstance(msg, WsExecute):
-                await admit(websocket.app.state, principal, msg.code)
+                await admit(gateway_state(websocket), principal, msg.code)
                 session.submit(msg.code, execution_id=msg.execution_id, timeout=msg.timeout)
             else:
                 await session.interrupt()

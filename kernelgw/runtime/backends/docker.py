@@ -219,6 +219,10 @@ class DockerBackend:
         except docker.errors.DockerException as exc:
             shutil.rmtree(conn_dir, ignore_errors=True)
             raise EngineUnavailable(f"The Docker engine failed: {exc}") from exc
+        if container.id is None:  # the stubs allow it; docker-py fetched the container by its id
+            shutil.rmtree(conn_dir, ignore_errors=True)
+            self._remove_by_label(LABEL_KERNEL, kernel_id)
+            raise KernelStartFailed("The Docker engine returned no id for the kernel container.")
         return KernelHandle(
             kernel_id=kernel_id,
             session_id=spec.session_id,
@@ -308,7 +312,7 @@ class DockerBackend:
         for c in containers:
             try:
                 c.remove(force=True)
-                removed.append(c.name)
+                removed.append(c.name or c.short_id)  # a listed container has a name
             except docker.errors.NotFound:
                 pass
         if self.base_dir.exists():
@@ -352,7 +356,9 @@ class DockerBackend:
     async def image_labels(self, image: str) -> dict[str, str] | None:
         def labels() -> dict[str, str] | None:
             try:
-                attrs = self._client().api.inspect_image(image)
+                # typed here: the stubs leave APIClient.inspect_image unannotated
+                inspect_image: Callable[[str], dict[str, Any]] = self._client().api.inspect_image
+                attrs = inspect_image(image)
             except docker.errors.ImageNotFound:
                 return None
             except docker.errors.DockerException as exc:
