@@ -8,6 +8,7 @@ left behind.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import time
 import uuid
@@ -21,6 +22,7 @@ from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.pool import PoolProfile, WarmPool
 from kernelgw.runtime.recorder import Recorder
 from kernelgw.runtime.session import KernelSession, SessionConfig
+from kernelgw.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +87,7 @@ class SessionManager:
             pool.start()
 
     async def shutdown(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            try:
-                await self._reaper
-            except BaseException:
-                pass
+        await cancel_and_wait(self._reaper)
         await asyncio.gather(*(pool.close() for pool in self.pools.values()), return_exceptions=True)
         await asyncio.gather(
             *(self.delete(sid, reason="gateway shutdown") for sid in list(self._sessions)), return_exceptions=True
@@ -137,7 +134,7 @@ class SessionManager:
             workspace_size_mb=s.workspace_size_mb,
             shm_size_mb=s.shm_size_mb,
             packages_size_mb=s.packages_size_mb,
-            runtime=runtime,  # type: ignore[arg-type]
+            runtime=runtime,
             env=dict(opts.env),
         )
 
@@ -251,7 +248,7 @@ class SessionManager:
         return len(self._sessions)
 
     # ------------------------------------------------------------------ reaping
-    async def reap_idle(self) -> list[str]:
+    async def reap_idle(self) -> builtins.list[str]:
         """Delete sessions idle longer than the timeout with nobody watching."""
         now = time.monotonic()
         idle = [

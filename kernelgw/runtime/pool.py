@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.session import KernelSession
+from kernelgw.tasks import BackgroundTasks, cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class WarmPool:
         self._ready: collections.deque[KernelSession] = collections.deque()
         self._wake = asyncio.Event()
         self._filler: asyncio.Task[None] | None = None
+        self._discarded = BackgroundTasks(f"pool {profile.image}")
+        """Closing kernels that died while waiting: finished, not cancelled, on close."""
         self._last_demand = time.monotonic()
         self._created = time.monotonic()
         self._warmed = False
@@ -66,12 +69,8 @@ class WarmPool:
         self._filler = asyncio.create_task(self._fill_loop(), name=f"pool-{self.profile.image}")
 
     async def close(self) -> None:
-        if self._filler is not None:
-            self._filler.cancel()
-            try:
-                await self._filler
-            except BaseException:
-                pass
+        await cancel_and_wait(self._filler)
+        await self._discarded.join()
         while self._ready:
             await self._ready.popleft().close()
         self._publish_size()
@@ -87,7 +86,7 @@ class WarmPool:
                 self._publish_size()
                 self._wake.set()
                 return session
-            asyncio.create_task(session.close())  # died while waiting: discard
+            self._discarded.spawn(session.close(), name=f"pool-discard-{session.id}")  # died while waiting
         if self.metrics:
             self.metrics.pool_misses.inc()
         if self.target < self.max_size:

@@ -28,6 +28,7 @@ from kernelgw.server.admission import admit
 from kernelgw.server.auth import same_origin
 from kernelgw.server.authenticator import Authenticator
 from kernelgw.server.state import gateway_state
+from kernelgw.tasks import cancel_and_wait
 
 router = APIRouter()
 _message = TypeAdapter(WsMessage)
@@ -73,10 +74,7 @@ async def session_ws(
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         session.unsubscribe(sub)
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(*tasks)
         if watcher is not None and watcher.done() and not watcher.cancelled():
             code, reason = CLOSE_UNAUTHORIZED, "the API key was revoked"
         elif sub.overflowed:

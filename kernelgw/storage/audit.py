@@ -10,18 +10,16 @@ database; they live in the same database as the history.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import insert, select
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from kernelgw.storage import schema
 from kernelgw.storage.records import as_utc
-
-if TYPE_CHECKING:
-    from kernelgw.storage.store import Store
 
 KINDS = (
     "execution",
@@ -34,6 +32,18 @@ KINDS = (
     "key_created",
     "key_revoked",
 )
+
+
+class AuditStore(Protocol):
+    """What the audit log needs of the history store (`kernelgw.storage.Store`)."""
+
+    def enqueue(self, what: str, write: Callable[[AsyncConnection], Awaitable[Any]]) -> None:
+        """Queue a write for the writer task; never waits."""
+        ...
+
+    async def read_engine(self) -> AsyncEngine:
+        """The engine, once every queued write is committed."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,7 @@ def code_sha256(code: str) -> str:
     return hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def record(store: Store, row: AuditRecord) -> None:
+def record(store: AuditStore, row: AuditRecord) -> None:
     """Queue one audit row (never waits)."""
     values = asdict(row)
 
@@ -72,7 +82,7 @@ def record(store: Store, row: AuditRecord) -> None:
 
 
 async def query(
-    store: Store,
+    store: AuditStore,
     *,
     since: datetime | None = None,
     until: datetime | None = None,
@@ -118,7 +128,7 @@ async def query(
     ]
 
 
-async def write_now(store: Store, row: AuditRecord) -> None:
+async def write_now(store: AuditStore, row: AuditRecord) -> None:
     """Write one row at once (the CLI, which has no writer task)."""
     engine = await store.read_engine()
     async with engine.begin() as conn:

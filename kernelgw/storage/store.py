@@ -32,10 +32,11 @@ from kernelgw import events as ev
 from kernelgw.errors import StorageUnavailable
 from kernelgw.storage import audit, schema
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
+from kernelgw.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from kernelgw.config import Settings
-    from kernelgw.runtime.session import KernelSession, QueuedExecution
+    from kernelgw.runtime.recorder import RecordedExecution, RecordedSession
 
 log = logging.getLogger(__name__)
 
@@ -180,13 +181,7 @@ class Store:
                 await self.flush()
         except TimeoutError:
             log.error("history storage: %d rows not written at shutdown", self._queue.qsize())
-        for task in (self._writer, self._purger):
-            if task is not None:
-                task.cancel()
-                try:
-                    await task
-                except BaseException:
-                    pass
+        await cancel_and_wait(self._writer, self._purger)
         self._writer = self._purger = None
         if self._engine is not None:
             await self._engine.dispose()
@@ -303,7 +298,7 @@ class Store:
                 op.future.set_exception(StorageUnavailable(f"The history storage failed: {why}."))
 
     # ------------------------------------------------------------ Recorder
-    async def session_started(self, session: KernelSession) -> None:
+    async def session_started(self, session: RecordedSession) -> None:
         values = {
             "id": session.id,
             "gateway_name": self.gateway_name,
@@ -327,7 +322,7 @@ class Store:
             ),
         )
 
-    async def execution_finished(self, session: KernelSession, execution: QueuedExecution) -> None:
+    async def execution_finished(self, session: RecordedSession, execution: RecordedExecution) -> None:
         done = execution.done.result() if execution.done.done() and not execution.done.cancelled() else None
         if done is None:  # not finished: nothing the history could show
             return
@@ -369,7 +364,7 @@ class Store:
             detail=done.reason,
         )
 
-    async def session_ended(self, session: KernelSession, reason: str) -> None:
+    async def session_ended(self, session: RecordedSession, reason: str) -> None:
         self._positions.pop(session.id, None)
         ended_at = _now()
 
@@ -384,11 +379,11 @@ class Store:
         kind = {"deleted": "session_deleted", "reaped": "session_reaped"}.get(reason, "session_ended")
         self._audit(kind, session, detail=reason)
 
-    def session_event(self, session: KernelSession, kind: str, detail: str) -> None:
+    def session_event(self, session: RecordedSession, kind: str, detail: str) -> None:
         """A kernel died or was restarted (audit only)."""
         self._audit(kind, session, detail=detail)
 
-    def _audit(self, kind: str, session: KernelSession, **values: Any) -> None:
+    def _audit(self, kind: str, session: RecordedSession, **values: Any) -> None:
         audit.record(
             self, audit.AuditRecord(at=_now(), kind=kind, key_id=session.owner, session_id=session.id, **values)
         )

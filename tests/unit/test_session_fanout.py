@@ -40,7 +40,7 @@ async def test_publish_numbers_events_and_fans_out() -> None:
     session = make_session()
     a, b = session.subscribe(), session.subscribe()
     for i in range(3):
-        session._publish(ev.Stream(execution_id="x", name="stdout", text=str(i)))
+        session._fanout.publish(ev.Stream(execution_id="x", name="stdout", text=str(i)))
     assert [e["seq"] for e in drain(a)] == [1, 2, 3]
     assert [e["text"] for e in drain(b)] == ["0", "1", "2"]
 
@@ -48,17 +48,17 @@ async def test_publish_numbers_events_and_fans_out() -> None:
 async def test_resume_replays_only_newer_events() -> None:
     session = make_session()
     for i in range(4):
-        session._publish(ev.Stream(name="stdout", text=str(i)))
+        session._fanout.publish(ev.Stream(name="stdout", text=str(i)))
     sub = session.subscribe(last_seq=2)
     assert [e["seq"] for e in drain(sub)] == [3, 4]
-    session._publish(ev.Stream(name="stdout", text="live"))
+    session._fanout.publish(ev.Stream(name="stdout", text="live"))
     assert [e["seq"] for e in drain(sub)] == [5]
 
 
 async def test_resume_beyond_buffer_starts_with_a_gap() -> None:
     session = make_session(replay=3)
     for i in range(6):
-        session._publish(ev.Stream(name="stdout", text=str(i)))
+        session._fanout.publish(ev.Stream(name="stdout", text=str(i)))
     events = drain(session.subscribe(last_seq=1))
     assert events[0] == {"type": "gap", "seq": None, "execution_id": None, "first_missing": 2, "last_missing": 3}
     assert [e["seq"] for e in events[1:]] == [4, 5, 6]
@@ -68,17 +68,17 @@ async def test_replay_buffer_is_bounded_by_bytes() -> None:
     session = make_session(replay=1000)
     session.config.replay_buffer_bytes = 1000
     for i in range(10):
-        session._publish(ev.Stream(name="stdout", text=f"{i}" * 200))
-    kept = [seq for seq, _ in session._replay]
+        session._fanout.publish(ev.Stream(name="stdout", text=f"{i}" * 200))
+    kept = [seq for seq, _ in session._fanout.replay]
     assert kept and kept[-1] == 10 and len(kept) < 10
-    assert session._replay_bytes == sum(len(text) for _, text in session._replay) <= 1000
+    assert session._fanout.replay_bytes == sum(len(text) for _, text in session._fanout.replay) <= 1000
     events = drain(session.subscribe(last_seq=0))
     assert events[0]["type"] == "gap" and events[0]["last_missing"] == kept[0] - 1
 
 
 async def test_up_to_date_client_gets_nothing_replayed() -> None:
     session = make_session()
-    session._publish(ev.Stream(name="stdout", text="x"))
+    session._fanout.publish(ev.Stream(name="stdout", text="x"))
     assert drain(session.subscribe(last_seq=1)) == []
 
 
@@ -87,7 +87,7 @@ async def test_slow_subscriber_is_dropped_without_affecting_others() -> None:
     slow, fast = session.subscribe(), session.subscribe()
     fast_seen = []
     for i in range(10):
-        session._publish(ev.Stream(name="stdout", text=str(i)))
+        session._fanout.publish(ev.Stream(name="stdout", text=str(i)))
         fast_seen += drain(fast)
     assert slow.overflowed and slow.closed
     assert session.subscriber_count == 1

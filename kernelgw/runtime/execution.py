@@ -1,0 +1,67 @@
+"""One execution as the session tracks it, from queued to done.
+
+(The SDK's result object is `kernelgw.client.execution.Execution`.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelgw import events as ev
+from kernelgw.runtime.fanout import Published
+
+ARTIFACTS_EXPRESSION = "__import__('kernelgw_kernel').artifacts()"
+"""Evaluated by the kernel after a cell (a user_expression: no extra round trip).
+``kernelgw_kernel`` ships in the image; its text/plain is a JSON list of artifacts."""
+
+
+@dataclass
+class QueuedExecution:
+    execution_id: str
+    code: str
+    timeout: float
+    published: list[Published] = field(default_factory=list)
+    done: asyncio.Future[ev.Done] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    msg_id: str | None = None
+    started: float = 0.0
+    output_bytes: int = 0
+    truncated: bool = False
+    interrupted: bool = False
+    reply: dict[str, Any] | None = None
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the kernel is through with it (reply and idle in), or when it is aborted."""
+    idle_seen: bool = False
+    abort_reason: str | None = None
+    artifacts: list[ev.Artifact] = field(default_factory=list)
+    silent: bool = False
+    """A gateway-internal request: its iopub messages are not published."""
+    idle_lost: bool = False
+    recorded: bool = False
+
+    def check_finished(self) -> None:
+        """The kernel is done with a request once both its reply and its idle are in."""
+        if self.reply is not None and self.idle_seen:
+            self.finished.set()
+
+    def abort(self, reason: str) -> None:
+        """End the wait for the kernel (a restart or deletion): the queue reports ``reason``."""
+        if not self.finished.is_set():
+            self.abort_reason = reason
+            self.finished.set()
+
+
+def parse_artifacts(reply: dict[str, Any]) -> list[ev.Artifact]:
+    """Artifacts from an execute_reply's user_expressions; [] when absent or malformed
+    (an image without the kernel helper, or user code that replaced it)."""
+    result = (reply.get("user_expressions") or {}).get("artifacts") or {}
+    if result.get("status") != "ok":
+        return []
+    text = (result.get("data") or {}).get("text/plain", "")
+    try:
+        items = json.loads(text)
+        return [ev.Artifact.model_validate(item) for item in items][:1000]
+    except (ValueError, TypeError):
+        return []

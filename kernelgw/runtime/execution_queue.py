@@ -1,0 +1,346 @@
+"""The execution queue: the kernel runs one cell at a time, in the order sent.
+
+A FIFO served by one worker task. For each cell the worker sends the request,
+waits for the reply and the kernel's idle (watching the container, so a dead
+kernel is noticed), enforces the timeout (interrupt, then restart if the kernel
+does not come back) and ends it with exactly one ``done`` built from the
+gateway's facts: status, execution count and the end of a cell are never taken
+on the kernel's word alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+import uuid
+from typing import Any, Literal, Protocol
+
+from kernelgw import events as ev
+from kernelgw.errors import BadRequest
+from kernelgw.runtime.backends.base import KernelState
+from kernelgw.runtime.cell_output import CellOutput
+from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, QueuedExecution, parse_artifacts
+from kernelgw.runtime.fanout import EventFanout, Published
+from kernelgw.runtime.iopub import cut_text
+from kernelgw.runtime.kernel_link import KernelLink
+from kernelgw.runtime.metrics import Metrics
+from kernelgw.runtime.session_config import SessionConfig
+from kernelgw.runtime.session_state import SessionStatus
+from kernelgw.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
+
+REASON_MAX_CHARS = 2000
+IOPUB_QUIET_S = 1.0
+"""After the execute_reply, iopub silent this long without an idle for the
+request means the idle was lost: finish anyway instead of hanging."""
+RECENT_IDS = 10000
+"""How many execution ids a session remembers to refuse reuse."""
+
+
+class SessionHooks(Protocol):
+    """What the queue asks of the session around it."""
+
+    def touch(self) -> None: ...
+
+    def kernel_event(self, kind: str, detail: str) -> None:
+        """The kernel died or was restarted (for the audit log)."""
+        ...
+
+    async def record_execution(self, rec: QueuedExecution) -> None:
+        """Hand a finished execution to the recorder (history)."""
+        ...
+
+    async def restart_after_timeout(self) -> str | None:
+        """Replace a kernel that ignored an interrupt; returns why it failed, if it did."""
+        ...
+
+
+class ExecutionQueue:
+    def __init__(
+        self,
+        session_id: str,
+        link: KernelLink,
+        fanout: EventFanout,
+        status: SessionStatus,
+        config: SessionConfig,
+        hooks: SessionHooks,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.current: QueuedExecution | None = None
+        self.metrics = metrics
+        self._link = link
+        self._fanout = fanout
+        self._status = status
+        self._hooks = hooks
+        self._output = CellOutput(config, self.publish)
+        self._config = config
+        self._queue: asyncio.Queue[QueuedExecution] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+        self._recent_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._between_cells = asyncio.Event()
+        """Set while the worker holds no execution (what `close` waits for)."""
+        self._between_cells.set()
+        link.attach(self)
+
+    @property
+    def config(self) -> SessionConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: SessionConfig) -> None:
+        self._config = config
+        self._output.config = config
+
+    def start(self) -> None:
+        self._worker = asyncio.create_task(self._work(), name=f"session-{self.session_id}")
+
+    def publish(self, event: ev.Event, rec: QueuedExecution | None = None) -> Published:
+        pub = self._fanout.publish(event)
+        if rec is not None:
+            rec.published.append(pub)
+        return pub
+
+    # ------------------------------------------------------------- LinkListener
+    def current_execution(self) -> QueuedExecution | None:
+        return self.current
+
+    def on_output(self, execution: QueuedExecution, msg: dict[str, Any]) -> None:
+        self._output.handle(execution, msg)
+
+    def on_message_refused(self, execution: QueuedExecution) -> None:
+        self._output.message_refused(execution)
+
+    # ------------------------------------------------------------- the queue
+    @property
+    def length(self) -> int:
+        return self._queue.qsize() + (1 if self.current is not None else 0)
+
+    def submit(self, code: str, execution_id: str | None = None, timeout: float | None = None) -> QueuedExecution:
+        if self._status.state == "closed":
+            raise BadRequest("The session is being deleted.")
+        if timeout is None:
+            timeout = self._config.exec_timeout_s
+        if not 0 < timeout <= self._config.max_exec_timeout_s:
+            raise BadRequest(f"timeout must be greater than 0 and at most {self._config.max_exec_timeout_s:g} seconds")
+        execution_id = execution_id or uuid.uuid4().hex
+        if execution_id in self._recent_ids:
+            raise BadRequest(f"execution_id {execution_id!r} was already used in this session")
+        self._recent_ids[execution_id] = None
+        while len(self._recent_ids) > RECENT_IDS:
+            self._recent_ids.popitem(last=False)
+        rec = QueuedExecution(execution_id=execution_id, code=code, timeout=timeout)
+        self.publish(ev.Queued(execution_id=execution_id, code=code, position=self.length), rec)
+        self._queue.put_nowait(rec)
+        return rec
+
+    async def interrupt(self) -> bool:
+        rec = self.current
+        if rec is None or self._link.handle is None or rec.finished.is_set():
+            return False
+        rec.interrupted = True
+        await self._link.interrupt()
+        return True
+
+    def abort_current(self, reason: str) -> QueuedExecution | None:
+        """Stop waiting for the running execution (its kernel is going away);
+        the worker then ends it with ``reason``. Returns it, if there was one."""
+        rec = self.current
+        if rec is not None:
+            rec.abort(reason)
+        return rec
+
+    async def stop(self, drain_s: float = 2.0) -> list[QueuedExecution]:
+        """Let the running execution publish its done event, stop the worker, and
+        end what is still queued. Returns the executions left to record."""
+        running = self.abort_current("the session was deleted")
+        if self._worker is not None:
+            try:
+                async with asyncio.timeout(drain_s):
+                    await self._between_cells.wait()
+            except TimeoutError:
+                pass
+            await cancel_and_wait(self._worker)
+        unrecorded = [running] if running is not None else []
+        while not self._queue.empty():
+            rec = self._queue.get_nowait()
+            self._finish(rec, "dead", "the session was deleted before this execution ran")
+            unrecorded.append(rec)
+        return unrecorded
+
+    # ------------------------------------------------------------- the worker
+    async def _work(self) -> None:
+        while True:
+            rec = await self._queue.get()
+            self.current = rec
+            self._between_cells.clear()
+            try:
+                await self._execute(rec)
+            except asyncio.CancelledError:
+                self._finish(rec, "dead", rec.abort_reason or "the session was deleted")
+                raise
+            except Exception as exc:  # never let one execution kill the worker
+                log.exception("execution %s failed inside the gateway", rec.execution_id)
+                self._finish(rec, "dead", f"gateway error: {exc}")
+            finally:
+                self.current = None
+                self._hooks.touch()
+            try:
+                await self._hooks.record_execution(rec)
+            finally:
+                self._between_cells.set()
+
+    async def _execute(self, rec: QueuedExecution) -> None:
+        rec.started = time.monotonic()
+        status = self._status
+        if status.state == "closed":
+            self._finish(rec, "dead", "the session was deleted before this execution ran")
+            return
+        if status.state == "dead" or not self._link.connected:
+            self._finish(rec, "dead", status.dead_reason or "the kernel is not running; restart the session")
+            return
+        await self._link.resync_if_stale()
+        status.state = "busy"
+        try:
+            if not self._link.send(rec):
+                self._finish(rec, "dead", status.dead_reason or "the kernel is not running; restart the session")
+                return
+            outcome = await self._wait(rec, rec.timeout)
+            if outcome == "timeout":
+                await self._on_timeout(rec)
+            elif isinstance(outcome, KernelState):
+                self._on_death(rec, outcome)
+            elif rec.abort_reason is not None:
+                self._finish(rec, "dead", rec.abort_reason, state_lost=True)
+            else:
+                await self._collect_artifacts(rec)
+                self._finish_from_reply(rec)
+        finally:
+            self._link.forget(rec)
+            if status.state == "busy":
+                status.state = "idle"
+
+    async def _wait(self, rec: QueuedExecution, timeout: float) -> Literal["finished", "timeout"] | KernelState:
+        """Wait for reply + idle, polling the container so a dead kernel is noticed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            try:
+                # asyncio.timeout rather than wait_for, which on 3.11 can swallow a
+                # cancellation racing with completion (CPython gh-86296)
+                async with asyncio.timeout(min(remaining, self._config.state_poll_s)):
+                    await rec.finished.wait()
+                return "finished"
+            except TimeoutError:
+                pass
+            if (
+                rec.reply is not None
+                and time.monotonic() - self._link.last_iopub > IOPUB_QUIET_S
+                and not self._link.disconnect_pending
+            ):
+                # the reply is in and iopub has gone quiet without our idle: it was
+                # dropped somewhere; everything before it has been read
+                log.warning(
+                    "session %s: no idle status for %s; finishing on the reply", self.session_id, rec.execution_id
+                )
+                rec.idle_lost = True
+                return "finished"
+            state = await self._link.container_state()
+            if state is None:
+                return "finished" if rec.abort_reason else KernelState(status="missing")
+            if not state.alive:
+                return state
+
+    async def _on_timeout(self, rec: QueuedExecution) -> None:
+        await self._link.interrupt()
+        outcome = await self._wait(rec, self._config.interrupt_grace_s)
+        if outcome == "finished" and rec.abort_reason is None:
+            self._finish(
+                rec,
+                "timeout",
+                f"the execution exceeded its timeout of {rec.timeout:g}s and was interrupted; "
+                "variables defined before are kept",
+            )
+            return
+        if isinstance(outcome, KernelState):
+            self._on_death(rec, outcome)
+            return
+        reason = (
+            f"the execution exceeded its timeout of {rec.timeout:g}s and did not stop within "
+            f"{self._config.interrupt_grace_s:g}s of an interrupt"
+        )
+        # Restart before reporting, so a client that reads `done` finds the session usable.
+        failure = await self._hooks.restart_after_timeout()
+        if failure is None:
+            reason += "; the kernel was restarted and all variables are lost"
+        else:
+            reason += f"; restarting the kernel failed ({failure}), so the session is dead"
+        self._finish(rec, "timeout", reason, state_lost=True)
+
+    def _on_death(self, rec: QueuedExecution, state: KernelState) -> None:
+        self._status.state = "dead"
+        self._status.dead_reason = reason = state.describe()
+        self._hooks.kernel_event("kernel_died", reason)
+        self._finish(rec, "dead", reason + "; restart the session to continue", state_lost=True)
+
+    async def _collect_artifacts(self, rec: QueuedExecution) -> None:
+        """Read the workspace changes the kernel reported for this cell.
+
+        On success they came with the reply. The kernel skips user_expressions when
+        a cell fails, so then one silent request asks again (files written before
+        the exception still count)."""
+        reply = rec.reply or {}
+        if reply.get("status") != "ok":
+            reply = await self._link.silent_request("", {"artifacts": ARTIFACTS_EXPRESSION}) or {}
+        rec.artifacts = parse_artifacts(reply)
+
+    # ------------------------------------------------------------- done
+    def _finish_from_reply(self, rec: QueuedExecution) -> None:
+        reply = rec.reply or {}
+        count = reply.get("execution_count")
+        if isinstance(count, int):
+            self._status.execution_count = count
+        status = reply.get("status")
+        if status == "ok":
+            lost = "the kernel's end-of-cell status message was lost; output may be incomplete"
+            self._finish(rec, "ok", lost if rec.idle_lost else None, execution_count=count)
+        elif rec.interrupted and reply.get("ename") == "KeyboardInterrupt":
+            self._finish(rec, "interrupted", "interrupted on request; variables are kept", execution_count=count)
+        else:
+            reason = f"{reply.get('ename', 'Error')}: {reply.get('evalue', '')}" if status == "error" else None
+            if reason is not None:
+                reason = cut_text(reason, REASON_MAX_CHARS)
+            self._finish(rec, "error", reason or f"the kernel replied {status!r}", execution_count=count)
+
+    def _finish(
+        self,
+        rec: QueuedExecution,
+        status: ev.DoneStatus,
+        reason: str | None,
+        *,
+        execution_count: int | None = None,
+        state_lost: bool = False,
+    ) -> None:
+        if rec.done.done():
+            return
+        started = rec.started or time.monotonic()
+        done = ev.Done(
+            execution_id=rec.execution_id,
+            status=status,
+            execution_count=execution_count,
+            duration_ms=round((time.monotonic() - started) * 1000, 3),
+            reason=reason,
+            state_lost=state_lost,
+            artifacts=rec.artifacts,
+        )
+        pub = self.publish(done, rec)
+        assert isinstance(pub.event, ev.Done)
+        rec.done.set_result(pub.event)
+        if self.metrics is not None and not rec.silent:
+            oom = status == "dead" and (self._status.dead_reason or "").startswith("out-of-memory")
+            self.metrics.execution_done(pub.event, rec.output_bytes, oom_killed=oom)

@@ -1,0 +1,130 @@
+"""Event fan-out: numbering, the replay buffer, and one bounded queue per subscriber.
+
+Every event is numbered with a per-session ``seq``, serialised once, kept in a
+replay buffer bounded by count and by bytes, and handed to every subscriber's
+bounded queue. A subscriber that falls too far behind is dropped (it can resume
+from its last ``seq``); it never slows the kernel or the other subscribers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass
+
+from kernelgw import events as ev
+from kernelgw.runtime.session_config import SessionConfig
+
+
+@dataclass(frozen=True)
+class Published:
+    """An event as sent: its number, the model, and its JSON text (made once)."""
+
+    seq: int
+    event: ev.Event
+    json: str
+
+
+class Subscription:
+    """A bounded queue of JSON texts for one WebSocket client.
+
+    Bounded by count and by bytes: a client that does not keep up is dropped
+    (``overflowed``) instead of letting the gateway's memory grow.
+    """
+
+    def __init__(self, maxsize: int, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.maxsize = maxsize
+        self.max_bytes = max_bytes
+        self.queued_bytes = 0
+        self.overflowed = False
+        self.closed = False
+
+    def offer(self, text: str) -> None:
+        if self.closed:
+            return
+        if self.queue.qsize() >= self.maxsize or self.queued_bytes + len(text) > self.max_bytes:
+            self.overflowed = True
+            self.close()
+            return
+        self.queued_bytes += len(text)
+        self.queue.put_nowait(text)
+
+    async def get(self) -> str | None:
+        """The next text, or None once the subscription is closed."""
+        if self.closed and self.overflowed:
+            return None  # dropped: what is still queued is not worth sending
+        text = await self.queue.get()
+        if text is not None:
+            self.queued_bytes -= len(text)
+        return text
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.queue.put_nowait(None)
+
+
+class EventFanout:
+    """One session's event stream: what was published, and who is listening."""
+
+    def __init__(self, config: SessionConfig) -> None:
+        self.config = config
+        self.seq = 0
+        # (seq, json) only: the event models are not kept for replay, and the
+        # buffer is bounded by count and by bytes (large outputs age out fast).
+        self.replay: collections.deque[tuple[int, str]] = collections.deque()
+        self.replay_bytes = 0
+        self._subscribers: set[Subscription] = set()
+
+    def publish(self, event: ev.Event) -> Published:
+        self.seq += 1
+        event = event.model_copy(update={"seq": self.seq})
+        pub = Published(self.seq, event, event.model_dump_json())
+        self.replay.append((pub.seq, pub.json))
+        self.replay_bytes += len(pub.json)
+        while self.replay and (
+            len(self.replay) > self.config.replay_buffer or self.replay_bytes > self.config.replay_buffer_bytes
+        ):
+            self.replay_bytes -= len(self.replay.popleft()[1])
+        for sub in list(self._subscribers):
+            sub.offer(pub.json)
+            if sub.closed:
+                self._subscribers.discard(sub)
+        return pub
+
+    def subscribe(self, last_seq: int | None = None, *, closed: bool = False) -> Subscription:
+        """A live subscription; with ``last_seq``, first the events after it.
+        ``closed``: replay only (the session is going away).
+
+        Replay and registration happen without an await in between, so no event
+        is missed or delivered twice.
+        """
+        sub = Subscription(self.config.subscriber_queue, self.config.subscriber_max_bytes)
+        if last_seq is not None and last_seq < self.seq:
+            oldest = self.replay[0][0] if self.replay else self.seq + 1
+            if oldest > last_seq + 1:
+                gap = ev.Gap(first_missing=last_seq + 1, last_missing=oldest - 1)
+                sub.offer(gap.model_dump_json())
+            for seq, text in self.replay:
+                if seq > last_seq:
+                    sub.offer(text)
+        if closed:
+            sub.close()
+        else:
+            self._subscribers.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self._subscribers.discard(sub)
+        sub.close()
+
+    def close_all(self) -> None:
+        for sub in list(self._subscribers):
+            sub.close()
+        self._subscribers.clear()
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)

@@ -1,0 +1,355 @@
+"""The link to one kernel: its container, its ZMQ client and the readers.
+
+Starts and stops the kernel through the `Backend`, waits until it answers on
+shell *and* iopub (the readiness nudge), reads both channels, and watches for
+messages ZMQ refused for their size. Messages are routed by their parent's
+msg_id to the request this link sent: the kernel holds the HMAC key, so a
+valid signature proves nothing about honesty, and anything else is dropped.
+What an execution's messages mean is the `LinkListener`'s business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, cast
+
+import zmq
+import zmq.asyncio
+from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.connect import KernelConnectionInfo
+from zmq.utils.monitor import parse_monitor_message
+
+from kernelgw.errors import KernelStartFailed
+from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec, KernelState
+from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, QueuedExecution
+from kernelgw.runtime.session_config import SessionConfig
+from kernelgw.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
+
+RECEIVE_HWM = 100_000
+"""Messages ZMQ may queue on our side of a kernel's sockets. The default (1000,
+plus the kernel's 1000 send HWM) let a burst of small flushed prints overflow
+while the event loop was busy elsewhere: PUB/SUB then drops silently, output
+was lost and, when the dropped message was ``status: idle``, the execution
+never finished."""
+RETRY_GRACE_S = 0.5
+"""After a disconnect, how long to wait for ZMQ's own reconnect attempt before
+concluding it refused an oversized message (and will not retry)."""
+
+
+class LinkListener(Protocol):
+    """Who is told about an execution's messages (the execution queue)."""
+
+    def current_execution(self) -> QueuedExecution | None:
+        """The execution the kernel is running, if any."""
+        ...
+
+    def on_output(self, execution: QueuedExecution, msg: dict[str, Any]) -> None:
+        """An iopub message of a running, published execution."""
+        ...
+
+    def on_message_refused(self, execution: QueuedExecution) -> None:
+        """A message over the size limit was dropped while ``execution`` ran."""
+        ...
+
+
+class ListenerMissing(RuntimeError):
+    """The link was started before anything listens to what it reads."""
+
+
+class KernelLink:
+    def __init__(self, session_id: str, spec: KernelSpec, backend: Backend, config: SessionConfig) -> None:
+        self.session_id = session_id
+        self.spec = spec
+        self.backend = backend
+        self.config = config
+        self.handle: KernelHandle | None = None
+        self.kernel_info: dict[str, Any] = {}
+        self.last_iopub = time.monotonic()
+        self.iopub_stale = False
+        """ZMQ dropped the iopub connection (an oversized message): resubscribe
+        before the next execution, or its output would go nowhere."""
+        self.disconnect_pending = False
+        """A socket disconnected and it is not yet known whether ZMQ will retry:
+        the running execution must not be finished as "idle lost" meanwhile."""
+        self._kc: AsyncKernelClient | None = None
+        self._readers: list[asyncio.Task[None]] = []
+        self._pending: dict[str, QueuedExecution] = {}
+        self._iopub_probes: dict[str, asyncio.Event] = {}
+        self._listener: LinkListener | None = None
+
+    def attach(self, listener: LinkListener) -> None:
+        self._listener = listener
+
+    @property
+    def connected(self) -> bool:
+        return self._kc is not None
+
+    # ------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Start a kernel container and connect; returns once it answered."""
+        listener = self._listener
+        if listener is None:
+            raise ListenerMissing("attach a listener before starting the kernel link")
+        self.handle = await self.backend.start(self.spec)
+        try:
+            # Socket options must be set before connect: use a context whose defaults
+            # raise the receive HWM for the sockets jupyter_client creates.
+            context = zmq.asyncio.Context.instance()
+            context.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+            # A frame over the cap makes ZMQ drop the connection instead of
+            # allocating it: what a kernel sends cannot grow our memory unbounded.
+            context.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+            kc = AsyncKernelClient(context=context)
+            kc.load_connection_info(cast(KernelConnectionInfo, self.handle.connection))
+            kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
+            self._kc = kc
+            self.kernel_info = await self._wait_ready(kc, self.handle)
+            await self.backend.seal(self.handle)
+        except BaseException:
+            await self.stop()
+            raise
+        self._readers = [
+            asyncio.create_task(self._read_iopub(kc, listener), name=f"iopub-{self.session_id}"),
+            asyncio.create_task(self._read_shell(kc), name=f"shell-{self.session_id}"),
+            asyncio.create_task(
+                self._watch_oversized("iopub", kc.iopub_channel.socket, listener),
+                name=f"iopub-monitor-{self.session_id}",
+            ),
+            asyncio.create_task(
+                self._watch_oversized("shell", kc.shell_channel.socket, listener),
+                name=f"shell-monitor-{self.session_id}",
+            ),
+        ]
+
+    async def _wait_ready(self, kc: AsyncKernelClient, handle: KernelHandle) -> dict[str, Any]:
+        """Repeat kernel_info until a shell reply and an iopub message both arrive,
+        so the first execution cannot lose output to a not-yet-joined SUB socket."""
+        deadline = time.monotonic() + self.config.kernel_start_timeout_s
+        info: dict[str, Any] | None = None
+        iopub_seen = False
+        while time.monotonic() < deadline:
+            msg_id = kc.kernel_info()
+            end = time.monotonic() + 0.5
+            while info is None and time.monotonic() < end:
+                try:
+                    reply = await kc.get_shell_msg(timeout=max(0.01, end - time.monotonic()))
+                except queue.Empty:
+                    break
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    info = reply["content"]
+            while not iopub_seen:
+                try:
+                    await kc.get_iopub_msg(timeout=0.2 if info is not None else 0.01)
+                    iopub_seen = True
+                except queue.Empty:
+                    break
+            if info is not None and iopub_seen:
+                # Leftover handshake messages need no draining: the readers drop
+                # anything whose parent is not a pending execution.
+                return info
+            state = await self.backend.state(handle)
+            if not state.alive:
+                raise KernelStartFailed(f"The kernel container stopped while starting: {state.describe()}")
+        raise KernelStartFailed(
+            f"The kernel did not answer within {self.config.kernel_start_timeout_s:.0f}s of starting."
+        )
+
+    async def stop(self) -> None:
+        """Stop the readers, disconnect, and remove the container."""
+        await cancel_and_wait(*self._readers)
+        self._readers = []
+        if self._kc is not None:
+            for channel in (self._kc.iopub_channel, self._kc.shell_channel):
+                with contextlib.suppress(Exception):
+                    channel.socket.disable_monitor()
+            self._kc.stop_channels()
+            self._kc = None
+        if self.handle is not None:
+            handle, self.handle = self.handle, None
+            await self.backend.stop(handle)
+
+    # ------------------------------------------------------------- requests
+    def send(self, execution: QueuedExecution, user_expressions: dict[str, str] | None = None) -> bool:
+        """Send ``execution`` to the kernel and route its messages to it; False
+        when there is no kernel to send it to."""
+        if self._kc is None:
+            return False
+        if execution.silent:
+            msg_id = self._kc.execute(
+                execution.code,
+                silent=True,
+                store_history=False,
+                allow_stdin=False,
+                user_expressions=user_expressions or {},
+            )
+        else:
+            msg_id = self._kc.execute(
+                execution.code,
+                silent=False,
+                store_history=True,
+                allow_stdin=False,
+                stop_on_error=False,
+                user_expressions={"artifacts": ARTIFACTS_EXPRESSION},
+            )
+        execution.msg_id = msg_id
+        self._pending[msg_id] = execution
+        return True
+
+    def forget(self, execution: QueuedExecution) -> None:
+        """Stop routing messages to ``execution``: what comes later is dropped."""
+        if execution.msg_id is not None:
+            self._pending.pop(execution.msg_id, None)
+
+    async def silent_request(
+        self, code: str, user_expressions: dict[str, str] | None = None, timeout: float = 5.0
+    ) -> dict[str, Any] | None:
+        """Run gateway-internal code: no history, no published events, no
+        pre_run_cell hooks. Returns the execute_reply content, None on timeout."""
+        probe = QueuedExecution(execution_id="internal", code=code, timeout=timeout, silent=True)
+        if not self.send(probe, user_expressions):
+            return None
+        probe.idle_seen = True  # silent requests publish nothing we wait for
+        try:
+            async with asyncio.timeout(timeout):
+                await probe.finished.wait()
+            return probe.reply or {}
+        except TimeoutError:
+            return None
+        finally:
+            self.forget(probe)
+
+    async def interrupt(self) -> None:
+        """SIGINT to the kernel (it must be running)."""
+        handle = self.handle
+        assert handle is not None
+        await self.backend.signal(handle, signal.SIGINT)
+
+    async def container_state(self) -> KernelState | None:
+        """The container's state, or None while there is none (restarting, closed)."""
+        handle = self.handle
+        if handle is None:
+            return None
+        return await self.backend.state(handle)
+
+    async def resync_if_stale(self, timeout: float = 10.0) -> None:
+        """After iopub was dropped, ask kernel_info until its iopub status arrives:
+        the SUB socket has reconnected and subscribed again (the readiness nudge)."""
+        kc = self._kc
+        if not self.iopub_stale or kc is None:
+            return
+        deadline = time.monotonic() + timeout
+        seen = asyncio.Event()
+        ids: list[str] = []
+        try:
+            while time.monotonic() < deadline:
+                msg_id = kc.kernel_info()
+                ids.append(msg_id)
+                self._iopub_probes[msg_id] = seen
+                try:
+                    async with asyncio.timeout(0.2):
+                        await seen.wait()
+                    self.iopub_stale = False
+                    return
+                except TimeoutError:
+                    continue
+            log.warning("session %s: iopub did not come back within %gs", self.session_id, timeout)
+        finally:
+            for msg_id in ids:
+                self._iopub_probes.pop(msg_id, None)
+
+    # ------------------------------------------------------------- readers
+    async def _read_iopub(self, kc: AsyncKernelClient, listener: LinkListener) -> None:
+        while True:
+            msg = await self._next(kc.get_iopub_msg, "iopub")
+            self.last_iopub = time.monotonic()
+            parent = (msg.get("parent_header") or {}).get("msg_id")
+            probe = self._iopub_probes.get(parent) if parent else None
+            if probe is not None:
+                probe.set()
+                continue
+            execution = self._pending.get(parent) if parent else None
+            if execution is None or execution.silent or execution.finished.is_set():
+                continue  # not a request we sent, an internal one, or already over
+            listener.on_output(execution, msg)
+
+    async def _read_shell(self, kc: AsyncKernelClient) -> None:
+        while True:
+            msg = await self._next(kc.get_shell_msg, "shell")
+            parent = (msg.get("parent_header") or {}).get("msg_id")
+            execution = self._pending.get(parent) if parent else None
+            if execution is None or msg["header"]["msg_type"] != "execute_reply":
+                continue
+            execution.reply = msg.get("content") or {}
+            execution.check_finished()
+
+    async def _next(self, get: Callable[[], Awaitable[Any]], channel: str) -> dict[str, Any]:
+        """The next well-formed, correctly signed message. A malformed or forged one
+        (bad signature, broken JSON) is dropped: the kernel cannot stop a reader."""
+        while True:
+            try:
+                msg = await get()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("session %s: dropped an invalid %s message (%s)", self.session_id, channel, exc)
+                continue
+            if isinstance(msg, dict) and isinstance(msg.get("header"), dict) and "msg_type" in msg["header"]:
+                return msg
+            log.warning("session %s: dropped a malformed %s message", self.session_id, channel)
+
+    async def _watch_oversized(self, channel: str, sock: zmq.asyncio.Socket, listener: LinkListener) -> None:
+        """A frame over ``max_message_bytes`` makes ZMQ drop the connection as a
+        protocol error, and then it does not reconnect by itself (after an
+        ordinary disconnect, a kernel restarting or dying, it schedules a retry
+        at once). So: a disconnect with no retry behind it means a message was
+        refused; reconnect, tell the running execution that output was lost,
+        and resubscribe iopub before the next one."""
+        endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
+        try:
+            while True:
+                if parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_DISCONNECTED:
+                    continue
+                execution = listener.current_execution()
+                self.disconnect_pending = True
+                try:
+                    async with asyncio.timeout(RETRY_GRACE_S):
+                        while (
+                            parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_CONNECT_RETRIED
+                        ):
+                            pass
+                    continue  # ZMQ reconnects by itself: not a refused message
+                except TimeoutError:
+                    pass
+                finally:
+                    self.disconnect_pending = False
+                log.warning(
+                    "session %s: the kernel sent a %s message over the size limit; dropped", self.session_id, channel
+                )
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disconnect(endpoint)
+                sock.connect(endpoint)
+                if channel == "iopub":
+                    self.iopub_stale = True
+                if execution is None or execution.silent or execution.finished.is_set():
+                    continue
+                if channel == "shell" and execution.reply is None:
+                    # the refused message was this execution's reply (the shell
+                    # carries nothing else while it runs): end it when idle comes
+                    execution.reply = {
+                        "status": "error",
+                        "ename": "ReplyTooLarge",
+                        "evalue": f"the kernel's reply was larger than {self.config.max_message_bytes} bytes",
+                    }
+                    execution.check_finished()
+                listener.on_message_refused(execution)
+        finally:
+            monitor.close(linger=0)

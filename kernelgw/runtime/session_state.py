@@ -1,0 +1,20 @@
+"""What a session's parts share about the kernel: its state and the gateway's counters.
+
+One mutable record, held by the session façade and its execution queue, so the
+state a client reads is the state the queue acts on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+SessionState = Literal["starting", "idle", "busy", "dead", "closed"]
+
+
+@dataclass
+class SessionStatus:
+    state: SessionState = "starting"
+    dead_reason: str | None = None
+    execution_count: int = 0
+    """The kernel's count after the last cell, as its reply said (0 after a restart)."""
