@@ -195,7 +195,7 @@ class Settings(BaseSettings):
     @field_validator("package_allowlist")
     @classmethod
     def _valid_allowlist(cls, v: list[str]) -> list[str]:
-        from kernelgw.runtime.packages import parse_allowlist
+        from kernelgw.allowlist import parse_allowlist
 
         parse_allowlist(v)  # raises ValueError naming the bad entry
         return v

@@ -1,4 +1,14 @@
-"""Request and response bodies at the HTTP/WebSocket edge."""
+"""Request and response bodies at the HTTP/WebSocket edge: the one definition the
+gateway and the SDK share.
+
+Requests (`_Body`) forbid unknown fields, so a typo is a 422 rather than an option
+silently ignored. Responses the SDK reads (`_Response`) ignore unknown fields and
+give a default to every field but the identifying ones, so an older SDK still reads
+a newer gateway's answers; the OpenAPI output schemas still mark every field
+required, because this gateway always sends them all. Enumerations (a session's
+``state``, a cell's ``status``) are part of the contract: a new value is a breaking
+change, not something a client should guess at.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +27,10 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, json_schema_serialization_defaults_required=True)
 
 
 class CreateSession(_Body):
@@ -57,31 +71,33 @@ class CreateSession(_Body):
         return self
 
 
-class SessionInfo(BaseModel):
+class SessionInfo(_Response):
+    """A session as the gateway describes it."""
+
     id: str
     state: Literal["starting", "idle", "busy", "dead", "closed"]
-    image: str
-    runtime: str
-    memory_mb: int
-    cpus: float
-    created_at: datetime
-    last_activity: datetime
-    execution_count: int
-    queue_length: int
-    subscribers: int
-    last_seq: int
-    dead_reason: str | None = None
+    image: str | None = None
+    runtime: str | None = Field(None, description="Container runtime: runc, or runsc (gVisor).")
+    memory_mb: int | None = None
+    cpus: float | None = None
+    created_at: datetime | None = None
+    last_activity: datetime | None = None
+    execution_count: int = 0
+    queue_length: int = Field(0, description="Executions waiting behind the running one.")
+    subscribers: int = Field(0, description="WebSocket clients watching the session.")
+    last_seq: int = Field(0, description="The session's latest event sequence number.")
+    dead_reason: str | None = Field(None, description="Why the kernel died, when state is dead.")
     owner: str | None = Field(None, description="The id of the API key that created the session.")
 
 
-class SessionList(BaseModel):
+class SessionList(_Response):
     sessions: list[SessionInfo]
 
 
 # --- history, notebooks and restore
 
 
-class ReplayedCell(BaseModel):
+class ReplayedCell(_Response):
     """What happened to one code cell when a session was restored."""
 
     index: int = Field(description="The cell's index in notebook.cells (from_session: the execution's position).")
@@ -175,6 +191,77 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+# --- workspace files
+
+
+class FileEntry(_Response):
+    """One workspace entry. Symbolic links are listed, never followed."""
+
+    path: str
+    """Relative to the workspace."""
+    type: Literal["file", "directory", "symlink", "other"]
+    size: int
+    mtime: datetime
+    mime_type: str | None = None
+    """For files: the type a download is served with."""
+
+
+class UploadResult(FileEntry):
+    created: bool
+    """False when an existing file was replaced."""
+
+
+class FileList(_Response):
+    path: str
+    """The listed directory ("" is the workspace), or the one file asked for."""
+    entries: list[FileEntry]
+    truncated: bool = False
+    """True when there were more than 10,000 entries."""
+
+
+# --- packages and images
+
+
+class PackageInfo(_Response):
+    name: str
+    """PEP 503 normalised name."""
+    version: str
+
+
+class PresentPackage(PackageInfo):
+    source: Literal["image", "session"]
+    """Preinstalled in the image, or installed into this session earlier."""
+
+
+class InstallRequest(_Body):
+    packages: list[str]
+    """Requirements: names, optionally with a version specifier (``"sympy>=1.12"``)."""
+
+
+class InstallResult(_Response):
+    installed: list[PackageInfo]
+    """What this request added to the session: the packages and their dependencies."""
+    already_present: list[PresentPackage]
+    """Requested packages the session already had (nothing was done for them)."""
+    duration_ms: float
+
+
+class ImageInfo(_Response):
+    name: str
+    default: bool
+    present: bool
+    """Whether the engine has the image (sessions cannot use it otherwise)."""
+    python: str | None = None
+    packages: dict[str, str] = {}
+    """Preinstalled packages: normalised name -> version."""
+
+
+class ImageList(_Response):
+    images: list[ImageInfo]
+    package_allowlist: list[str]
+    """What sessions may install on top (POST /v1/sessions/{id}/packages)."""
 
 
 # --- messages a WebSocket client sends

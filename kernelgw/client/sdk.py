@@ -27,13 +27,11 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Generic, NoReturn, TypeVar, Union
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 import httpx
-from pydantic import BaseModel, ConfigDict
 from websockets.asyncio.client import connect as _aconnect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as _connect
@@ -41,8 +39,16 @@ from websockets.sync.client import connect as _connect
 from kernelgw.client.execution import Execution
 from kernelgw.errors import ClientError
 from kernelgw.events import Done, Event, Gap, ProtocolError, parse_event
-from kernelgw.runtime.packages import ImageList, InstallResult
-from kernelgw.runtime.workspace import FileEntry, FileList, UploadResult
+from kernelgw.models import (
+    CreatedSession,
+    FileEntry,
+    FileList,
+    ImageList,
+    InstallResult,
+    ReplayedCell,
+    SessionInfo,
+    UploadResult,
+)
 
 __all__ = [
     "DEFAULT_URL",
@@ -77,47 +83,7 @@ T = TypeVar("T")
 C = TypeVar("C", bound="_BaseClient")
 
 
-class SessionInfo(BaseModel):
-    """A session as the gateway describes it. Unknown fields are ignored."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    id: str
-    state: str
-    """``starting``, ``idle``, ``busy`` or ``dead``."""
-    image: str | None = None
-    runtime: str | None = None
-    memory_mb: int | None = None
-    cpus: float | None = None
-    created_at: datetime | None = None
-    last_activity: datetime | None = None
-    execution_count: int = 0
-    queue_length: int = 0
-    last_seq: int | None = None
-    """The session's latest event sequence number."""
-    dead_reason: str | None = None
-    """Why the kernel died, when ``state`` is ``dead``."""
-    replay: list[ReplayedCell] | None = None
-    """Only in the answer to a restore (``notebook=`` / ``from_session=``)."""
-
-
 # --- history, notebooks and restore
-
-
-class ReplayedCell(BaseModel):
-    """How one code cell fared when a session was restored from a notebook or history."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    index: int
-    """The cell's index in the notebook's ``cells`` (from_session: the execution's position)."""
-    status: str
-    """ok, error, timeout, interrupted, dead, or skipped (not run; ``reason`` says why)."""
-    execution_count: int | None = None
-    ename: str | None = None
-    evalue: str | None = None
-    reason: str | None = None
-    duration_ms: float | None = None
 
 
 NotebookSource = Union[Mapping[str, Any], str, "os.PathLike[str]"]
@@ -334,7 +300,7 @@ class _BaseClient:
         return _Call(
             "POST",
             "/v1/sessions",
-            lambda r: self._session(SessionInfo.model_validate(r.json()), timeout),
+            lambda r: self._session(CreatedSession.model_validate(r.json()), timeout),
             json=body,
             # a restore answers after replaying every cell: no read timeout here
             timeout=httpx.Timeout(self.timeout, read=None) if restoring else self._start_timeout(),
@@ -375,7 +341,7 @@ class _SessionBase(Generic[C]):
         """The session as last reported by the gateway (see ``info()``)."""
         self.default_timeout = default_timeout
         """The per-execution timeout the session was created with, if known."""
-        self.replay: list[ReplayedCell] | None = info.replay
+        self.replay: list[ReplayedCell] | None = info.replay if isinstance(info, CreatedSession) else None
         """For a restored session: how each code cell fared (else None)."""
 
     def __repr__(self) -> str:
@@ -605,7 +571,7 @@ class _StreamState:
     def rejected(exc: InvalidStatus) -> NoReturn:
         """The gateway refused the WebSocket handshake with an HTTP answer."""
         response = exc.response
-        raise error_from_response(response.status_code, response.body or b"", response.reason_phrase)
+        raise error_from_response(response.status_code, bytes(response.body or b""), response.reason_phrase)
 
 
 # ------------------------------------------------------------------------- sync
@@ -770,7 +736,7 @@ class Client(_BaseClient):
         Restore: with ``notebook`` (a dict or an .ipynb path) or ``from_session`` (the
         id of a stored, possibly deleted session) the code cells are replayed in the
         new kernel first; ``session.replay`` says how each cell fared."""
-        return self._send(
+        session: Session = self._send(
             self._create_call(
                 memory_mb=memory_mb,
                 cpus=cpus,
@@ -781,6 +747,7 @@ class Client(_BaseClient):
                 from_session=from_session,
             )
         )
+        return session
 
     @contextlib.contextmanager
     def session(
@@ -807,7 +774,8 @@ class Client(_BaseClient):
             yield session
 
     def get_session(self, session_id: str) -> Session:
-        return self._send(self._get_call(session_id))
+        session: Session = self._send(self._get_call(session_id))
+        return session
 
     def list_sessions(self) -> list[Session]:
         return self._send(self._list_call())

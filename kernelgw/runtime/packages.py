@@ -36,12 +36,11 @@ import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-from pydantic import BaseModel, ConfigDict
 
+from kernelgw.allowlist import normalize_name, parse_allowlist
 from kernelgw.errors import (
     BadRequest,
     ImageNotFound,
@@ -50,6 +49,7 @@ from kernelgw.errors import (
     PackageUnavailable,
     QuotaExceeded,
 )
+from kernelgw.models import InstallResult, PackageInfo, PresentPackage
 from kernelgw.runtime.backends.base import Backend, KernelHandle
 from kernelgw.runtime.workspace import PYTHON, HelperAnswer
 
@@ -60,79 +60,7 @@ MAX_PACKAGES_PER_REQUEST = 50
 _FRAME = 1 << 20
 
 
-# ------------------------------------------------------------------ wire models
-
-
-class PackageInfo(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    name: str
-    """PEP 503 normalised name."""
-    version: str
-
-
-class PresentPackage(PackageInfo):
-    source: Literal["image", "session"]
-    """Preinstalled in the image, or installed into this session earlier."""
-
-
-class InstallRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    packages: list[str]
-    """Requirements: names, optionally with a version specifier (``"sympy>=1.12"``)."""
-
-
-class InstallResult(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    installed: list[PackageInfo]
-    """What this request added to the session: the packages and their dependencies."""
-    already_present: list[PresentPackage]
-    """Requested packages the session already had (nothing was done for them)."""
-    duration_ms: float
-
-
-class ImageInfo(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    name: str
-    default: bool
-    present: bool
-    """Whether the engine has the image (sessions cannot use it otherwise)."""
-    python: str | None = None
-    packages: dict[str, str] = {}
-    """Preinstalled packages: normalised name -> version."""
-
-
-class ImageList(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    images: list[ImageInfo]
-    package_allowlist: list[str]
-    """What sessions may install on top (POST /v1/sessions/{id}/packages)."""
-
-
 # ------------------------------------------------------------------ pure rules
-
-
-def normalize_name(name: str) -> str:
-    """PEP 503: ``Foo.Bar_baz`` -> ``foo-bar-baz``."""
-    return canonicalize_name(name)
-
-
-def parse_allowlist(entries: Iterable[str]) -> dict[str, Requirement]:
-    """Normalised name -> the operator's requirement (name and optional specifier)."""
-    allowed: dict[str, Requirement] = {}
-    for entry in entries:
-        try:
-            req = Requirement(entry)
-        except InvalidRequirement as exc:
-            raise ValueError(f"package_allowlist entry {entry!r} is not a requirement: {exc}") from exc
-        if req.url or req.marker:
-            raise ValueError(f"package_allowlist entry {entry!r}: URLs and markers are not supported")
-        allowed[normalize_name(req.name)] = req
-    return allowed
 
 
 def check_request(requested: Sequence[str], allowlist: dict[str, Requirement]) -> list[Requirement]:
@@ -382,15 +310,8 @@ class PackageInstaller:
                 if not self.allow_download:
                     reason += f" (the gateway installs offline from its wheel cache {cache} only)"
                 raise PackageUnavailable(reason)
-            wheels = sorted(dest.glob("*.whl"))
-            for wheel in wheels:
-                cached = cache / wheel.name
-                if not cached.exists():
-                    try:
-                        os.link(wheel, cached)
-                    except OSError:
-                        shutil.copy2(wheel, cached)
-        return wheels
+            # listing and linking touch the disk: off the event loop
+            return await asyncio.to_thread(_keep_in_cache, dest, cache)
 
     # --- container side
 
@@ -457,3 +378,17 @@ async def _run(cmd: list[str], timeout: float) -> tuple[int, str]:
 
 def _ms(t0: float) -> float:
     return round((time.monotonic() - t0) * 1000, 1)
+
+
+def _keep_in_cache(dest: Path, cache: Path) -> list[Path]:
+    """The wheels pip put in ``dest``, each also kept in the wheel cache (hard link
+    when the cache is on the same file system)."""
+    wheels = sorted(dest.glob("*.whl"))
+    for wheel in wheels:
+        cached = cache / wheel.name
+        if not cached.exists():
+            try:
+                os.link(wheel, cached)
+            except OSError:
+                shutil.copy2(wheel, cached)
+    return wheels

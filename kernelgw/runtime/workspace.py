@@ -1,4 +1,5 @@
-"""Workspace files: path rules, wire models, and moving bytes in and out.
+"""Workspace files: path rules, and moving bytes in and out (the wire models are in
+``kernelgw.models``).
 
 Each session's working directory is ``/workspace``, a size-limited tmpfs in its
 container. The gateway never reaches into it directly: it runs the image's
@@ -24,10 +25,9 @@ import logging
 import mimetypes
 from collections.abc import AsyncIterable, AsyncIterator
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict
 
 from kernelgw.errors import (
     BackendError,
@@ -37,6 +37,7 @@ from kernelgw.errors import (
     KernelGWError,
     QuotaExceeded,
 )
+from kernelgw.models import FileEntry, FileList, UploadResult
 from kernelgw.runtime.backends.base import Backend, ExecProcess, KernelHandle
 
 log = logging.getLogger(__name__)
@@ -128,38 +129,6 @@ def validate_path(path: str, *, allow_root: bool = False) -> str:
         if len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
             raise InvalidPath(f"A component of the path is longer than {MAX_NAME_BYTES} bytes.")
     return stripped
-
-
-# ------------------------------------------------------------------ wire models
-
-
-class FileEntry(BaseModel):
-    """One workspace entry. Symbolic links are listed, never followed."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    path: str
-    """Relative to the workspace."""
-    type: Literal["file", "directory", "symlink", "other"]
-    size: int
-    mtime: datetime
-    mime_type: str | None = None
-    """For files: the type a download is served with."""
-
-
-class UploadResult(FileEntry):
-    created: bool
-    """False when an existing file was replaced."""
-
-
-class FileList(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    path: str
-    """The listed directory ("" is the workspace), or the one file asked for."""
-    entries: list[FileEntry]
-    truncated: bool = False
-    """True when there were more than 10,000 entries."""
 
 
 def _entry(data: dict[str, Any], cls: type[FileEntry] = FileEntry, **extra: Any) -> Any:

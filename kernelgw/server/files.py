@@ -20,10 +20,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from kernelgw.errors import BadRequest, KernelDied, SessionBusy
-from kernelgw.models import ErrorResponse
+from kernelgw.models import ErrorResponse, FileList, UploadResult
 from kernelgw.runtime.backends.base import KernelHandle
 from kernelgw.runtime.session import KernelSession
-from kernelgw.runtime.workspace import Download, FileList, UploadResult, WorkspaceFiles, validate_path
+from kernelgw.runtime.workspace import Download, WorkspaceFiles, validate_path
 from kernelgw.server.auth import authenticate, session_for
 from kernelgw.server.state import gateway_state
 

@@ -8,16 +8,8 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from kernelgw.models import ErrorResponse
-from kernelgw.runtime.packages import (
-    ImageInfo,
-    ImageList,
-    InstallRequest,
-    InstallResult,
-    PackageInstaller,
-    check_request,
-    image_target,
-)
+from kernelgw.models import ErrorResponse, ImageInfo, ImageList, InstallRequest, InstallResult
+from kernelgw.runtime.packages import PackageInstaller, check_request, image_target
 from kernelgw.server.auth import authenticate
 from kernelgw.server.files import session_handle
 from kernelgw.server.state import gateway_state
