@@ -1,26 +1,27 @@
 """The kernel image: how it is built without a registry (debootstrap base, host-side
 wheels, ``docker build --network none``), and the facts about a built image that
-the runtime needs (wheel platforms, the host-side pip cache).
+the runtime needs (wheel platforms, the host-side pip and wheel cache).
 
 May import: ``kernelgw.errors`` and third-party packages only. The runtime imports
-the names re-exported here, never the builder's private helpers.
+the names re-exported here, never the modules behind them.
+
+One module a job: :mod:`.builder` runs a build from :mod:`.base` (with
+:mod:`.debootstrap` and :mod:`.apt_mirror` for the offline base), :mod:`.context`
+(inputs and their hash), :mod:`.wheels` (pip on the host) and
+:mod:`.docker_build`; :mod:`.engine`, :mod:`.cache`, :mod:`.names`,
+:mod:`.errors` and :mod:`.progress` serve them.
 """
 
-from kernelgw.image.builder import (
-    DEFAULT_TAG,
-    BaseImageError,
-    ImageBuildError,
-    ImageBuildResult,
-    WheelDownloadError,
-    build_image,
-    cache_dir,
-    image_exists,
-    manylinux_platforms,
-    packages_from_wheels,
-)
+from kernelgw.image.builder import ImageBuildResult, build_image
+from kernelgw.image.cache import cache_dir
+from kernelgw.image.engine import image_exists
+from kernelgw.image.errors import BaseImageError, ImageBuildError, WheelDownloadError
+from kernelgw.image.names import DEFAULT_TAG, HASH_LABEL
+from kernelgw.image.wheels import manylinux_platforms, packages_from_wheels, pip_command
 
 __all__ = [
     "DEFAULT_TAG",
+    "HASH_LABEL",
     "BaseImageError",
     "ImageBuildError",
     "ImageBuildResult",
@@ -30,4 +31,5 @@ __all__ = [
     "image_exists",
     "manylinux_platforms",
     "packages_from_wheels",
+    "pip_command",
 ]

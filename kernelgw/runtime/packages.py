@@ -108,7 +108,7 @@ class ImageTarget:
 
     @property
     def platforms(self) -> list[str]:
-        from kernelgw.image.builder import manylinux_platforms
+        from kernelgw.image import manylinux_platforms
 
         return manylinux_platforms(self.machine, self.glibc)
 
@@ -188,7 +188,7 @@ class PackageInstaller:
         self._session_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def cache_dir(self, target: ImageTarget) -> Path:
-        from kernelgw.image.builder import cache_dir
+        from kernelgw.image import cache_dir
 
         root = self.wheel_cache_dir or cache_dir() / "wheels"
         return root / target.cache_key
@@ -275,10 +275,10 @@ class PackageInstaller:
         (tmp / "requirements.txt").write_text("".join(f"{r}\n" for r in reqs))
         # constraints may not name extras; the image's names are plain anyway
         (tmp / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
-        from kernelgw.image.builder import _pip_command
+        from kernelgw.image import pip_command
 
         base = [
-            *_pip_command(),
+            *pip_command(),
             "download",
             "--disable-pip-version-check",
             "--no-input",

@@ -14,7 +14,7 @@ from typing import Any
 import docker
 import pytest
 
-from kernelgw.image.builder import HASH_LABEL, build_image, image_exists
+from kernelgw.image import HASH_LABEL, build_image, image_exists
 
 pytestmark = pytest.mark.integration
 

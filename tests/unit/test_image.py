@@ -1,4 +1,4 @@
-"""Pure logic of kernelgw.image (no Docker needed)."""
+"""Pure logic of kernelgw.image's modules (no Docker needed)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from kernelgw import image
 from kernelgw.errors import KernelGWError
-from kernelgw.image import builder as image
+from kernelgw.image import apt_mirror, context, docker_build
 
 DEB822 = """\
 Types: deb
@@ -64,40 +65,40 @@ deb http://ftp.de.debian.org/debian/ bookworm-updates main
 
 
 def test_deb822_mirror() -> None:
-    assert image.parse_deb822_mirror(DEB822) == "http://deb.debian.org/debian"
+    assert apt_mirror.parse_deb822_mirror(DEB822) == "http://deb.debian.org/debian"
 
 
 def test_deb822_skips_security_source_disabled_and_trailing_slash() -> None:
-    assert image.parse_deb822_mirror(DEB822_SECURITY_FIRST_AND_MIRROR) == "http://mirror.example.org/debian"
+    assert apt_mirror.parse_deb822_mirror(DEB822_SECURITY_FIRST_AND_MIRROR) == "http://mirror.example.org/debian"
 
 
 def test_deb822_unrelated_repository_gives_none() -> None:
-    assert image.parse_deb822_mirror(DEB822_NODESOURCE) is None
-    assert image.parse_deb822_mirror("") is None
+    assert apt_mirror.parse_deb822_mirror(DEB822_NODESOURCE) is None
+    assert apt_mirror.parse_deb822_mirror("") is None
 
 
 def test_sources_list_mirror() -> None:
-    assert image.parse_sources_list_mirror(SOURCES_LIST) == "http://ftp.de.debian.org/debian"
+    assert apt_mirror.parse_sources_list_mirror(SOURCES_LIST) == "http://ftp.de.debian.org/debian"
 
 
 def test_sources_list_other_suite_falls_back_to_debian_path() -> None:
     text = "deb http://archive.example/debian trixie main\n"
-    assert image.parse_sources_list_mirror(text) == "http://archive.example/debian"
-    assert image.parse_sources_list_mirror("deb http://archive.ubuntu.com/ubuntu jammy main\n") is None
-    assert image.parse_sources_list_mirror("deb mirror+file:/etc/apt/mirrors.txt bookworm main\n") is None
+    assert apt_mirror.parse_sources_list_mirror(text) == "http://archive.example/debian"
+    assert apt_mirror.parse_sources_list_mirror("deb http://archive.ubuntu.com/ubuntu jammy main\n") is None
+    assert apt_mirror.parse_sources_list_mirror("deb mirror+file:/etc/apt/mirrors.txt bookworm main\n") is None
 
 
 def test_find_apt_mirror(tmp_path: Path) -> None:
-    assert image.find_apt_mirror(tmp_path) == image.DEFAULT_MIRROR
+    assert apt_mirror.find_apt_mirror(tmp_path) == apt_mirror.DEFAULT_MIRROR
     (tmp_path / "sources.list").write_text(SOURCES_LIST)
-    assert image.find_apt_mirror(tmp_path) == "http://ftp.de.debian.org/debian"
+    assert apt_mirror.find_apt_mirror(tmp_path) == "http://ftp.de.debian.org/debian"
     d = tmp_path / "sources.list.d"
     d.mkdir()
     (d / "a-nodesource.sources").write_text(DEB822_NODESOURCE)
     (d / "debian.sources").write_text(DEB822)
     (d / "debian.sources.disabled").write_text(DEB822_SECURITY_FIRST_AND_MIRROR)
     # deb822 files win over sources.list; unrelated and disabled files are skipped
-    assert image.find_apt_mirror(tmp_path) == "http://deb.debian.org/debian"
+    assert apt_mirror.find_apt_mirror(tmp_path) == "http://deb.debian.org/debian"
 
 
 FILES = {
@@ -108,32 +109,32 @@ FILES = {
 
 
 def test_build_hash_is_stable() -> None:
-    h = image.compute_build_hash(FILES, "sha256:aaa")
-    assert h == image.compute_build_hash(dict(reversed(list(FILES.items()))), "sha256:aaa")
+    h = context.compute_build_hash(FILES, "sha256:aaa")
+    assert h == context.compute_build_hash(dict(reversed(list(FILES.items()))), "sha256:aaa")
     assert len(h) == 64 and int(h, 16) >= 0
 
 
 def test_build_hash_changes_with_inputs() -> None:
-    h = image.compute_build_hash(FILES, "sha256:aaa")
+    h = context.compute_build_hash(FILES, "sha256:aaa")
     changed_dockerfile = dict(FILES, Dockerfile=FILES["Dockerfile"] + b"USER 1000\n")
-    assert image.compute_build_hash(changed_dockerfile, "sha256:aaa") != h
+    assert context.compute_build_hash(changed_dockerfile, "sha256:aaa") != h
     changed_reqs = dict(FILES, **{"requirements.txt": b"ipykernel\nnumpy\npandas\n"})
-    assert image.compute_build_hash(changed_reqs, "sha256:aaa") != h
-    assert image.compute_build_hash(FILES, "sha256:bbb") != h
+    assert context.compute_build_hash(changed_reqs, "sha256:aaa") != h
+    assert context.compute_build_hash(FILES, "sha256:bbb") != h
     # moving bytes from one file to the next must not collide
     shifted = dict(
         FILES, Dockerfile=FILES["Dockerfile"][:-1], **{"requirements.txt": b"\n" + FILES["requirements.txt"]}
     )
-    assert image.compute_build_hash(shifted, "sha256:aaa") != h
+    assert context.compute_build_hash(shifted, "sha256:aaa") != h
 
 
 def test_build_hash_of_the_real_context(tmp_path: Path) -> None:
-    files = image._read_context_files(image.default_image_dir())
-    assert set(files) == set(image.CONTEXT_FILES)
-    h = image.compute_build_hash(files, "sha256:x")
-    assert image.compute_build_hash(image._read_context_files(image.default_image_dir()), "sha256:x") == h
+    files = context.read_context_files(context.default_image_dir())
+    assert set(files) == set(context.CONTEXT_FILES)
+    h = context.compute_build_hash(files, "sha256:x")
+    assert context.compute_build_hash(context.read_context_files(context.default_image_dir()), "sha256:x") == h
     with pytest.raises(image.ImageBuildError, match="Missing build input"):
-        image._read_context_files(tmp_path)
+        context.read_context_files(tmp_path)
 
 
 def test_manylinux_platforms() -> None:
@@ -163,9 +164,10 @@ def test_packages_from_wheels() -> None:
 
 def test_parse_step() -> None:
     assert (
-        image.parse_step("Step 3/12 : RUN python3 -m venv /opt/kernel") == "Step 3/12 : RUN python3 -m venv /opt/kernel"
+        docker_build.parse_step("Step 3/12 : RUN python3 -m venv /opt/kernel")
+        == "Step 3/12 : RUN python3 -m venv /opt/kernel"
     )
-    assert image.parse_step(" ---> Running in 1234") is None
+    assert docker_build.parse_step(" ---> Running in 1234") is None
 
 
 def test_errors_are_kernelgw_errors() -> None:
@@ -179,3 +181,23 @@ def test_result_is_frozen() -> None:
     r = image.ImageBuildResult("t", "sha256:1", False, "b", 0.1)
     with pytest.raises(AttributeError):
         r.built = True  # type: ignore[misc]
+
+
+def test_public_api() -> None:
+    """What the CLI, the runtime and the tests import; the modules behind it may move."""
+    assert set(image.__all__) == {
+        "DEFAULT_TAG",
+        "HASH_LABEL",
+        "BaseImageError",
+        "ImageBuildError",
+        "ImageBuildResult",
+        "WheelDownloadError",
+        "build_image",
+        "cache_dir",
+        "image_exists",
+        "manylinux_platforms",
+        "packages_from_wheels",
+        "pip_command",
+    }
+    assert all(getattr(image, name) is not None for name in image.__all__)
+    assert image.pip_command()[-2:] == ["-m", "pip"] or image.pip_command()[0].endswith(("pip", "pip3"))

@@ -1,0 +1,69 @@
+"""The build context (images/python) and the hash that says whether it changed.
+
+The hash covers the context files and the base image id; an image whose
+``kernelgw.build-hash`` label carries it is up to date and is not rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from kernelgw.image.errors import ImageBuildError
+
+# Bump when the way the image is built changes in a way the hashed files do
+# not show (e.g. the wheel download options), to force one rebuild.
+BUILD_FORMAT = "1"
+CONTEXT_FILES = (
+    "Dockerfile",
+    "requirements.txt",
+    "start-kernel",
+    "kernelgw_kernel/__init__.py",
+    "kernelgw_kernel/fs.py",
+    "kernelgw_kernel/pkg.py",
+    "kernelgw_kernel/launcher.py",
+)
+
+
+def default_image_dir() -> Path:
+    """``images/python`` of the source tree (override: ``KERNELGW_IMAGE_DIR``)."""
+    env = os.environ.get("KERNELGW_IMAGE_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "images" / "python"
+
+
+def read_context_files(image_dir: Path) -> dict[str, bytes]:
+    files = {}
+    for name in CONTEXT_FILES:
+        path = image_dir / name
+        try:
+            files[name] = path.read_bytes()
+        except OSError as exc:
+            raise ImageBuildError(
+                f"Missing build input {path} ({exc.strerror}). Set KERNELGW_IMAGE_DIR to "
+                "the images/python directory of a kernelgw source tree."
+            ) from exc
+    return files
+
+
+def write_context(files: Mapping[str, bytes], context: Path) -> None:
+    """Lay the files out in ``context`` for ``docker build``."""
+    for name, data in files.items():
+        (context / name).parent.mkdir(parents=True, exist_ok=True)
+        (context / name).write_bytes(data)
+    (context / "start-kernel").chmod(0o755)
+
+
+def compute_build_hash(files: Mapping[str, bytes], base_image_id: str) -> str:
+    """Content hash of the build inputs; goes into the ``kernelgw.build-hash`` label."""
+    h = hashlib.sha256()
+    h.update(f"kernelgw-image-build:{BUILD_FORMAT}\n".encode())
+    for name in sorted(files):
+        data = files[name]
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    h.update(f"base\0{base_image_id}\n".encode())
+    return h.hexdigest()
