@@ -50,23 +50,13 @@ def session_config(**overrides: Any) -> SessionConfig:
 
 
 @pytest.fixture
-async def backend() -> AsyncIterator[LocalBackend]:
-    be = LocalBackend()
-    try:
-        yield be
-        assert not be.running(), f"kernel processes left running: {be.running()}"
-    finally:
-        await be.kill_all()
-
-
-@pytest.fixture
-async def new_session(backend: LocalBackend) -> AsyncIterator[SessionFactory]:
+async def new_session(local_backend: LocalBackend) -> AsyncIterator[SessionFactory]:
     """Start a session with ``session_config(**overrides)``; closed after the test."""
     sessions: list[KernelSession] = []
 
     async def start(**overrides: Any) -> KernelSession:
         sid = uuid.uuid4().hex
-        session = KernelSession(sid, spec(sid), backend, session_config(**overrides))
+        session = KernelSession(sid, spec(sid), local_backend, session_config(**overrides))
         sessions.append(session)
         await session.start()
         return session

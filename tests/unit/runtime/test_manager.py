@@ -21,12 +21,12 @@ ManagerFactory = Callable[..., SessionManager]
 
 
 @pytest.fixture
-async def make_manager(backend: LocalBackend, tmp_path: Path) -> AsyncIterator[ManagerFactory]:
+async def make_manager(local_backend: LocalBackend, tmp_path: Path) -> AsyncIterator[ManagerFactory]:
     managers: list[SessionManager] = []
 
     def make(**overrides: Any) -> SessionManager:
         settings = Settings(**{"data_dir": tmp_path, "max_memory_mb": 2048, "state_poll_s": 0.1, **overrides})
-        manager = SessionManager(settings, backend, metrics=Metrics())
+        manager = SessionManager(settings, local_backend, metrics=Metrics())
         managers.append(manager)
         return manager
 
@@ -47,7 +47,7 @@ def key(key_id: str, **quotas: Any) -> Principal:
 
 
 async def test_options_outside_the_maximums_are_refused_before_a_kernel_starts(
-    make_manager: ManagerFactory, backend: LocalBackend
+    make_manager: ManagerFactory, local_backend: LocalBackend
 ) -> None:
     manager = make_manager(memory_mb=512, max_memory_mb=1024, max_cpus=2)
     for opts, message in [
@@ -62,11 +62,11 @@ async def test_options_outside_the_maximums_are_refused_before_a_kernel_starts(
             await manager.create(opts)
     with pytest.raises(LimitExceeded, match="memory_mb"):
         await manager.create(SessionOptions(memory_mb=900), key("k", max_memory_mb=512))
-    assert backend.started == 0 and len(manager) == 0
+    assert local_backend.started == 0 and len(manager) == 0
 
 
 async def test_sessions_are_visible_to_their_key_only_and_counted_against_limits(
-    make_manager: ManagerFactory, backend: LocalBackend
+    make_manager: ManagerFactory, local_backend: LocalBackend
 ) -> None:
     manager = make_manager(max_sessions=2)
     alice, bob = key("alice", max_sessions=1), key("bob")
@@ -81,13 +81,13 @@ async def test_sessions_are_visible_to_their_key_only_and_counted_against_limits
     with pytest.raises(SessionLimitReached, match="maximum of 2"):
         await manager.create(principal=bob)
     await manager.delete(mine.id)
-    assert mine.state == "closed" and len(manager) == 1 and len(backend.running()) == 1
+    assert mine.state == "closed" and len(manager) == 1 and len(local_backend.running()) == 1
     with pytest.raises(SessionNotFound):
         await manager.delete(mine.id)
 
 
 async def test_idle_sessions_are_reaped_unless_watched_or_busy(
-    make_manager: ManagerFactory, backend: LocalBackend
+    make_manager: ManagerFactory, local_backend: LocalBackend
 ) -> None:
     manager = make_manager(idle_timeout_s=0.2, reap_interval_s=0.05)
     idle, watched, busy = [await manager.create() for _ in range(3)]
@@ -105,11 +105,11 @@ async def test_idle_sessions_are_reaped_unless_watched_or_busy(
     await busy.interrupt()
     assert (await running.done).status == "interrupted"
     await wait_until(lambda: len(manager) == 0)
-    assert backend.running() == []
+    assert local_backend.running() == []
 
 
 async def test_a_warm_pool_hands_over_a_started_kernel_and_refills(
-    make_manager: ManagerFactory, backend: LocalBackend
+    make_manager: ManagerFactory, local_backend: LocalBackend
 ) -> None:
     manager = make_manager(pool_size=1)
     await manager.start()
@@ -122,13 +122,13 @@ async def test_a_warm_pool_hands_over_a_started_kernel_and_refills(
         return value
 
     await wait_until(lambda: metric("kernelgw_pool_ready") == 1)
-    started = backend.started
+    started = local_backend.started
     session = await manager.create(SessionOptions(env={"REGION": "eu"}))
     assert metric("kernelgw_pool_hits_total") == 1
     rec = session.submit("import os\nprint(os.environ['REGION'])")
     assert (await rec.done).status == "ok"
     assert session.execution_count == 1  # setting the environment left no trace in the history
     await wait_until(lambda: metric("kernelgw_pool_ready") == 1)
-    assert backend.started == started + 1  # the refill
+    assert local_backend.started == started + 1  # the refill
     cold = await manager.create(SessionOptions(memory_mb=300))  # no pool for this profile
     assert metric("kernelgw_pool_hits_total") == 1 and cold.spec.memory_mb == 300

@@ -123,7 +123,7 @@ async def test_timeout_interrupts_and_keeps_variables(new_session: SessionFactor
 
 
 async def test_timeout_whose_interrupt_is_ignored_restarts_the_kernel(
-    new_session: SessionFactory, backend: LocalBackend
+    new_session: SessionFactory, local_backend: LocalBackend
 ) -> None:
     session = await new_session(interrupt_grace_s=0.5)
     await run(session, "lost = 1")
@@ -136,20 +136,20 @@ async def test_timeout_whose_interrupt_is_ignored_restarts_the_kernel(
     assert "restarted" in done["reason"] and "lost" in done["reason"]
     assert session.state == "idle" and session.execution_count == 0
     assert session.handle is not None and old_kernel is not None
-    assert session.handle.kernel_id != old_kernel.kernel_id and backend.started == 2
-    assert old_kernel.kernel_id not in backend.kernels  # the old process was stopped
+    assert session.handle.kernel_id != old_kernel.kernel_id and local_backend.started == 2
+    assert old_kernel.kernel_id not in local_backend.kernels  # the old process was stopped
     assert result_text(await run(session, "'lost' in dir()")) == "False"
 
 
 async def test_killed_kernel_is_dead_with_its_signal_until_restarted(
-    new_session: SessionFactory, backend: LocalBackend
+    new_session: SessionFactory, local_backend: LocalBackend
 ) -> None:
     session = await new_session()
     sub = session.subscribe(session.last_seq)
     rec = session.submit("import time\nprint('before the crash', flush=True)\ntime.sleep(60)")
     events = await until(sub, lambda e: e["type"] == "stream")
     assert session.handle is not None
-    backend.kill_kernel(session.handle)  # kill -9 from outside, as an OOM killer would
+    local_backend.kill_kernel(session.handle)  # kill -9 from outside, as an OOM killer would
     events += await until(sub, done_of(rec.execution_id))
     done = events[-1]
     assert stdout([e for e in events if e["execution_id"] == rec.execution_id]) == "before the crash\n"
@@ -240,7 +240,7 @@ async def test_output_over_the_cap_is_cut_with_one_truncation_marker(new_session
 
 
 async def test_close_ends_running_and_queued_work_and_subscriptions(
-    new_session: SessionFactory, backend: LocalBackend
+    new_session: SessionFactory, local_backend: LocalBackend
 ) -> None:
     session = await new_session()
     sub = session.subscribe(session.last_seq)
@@ -248,7 +248,7 @@ async def test_close_ends_running_and_queued_work_and_subscriptions(
     waiting = session.submit("print('never')")
     await until(sub, lambda e: e["type"] == "stream")
     await session.close()
-    assert session.state == "closed" and backend.running() == []
+    assert session.state == "closed" and local_backend.running() == []
     first, second = await running.done, await waiting.done
     assert first.status == "dead" and first.state_lost and first.reason == "the session was deleted"
     assert second.status == "dead" and "before this execution ran" in (second.reason or "")

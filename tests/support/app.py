@@ -1,0 +1,40 @@
+"""The gateway's FastAPI app in-process, on kernels from :class:`LocalBackend`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+
+from kernelgw.config import Settings
+from kernelgw.server import create_app
+from tests.support.local_backend import LocalBackend
+
+
+def local_settings(data_dir: Path, **overrides: Any) -> Settings:
+    """Settings for an in-process gateway: quick state polls, history in ``data_dir``."""
+    base: dict[str, Any] = dict(
+        data_dir=data_dir,
+        max_memory_mb=2048,
+        state_poll_s=0.1,
+        interrupt_grace_s=1,
+        idle_timeout_s=3600,
+    )
+    base.update(overrides)
+    return Settings(**base)
+
+
+@asynccontextmanager
+async def serve(
+    settings: Settings, backend: LocalBackend, headers: dict[str, str] | None = None
+) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The app with its lifespan running, and a client that calls it in-process."""
+    app = create_app(settings, backend=backend)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers, timeout=60) as client:
+            yield app, client
