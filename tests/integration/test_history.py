@@ -36,6 +36,7 @@ from kernelgw.cli.main import main as cli
 from kernelgw.client.sdk import AsyncClient, Client
 from kernelgw.config import Settings
 from kernelgw.runtime.session import Published, QueuedExecution
+from kernelgw.server.state import gateway_state
 from kernelgw.storage import Store
 from kernelgw.storage.store import CRASHED_REASON
 from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway, stdout
@@ -456,7 +457,7 @@ def test_storing_an_execution_is_quick(
     http: httpx.Client, gw: RunningGateway, database_url: str, output_dir: Path
 ) -> None:
     """Queue-to-commit time of each execution's row, measured inside the gateway."""
-    store = gw.server.config.app.state.store  # type: ignore[attr-defined]
+    store = gateway_state(gw.server.config.app).store
     sid = http.post("/v1/sessions", json={}).json()["id"]
     try:
         first = len(store.write_latency_ms)
