@@ -17,16 +17,20 @@ if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; th
 fi
 
 say "Python environment (.venv)"
+# Every dependency comes pinned from requirements/lock.txt (kernelgw[all,test,dev]);
+# after changing dependencies in pyproject.toml, or to upgrade them, run
+# `bash scripts/lock.sh` (or `bash scripts/lock.sh --upgrade`) and commit the lock.
 stamp=.venv/.kernelgw-installed
-want=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat requirements/lock.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e '.[test]'
+  .venv/bin/python -m pip install --quiet -r requirements/lock.txt
+  .venv/bin/python -m pip install --quiet --no-deps -e '.[all,test,dev]'
   echo "$want" > "$stamp"
-  echo "installed kernelgw and its test dependencies"
+  echo "installed kernelgw[all,test,dev] from requirements/lock.txt"
 else
   echo "up to date"
 fi

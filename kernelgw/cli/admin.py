@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
-from kernelgw.storage.audit import KINDS
+from kernelgw.cli.extras import server_extra
 
 T = TypeVar("T")
 
@@ -31,12 +31,14 @@ config_option = click.option(
 )
 
 
-def _with_store(config_file: Path | None, work: Callable[[Any], Awaitable[T]]) -> T:
+def _with_store(command: str, config_file: Path | None, work: Callable[[Any], Awaitable[T]]) -> T:
     from pydantic import ValidationError
 
-    from kernelgw.config import Settings
     from kernelgw.errors import KernelGWError
-    from kernelgw.storage import Store
+
+    with server_extra(command):
+        from kernelgw.config import Settings
+        from kernelgw.storage import Store
 
     try:
         settings = Settings.load(config_file)
@@ -99,8 +101,10 @@ def create_key(
 ) -> None:
     """Create a key named NAME. The key is printed once and never stored."""
     from kernelgw.keys import KeyQuotas
-    from kernelgw.storage import audit
-    from kernelgw.storage.keys import KeyStore
+
+    with server_extra("keys create"):
+        from kernelgw.storage import audit
+        from kernelgw.storage.keys import KeyStore
 
     quotas = KeyQuotas(max_sessions, max_memory_mb, max_cpus, max_timeout, executions_per_minute)
 
@@ -117,7 +121,7 @@ def create_key(
         )
         return key, text
 
-    key, text = _with_store(config_file, work)
+    key, text = _with_store("keys create", config_file, work)
     if as_json:
         click.echo(_key_json(key, key=text))
         return
@@ -138,12 +142,13 @@ def _key_json(record: Any, **extra: Any) -> str:
 @config_option
 def list_keys(as_json: bool, config_file: Path | None) -> None:
     """Every key (ids, names, roles, quotas; never secrets)."""
-    from kernelgw.storage.keys import KeyStore
+    with server_extra("keys list"):
+        from kernelgw.storage.keys import KeyStore
 
     async def work(store: Any) -> list[Any]:
         return await KeyStore(store).list()
 
-    found = _with_store(config_file, work)
+    found = _with_store("keys list", config_file, work)
     if as_json:
         for key in found:
             click.echo(_key_json(key))
@@ -170,8 +175,10 @@ def list_keys(as_json: bool, config_file: Path | None) -> None:
 def revoke_key(key_id: str, config_file: Path | None) -> None:
     """Revoke KEY_ID (the id from `keys list`, or a whole key)."""
     from kernelgw.keys import parse_key
-    from kernelgw.storage import audit
-    from kernelgw.storage.keys import KeyStore
+
+    with server_extra("keys revoke"):
+        from kernelgw.storage import audit
+        from kernelgw.storage.keys import KeyStore
 
     parsed = parse_key(key_id)
     key_id = parsed[0] if parsed else key_id
@@ -187,7 +194,7 @@ def revoke_key(key_id: str, config_file: Path | None) -> None:
             )
         return key
 
-    key = _with_store(config_file, work)
+    key = _with_store("keys revoke", config_file, work)
     if key is None:
         raise click.ClickException(f"no API key with id {key_id!r} (see `kernelgw keys list`)")
     click.echo(f"revoked {key.id} ({key.name})")
@@ -211,12 +218,22 @@ def parse_when(text: str, now: datetime | None = None) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
+def _audit_kind_type() -> click.ParamType[str]:
+    """The record kinds as choices; any text on a client-only install, where
+    ``kernelgw audit`` then says what to install."""
+    try:
+        from kernelgw.storage.audit import KINDS
+    except ModuleNotFoundError:
+        return click.STRING
+    return click.Choice(KINDS)
+
+
 @click.command()
 @click.option("--since", default=None, help="From when: 30m, 2h, 7d or an ISO time.")
 @click.option("--until", default=None, help="Until when (same forms).")
 @click.option("--key", "key_id", default=None, help="Only this API key id.")
 @click.option("--session", "session_id", default=None, help="Only this session.")
-@click.option("--kind", type=click.Choice(KINDS), default=None, help="Only this kind of record.")
+@click.option("--kind", type=_audit_kind_type(), default=None, help="Only this kind of record.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many records.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines (the export format), with the full code.")
 @config_option
@@ -232,7 +249,8 @@ def audit(
 ) -> None:
     """Query the audit log: executions (who ran what code, how it ended) and
     session and key lifecycle events, oldest first."""
-    from kernelgw.storage import audit as audit_log
+    with server_extra("audit"):
+        from kernelgw.storage import audit as audit_log
 
     start = parse_when(since) if since else None
     end = parse_when(until) if until else None
@@ -242,7 +260,7 @@ def audit(
             store, since=start, until=end, key_id=key_id, session_id=session_id, kind=kind, limit=limit
         )
 
-    rows = _with_store(config_file, work)
+    rows = _with_store("audit", config_file, work)
     if as_json:
         for row in rows:
             sys.stdout.write(json.dumps(row.to_json_dict()) + "\n")

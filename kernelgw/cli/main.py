@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 import click
 
-from kernelgw.config import DEFAULT_IMAGE
+from kernelgw.cli.extras import server_extra
 from kernelgw.errors import KernelGWError
 
 EXIT_OK = 0
@@ -98,12 +98,14 @@ def serve(
     host: str | None, port: int | None, config_file: Path | None, log_format: str | None, insecure_allow_remote: bool
 ) -> None:
     """Run the gateway."""
-    import uvicorn
     from pydantic import ValidationError
 
-    from kernelgw import logs
-    from kernelgw.config import Settings
-    from kernelgw.server.app import create_app
+    with server_extra("serve"):
+        import uvicorn
+
+        from kernelgw import logs
+        from kernelgw.config import Settings
+        from kernelgw.server.app import create_app
 
     overrides: dict[str, Any] = {}
     if host is not None:
@@ -163,8 +165,18 @@ def image() -> None:
     """Manage the kernel image."""
 
 
+def _default_image() -> str | None:
+    """The gateway's default image, shown in ``--help``; None on a client-only
+    install, where ``image build`` then says what to install."""
+    try:
+        from kernelgw.config import DEFAULT_IMAGE
+    except ModuleNotFoundError:
+        return None
+    return DEFAULT_IMAGE
+
+
 @image.command("build")
-@click.option("--tag", default=DEFAULT_IMAGE, show_default=True, help="Image tag to build.")
+@click.option("--tag", default=_default_image(), show_default=True, help="Image tag to build.")
 @click.option(
     "--base",
     default="auto",
@@ -172,14 +184,16 @@ def image() -> None:
     help="Base: 'auto', 'debootstrap' (from scratch), or an image to build on.",
 )
 @click.option("--force", is_flag=True, help="Rebuild even if the image is up to date.")
-def image_build(tag: str, base: str, force: bool) -> None:
+def image_build(tag: str | None, base: str, force: bool) -> None:
     """Build the kernel image."""
-    from rich.console import Console
+    with server_extra("image build"):
+        from rich.console import Console
 
-    from kernelgw.image import build_image
+        from kernelgw.config import DEFAULT_IMAGE
+        from kernelgw.image import build_image
 
     try:
-        result = build_image(tag=tag, base=base, force=force, console=Console(stderr=True))
+        result = build_image(tag=tag or DEFAULT_IMAGE, base=base, force=force, console=Console(stderr=True))
     except KernelGWError as exc:
         raise click.ClickException(str(exc)) from exc
     if result.built:
