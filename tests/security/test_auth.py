@@ -23,12 +23,14 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from kernelgw.server import create_app
 from tests.integration.conftest import (
     RunningGateway,
     free_port,
     gateway_settings,
     start_gateway,
 )
+from tests.support.routes import protected
 
 pytestmark = pytest.mark.integration
 
@@ -109,25 +111,8 @@ def execute(c: httpx.Client, sid: str, code: str) -> httpx.Response:
 
 
 # --------------------------------------------------------------- who may enter
-ENDPOINTS = [
-    ("GET", "/v1/sessions", None),
-    ("POST", "/v1/sessions", {}),
-    ("GET", "/v1/sessions/{sid}", None),
-    ("DELETE", "/v1/sessions/{sid}", None),
-    ("POST", "/v1/sessions/{sid}/execute", {"code": "1"}),
-    ("POST", "/v1/sessions/{sid}/interrupt", None),
-    ("POST", "/v1/sessions/{sid}/restart", None),
-    ("GET", "/v1/sessions/{sid}/files", None),
-    ("GET", "/v1/sessions/{sid}/files/a.txt", None),
-    ("GET", "/v1/sessions/{sid}/notebook", None),
-    ("GET", "/v1/sessions/{sid}/history", None),
-    ("POST", "/v1/sessions/{sid}/notes", {"markdown": "x"}),
-    ("POST", "/v1/sessions/{sid}/packages", {"packages": ["x"]}),
-    ("GET", "/v1/images", None),
-    ("GET", "/metrics", None),
-    ("GET", "/v1/keys", None),
-    ("POST", "/v1/auth/token", None),
-]
+ENDPOINTS = [e for e in protected(create_app()) if e.method != "WS"]
+"""Every HTTP route but the public allowlist, from the app itself (tests/support/routes.py)."""
 BAD_CREDENTIALS = {
     "missing": None,
     "wrong secret": "kgw_000000000000_" + "A" * 43,
@@ -146,9 +131,9 @@ def test_bad_credentials_get_the_same_401_everywhere(
     bodies = set()
     for credential in (text, real_id_wrong_secret):
         with client(authgw, credential) as c:
-            for method, path, body in ENDPOINTS:
-                resp = c.request(method, path.format(sid=alice_session), json=body)
-                assert resp.status_code == 401, (method, path, resp.text)
+            for endpoint in ENDPOINTS:
+                resp = c.request(endpoint.method, endpoint.url(session_id=alice_session))
+                assert resp.status_code == 401, (endpoint, resp.text)
                 assert resp.headers["www-authenticate"].startswith("Bearer")
                 bodies.add(resp.text)
     assert len(bodies) == 1, "401 answers differ: they would reveal which part was wrong"

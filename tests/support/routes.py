@@ -1,0 +1,75 @@
+"""The app's routes as data, so tests follow the app instead of a hand-kept list."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute, APIWebSocketRoute
+from starlette.routing import BaseRoute, Route
+
+PUBLIC = frozenset(
+    {
+        ("GET", "/healthz"),
+        # the web page and its assets (it asks for a key itself)
+        ("GET", "/"),
+        ("GET", "/favicon.ico"),
+        ("GET", "/static/{name}"),
+        # FastAPI's own API docs
+        ("GET", "/openapi.json"),
+        ("GET", "/docs"),
+        ("GET", "/docs/oauth2-redirect"),
+        ("GET", "/redoc"),
+    }
+)
+"""Everything reachable without a key. Anything else must answer 401 without one."""
+
+SAMPLE_PARAMS = {"session_id": "0123456789abcdef", "path": "a.txt", "key_id": "0123456789ab", "name": "app.js"}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str  # "WS" for a WebSocket
+    path: str  # as declared, e.g. /v1/sessions/{session_id}
+
+    def url(self, **params: str) -> str:
+        """The path with every parameter filled in (``SAMPLE_PARAMS`` unless given)."""
+        values = {**SAMPLE_PARAMS, **params}
+        return re.sub(r"\{(\w+)(?::\w+)?\}", lambda m: values[m.group(1)], self.path)
+
+    @property
+    def template(self) -> str:
+        """The path with ``{name:path}`` converters dropped: ``/files/{path}``."""
+        return re.sub(r"\{(\w+):\w+\}", r"{\1}", self.path)
+
+
+def _routes(routes: Iterable[BaseRoute], prefix: str = "") -> Iterator[tuple[str, BaseRoute]]:
+    """(prefix, route) for every route, also inside included routers: FastAPI
+    0.16x keeps an included router as one entry (``original_router``) instead
+    of copying its routes into the app's list."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            context = getattr(route, "include_context", None)
+            yield from _routes(inner.routes, prefix + str(getattr(context, "prefix", "")))
+        else:
+            yield prefix, route
+
+
+def endpoints(app: FastAPI) -> list[Endpoint]:
+    """Every method and path the app answers (HEAD left out), WebSockets as ``WS``."""
+    found: set[Endpoint] = set()
+    for prefix, route in _routes(app.routes):
+        if isinstance(route, APIWebSocketRoute):
+            found.add(Endpoint("WS", prefix + route.path))
+        elif isinstance(route, (APIRoute, Route)):
+            for method in route.methods or ():
+                if method != "HEAD":
+                    found.add(Endpoint(method, prefix + route.path))
+    return sorted(found, key=lambda e: (e.path, e.method))
+
+
+def protected(app: FastAPI) -> list[Endpoint]:
+    return [e for e in endpoints(app) if (e.method, e.template) not in PUBLIC]

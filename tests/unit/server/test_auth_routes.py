@@ -1,0 +1,119 @@
+"""Every route of the app needs a key, except an explicit public allowlist.
+
+The routes come from ``app.routes`` (tests/support/routes.py), not from a list
+kept by hand: a route added without authentication fails here. In-process on
+LocalBackend; tests/security/test_auth.py checks the same on a real gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+
+from kernelgw.server import create_app
+from kernelgw.storage import Store
+from kernelgw.storage.keys import KeyStore
+from tests.support.app import local_settings
+from tests.support.local_backend import LocalBackend
+from tests.support.routes import PUBLIC, endpoints, protected
+
+BAD_CREDENTIALS = {
+    "missing": None,
+    "wrong secret": "kgw_000000000000_" + "A" * 43,
+    "malformed": "not-a-key",
+    "empty bearer": "",
+    "basic scheme": None,  # see below: the right key, wrong scheme
+}
+
+
+async def _make_key(data_dir: Path) -> tuple[str, str]:
+    store = Store.from_settings(local_settings(data_dir))
+    await store.start()
+    try:
+        key, text = await KeyStore(store).create("alice")
+        return key.id, text
+    finally:
+        await store.close()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, str, str]]:
+    """A gateway that requires keys, one key ``alice`` (its id and text)."""
+    data_dir = tmp_path_factory.mktemp("auth-routes")
+    key_id, key_text = asyncio.run(_make_key(data_dir))
+    backend = LocalBackend()
+    app = create_app(local_settings(data_dir, auth="required"), backend=backend)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        yield client, key_id, key_text
+    assert not backend.running()
+    asyncio.run(backend.kill_all())
+
+
+def test_the_route_table_has_the_expected_shape() -> None:
+    """Guards the derivation itself: if it found nothing, the 401 test would pass vacuously."""
+    found = endpoints(create_app())
+    methods = {e.method for e in found}
+    assert {"GET", "POST", "PUT", "DELETE", "WS"} <= methods
+    assert len(protected(create_app())) >= 20
+    assert {(e.method, e.template) for e in found} >= PUBLIC - {("GET", "/docs/oauth2-redirect")}
+
+
+@pytest.mark.parametrize("name", list(BAD_CREDENTIALS))
+def test_every_non_public_route_answers_the_same_401(gateway: tuple[TestClient, str, str], name: str) -> None:
+    client, key_id, key_text = gateway
+    credentials: list[dict[str, str]] = []
+    if name == "basic scheme":
+        credentials.append({"Authorization": f"Basic {key_text}"})
+    else:
+        text = BAD_CREDENTIALS[name]
+        credentials.append({} if text is None else {"Authorization": f"Bearer {text}"})
+    # a well-formed key with a real id but the wrong secret, too
+    credentials.append({"Authorization": f"Bearer kgw_{key_id}_" + "B" * 43})
+    bodies = set()
+    checked = []
+    for headers in credentials:
+        for endpoint in protected(client.app):  # type: ignore[arg-type]
+            if endpoint.method == "WS":
+                continue
+            resp = client.request(endpoint.method, endpoint.url(), headers=headers)
+            assert resp.status_code == 401, (endpoint, resp.text)
+            assert resp.headers["www-authenticate"].startswith("Bearer")
+            bodies.add(resp.text)
+            checked.append(endpoint)
+    assert checked, "no route was checked"
+    assert len(bodies) == 1, "401 answers differ: they would reveal which part was wrong"
+    assert json.loads(bodies.pop())["error"]["code"] == "unauthorized"
+
+
+def test_every_websocket_closes_with_4401_without_a_key(gateway: tuple[TestClient, str, str]) -> None:
+    client, key_id, _ = gateway
+    sockets = [e for e in protected(client.app) if e.method == "WS"]  # type: ignore[arg-type]
+    assert sockets
+    for endpoint in sockets:
+        for headers in ({}, {"Authorization": f"Bearer kgw_{key_id}_" + "B" * 43}):
+            with (
+                pytest.raises(WebSocketDisconnect) as closed,
+                client.websocket_connect(endpoint.url(), headers=headers) as ws,
+            ):
+                ws.receive_text()
+            assert closed.value.code == 4401, endpoint
+
+
+def test_public_routes_answer_without_a_key(gateway: tuple[TestClient, str, str]) -> None:
+    client, _, _ = gateway
+    for endpoint in endpoints(client.app):  # type: ignore[arg-type]
+        if (endpoint.method, endpoint.template) in PUBLIC:
+            resp = client.request(endpoint.method, endpoint.url(), follow_redirects=False)
+            assert resp.status_code in (200, 308), (endpoint, resp.status_code)
+
+
+def test_the_right_key_is_let_in(gateway: tuple[TestClient, str, str]) -> None:
+    client, _, key_text = gateway
+    resp = client.get("/v1/auth/whoami", headers={"Authorization": f"Bearer {key_text}"})
+    assert resp.status_code == 200 and resp.json()["name"] == "alice"
