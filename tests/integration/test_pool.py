@@ -15,11 +15,20 @@ from tests.integration.conftest import RunningGateway, gateway_settings, run, st
 pytestmark = pytest.mark.integration
 
 
-def metric(http: httpx.Client, name: str, labels: str = "") -> float:
-    text = http.get("/metrics").text
-    pattern = rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+-]+)$"
-    match = re.search(pattern, text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
+def metric(http: httpx.Client, name: str, labels: str = "", *, absent: float | None = None) -> float:
+    """A sample's value. The metric must be declared, and the sample present:
+    only a "before" reading of a labelled counter, which has no sample until
+    its first increment, may pass ``absent=0`` to stand for it."""
+    resp = http.get("/metrics")
+    assert resp.status_code == 200, resp.text
+    family = re.sub(r"_(total|count|sum|bucket|created)$", "", name)
+    declared = rf"^# TYPE ({re.escape(name)}|{re.escape(family)}) "
+    assert re.search(declared, resp.text, re.MULTILINE), f"no metric {name} at all"
+    match = re.search(rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+-]+)$", resp.text, re.MULTILINE)
+    if match is None:
+        assert absent is not None, f"no sample {name}{labels} in /metrics"
+        return absent
+    return float(match.group(1))
 
 
 def wait_for(predicate, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
@@ -128,7 +137,8 @@ def test_metrics_reflect_real_events(phttp: httpx.Client) -> None:
     sid = phttp.post("/v1/sessions", json={}).json()["id"]
     try:
         before = {
-            s: metric(phttp, "kernelgw_executions_total", f'{{status="{s}"}}') for s in ("ok", "error", "timeout")
+            s: metric(phttp, "kernelgw_executions_total", f'{{status="{s}"}}', absent=0)
+            for s in ("ok", "error", "timeout")
         }
         out_before = metric(phttp, "kernelgw_output_bytes_total")
         run(phttp, sid, "print('x' * 1000)")
@@ -140,7 +150,7 @@ def test_metrics_reflect_real_events(phttp: httpx.Client) -> None:
         assert metric(phttp, "kernelgw_timeouts_total") >= 1
         assert metric(phttp, "kernelgw_output_bytes_total") >= out_before + 1001
         assert metric(phttp, "kernelgw_sessions_active") >= 1
-        restarts = metric(phttp, "kernelgw_kernel_restarts_total", '{reason="requested"}')
+        restarts = metric(phttp, "kernelgw_kernel_restarts_total", '{reason="requested"}', absent=0)
         phttp.post(f"/v1/sessions/{sid}/restart")
         assert metric(phttp, "kernelgw_kernel_restarts_total", '{reason="requested"}') == restarts + 1
     finally:
