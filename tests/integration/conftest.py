@@ -23,6 +23,7 @@ import uvicorn
 
 from kernelgw.config import Settings
 from kernelgw.server import create_app
+from tests.support.http import http_fixture
 
 IMAGE = os.environ.get("KERNELGW_IMAGE", "kernelgw/python:latest")
 # The container runtime of every test gateway: runc (default) or runsc (gVisor);
@@ -121,10 +122,7 @@ def gateway_url(gateway: RunningGateway) -> str:
     return gateway.url
 
 
-@pytest.fixture(scope="session")
-def http(gateway: RunningGateway) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.url, timeout=120) as client:
-        yield client
+http = http_fixture("gateway")
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.integration.conftest import RunningGateway, gateway_settings, start_gateway
+from tests.support.http import http_fixture
 
 pytestmark = pytest.mark.integration
 
@@ -41,10 +42,7 @@ def capgw(docker_client: Any) -> Iterator[RunningGateway]:
     assert not left
 
 
-@pytest.fixture(scope="module")
-def http(capgw: RunningGateway) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=capgw.url, timeout=120) as c:
-        yield c
+http = http_fixture("capgw", scope="module")
 
 
 @pytest.fixture(scope="module")

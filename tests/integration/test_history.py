@@ -40,6 +40,7 @@ from kernelgw.server.state import gateway_state
 from kernelgw.storage import Store
 from kernelgw.storage.store import CRASHED_REASON
 from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway, stdout
+from tests.support.http import http_fixture
 
 pytestmark = pytest.mark.integration
 
@@ -152,10 +153,7 @@ def _assert_no_containers(docker_client: docker.DockerClient, gateway: RunningGa
     assert not left, f"containers left behind: {[c.name for c in left]}"
 
 
-@pytest.fixture
-def http(gw: RunningGateway) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gw.url, timeout=180) as client:
-        yield client
+http = http_fixture("gw", scope="function", timeout=180)
 
 
 @pytest.fixture

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import threading
-import time
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
+from websockets.sync.client import ClientConnection, connect
 
-from tests.integration.conftest import run, stdout
+from tests.integration.conftest import RunningGateway, run, stdout
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
+
+
+def receive_until(ws: ClientConnection, match: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict[str, Any]:
+    """The first event from ``ws`` that matches (earlier ones are dropped)."""
+    while True:
+        event: dict[str, Any] = json.loads(ws.recv(timeout=timeout))
+        if match(event):
+            return event
 
 
 def test_timeout_interrupts_and_keeps_earlier_variables(http: httpx.Client, session_id: str) -> None:
@@ -39,19 +51,16 @@ def test_cell_swallowing_interrupt_is_restarted_and_reported_as_state_lost(http:
     assert next(e for e in after["events"] if e["type"] == "result")["data"]["text/plain"] == "False"
 
 
-def test_interrupt_endpoint_stops_a_running_cell(http: httpx.Client, session_id: str) -> None:
+def test_interrupt_endpoint_stops_a_running_cell(gateway: RunningGateway, http: httpx.Client, session_id: str) -> None:
     run(http, session_id, "keep = 5")
-    results: list[dict] = []
-    worker = threading.Thread(target=lambda: results.append(run(http, session_id, "import time\ntime.sleep(60)")))
-    worker.start()
-    deadline = time.monotonic() + 30
-    while http.get(f"/v1/sessions/{session_id}").json()["state"] != "busy":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    time.sleep(0.3)
-    assert http.post(f"/v1/sessions/{session_id}/interrupt").json() == {"interrupted": True}
-    worker.join(timeout=30)
-    assert results[0]["status"] == "interrupted"
+    with connect(f"{gateway.ws_url}/v1/sessions/{session_id}/ws", open_timeout=30) as ws:
+        code = "import time\nprint('sleeping', flush=True)\ntime.sleep(60)"
+        ws.send(json.dumps({"type": "execute", "code": code, "execution_id": "sleeper"}))
+        # the cell's own output: it is inside the sleep, past the kernel's bookkeeping
+        receive_until(ws, lambda e: e["type"] == "stream" and e["execution_id"] == "sleeper")
+        assert http.post(f"/v1/sessions/{session_id}/interrupt").json() == {"interrupted": True}
+        done = receive_until(ws, lambda e: e["type"] == "done" and e["execution_id"] == "sleeper")
+    assert done["status"] == "interrupted"
     assert stdout(run(http, session_id, "print(keep)")) == "5\n"
     # nothing is running now
     assert http.post(f"/v1/sessions/{session_id}/interrupt").json() == {"interrupted": False}
@@ -73,12 +82,16 @@ def test_queue_runs_cells_one_at_a_time_in_order(http: httpx.Client, session_id:
     def submit(i: int) -> None:
         results[i] = run(http, session_id, f"import time\ntime.sleep(0.2)\norder.append({i})")
 
+    def accepted() -> int:
+        """Cells of this test the gateway has taken: queued or running, or answered."""
+        return int(http.get(f"/v1/sessions/{session_id}").json()["queue_length"]) + len(results)
+
     threads = []
     for i in range(4):
         t = threading.Thread(target=submit, args=(i,))
         t.start()
         threads.append(t)
-        time.sleep(0.05)  # submission order is 0, 1, 2, 3
+        wait_until(lambda i=i: accepted() >= i + 1, f"cell {i} to be queued")  # submission order is 0, 1, 2, 3
     for t in threads:
         t.join(timeout=60)
     assert all(r["status"] == "ok" for r in results.values())
@@ -111,10 +124,7 @@ def test_restart_while_a_cell_runs_ends_it_as_dead_with_state_lost(http: httpx.C
     results: list[dict] = []
     worker = threading.Thread(target=lambda: results.append(run(http, session_id, "import time\ntime.sleep(60)")))
     worker.start()
-    deadline = time.monotonic() + 30
-    while http.get(f"/v1/sessions/{session_id}").json()["state"] != "busy":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: http.get(f"/v1/sessions/{session_id}").json()["state"] == "busy", "the cell to run")
     assert http.post(f"/v1/sessions/{session_id}/restart").status_code == 200
     worker.join(timeout=30)
     done = results[0]["events"][-1]

@@ -41,6 +41,7 @@ from tests.integration.conftest import (
     start_gateway,
     stdout,
 )
+from tests.support.http import http_fixture
 
 docker_client = integration.docker_client
 """The engine fixture (session-scoped), shared with the integration tests."""
@@ -120,10 +121,7 @@ def gateway(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPat
     assert not (gw.settings.runtime_dir / gw.settings.gateway_name).exists()
 
 
-@pytest.fixture(scope="session")
-def http(gateway: RunningGateway) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.url, timeout=120) as client:
-        yield client
+http = http_fixture("gateway")
 
 
 @pytest.fixture

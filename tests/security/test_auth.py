@@ -30,7 +30,7 @@ from tests.integration.conftest import (
     gateway_settings,
     start_gateway,
 )
-from tests.support.routes import protected
+from tests.support.routes import Endpoint, protected
 
 pytestmark = pytest.mark.integration
 
@@ -205,21 +205,28 @@ def test_key_never_reaches_the_container(alice: httpx.Client, alice_session: str
 
 
 # --------------------------------------------------------------- ownership
-OWNED = [e for e in ENDPOINTS if "{sid}" in e[1]]
+BODIES: dict[tuple[str, str], Any] = {
+    ("POST", "/v1/sessions/{session_id}/execute"): {"code": "1"},
+    ("POST", "/v1/sessions/{session_id}/notes"): {"markdown": "x"},
+    ("POST", "/v1/sessions/{session_id}/packages"): {"packages": ["x"]},
+}
+"""A valid body for each route that needs one, so the request reaches the session lookup."""
+OWNED = [e for e in ENDPOINTS if "{session_id}" in e.path]
 
 
-@pytest.mark.parametrize(("method", "path", "body"), OWNED, ids=[f"{m} {p}" for m, p, _ in OWNED])
+@pytest.mark.parametrize("endpoint", OWNED, ids=[f"{e.method} {e.template}" for e in OWNED])
 def test_another_keys_session_is_not_found(
-    alice: httpx.Client, bob: httpx.Client, alice_session: str, method: str, path: str, body: Any
+    alice: httpx.Client, bob: httpx.Client, alice_session: str, endpoint: Endpoint
 ) -> None:
-    resp = bob.request(method, path.format(sid=alice_session), json=body)
+    method, body = endpoint.method, BODIES.get((endpoint.method, endpoint.template))
+    resp = bob.request(method, endpoint.url(session_id=alice_session), json=body)
     # exactly the answer for an id that never existed (404, or a 400 about the
     # request itself that comes before any session lookup, like an empty allowlist)
-    missing = bob.request(method, path.format(sid="0" * 32), json=body)
+    missing = bob.request(method, endpoint.url(session_id="0" * 32), json=body)
     assert resp.status_code == missing.status_code
     assert resp.json()["error"] == {**missing.json()["error"], "message": resp.json()["error"]["message"]}
     assert resp.json()["error"]["message"].replace(alice_session, "0" * 32) == missing.json()["error"]["message"]
-    assert resp.status_code == (400 if path.endswith("/packages") else 404), resp.text
+    assert resp.status_code == (400 if endpoint.path.endswith("/packages") else 404), resp.text
     assert alice.get(f"/v1/sessions/{alice_session}").json()["state"] in ("idle", "busy")
 
 

@@ -1,0 +1,15 @@
+"""Waiting on an observable condition with a deadline, instead of sleeping."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30, interval: float = 0.02) -> None:
+    """Return once ``condition()`` holds; fail saying ``what`` was awaited if it
+    does not within ``timeout`` seconds. ``interval`` only paces the polling."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
+        time.sleep(interval)
