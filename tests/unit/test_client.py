@@ -8,6 +8,7 @@ import json
 import httpx
 import pytest
 
+from kernelgw import models
 from kernelgw.client.sdk import (
     AsyncClient,
     AsyncSession,
@@ -102,6 +103,17 @@ def test_session_info_parses_and_tolerates_new_fields():
     info = SessionInfo.model_validate({**INFO, "something_new": 1})
     assert info.id == "abc123" and info.created_at.year == 2024 and info.memory_mb == 1024
     assert SessionInfo.model_validate({"id": "x", "state": "starting"}).queue_length == 0
+
+
+def test_the_sdk_reads_the_gateways_own_models():
+    assert SessionInfo is models.SessionInfo
+    created = models.CreatedSession.model_validate(
+        {**INFO, "replay": [{"index": 0, "status": "ok", "execution_count": 1, "added_later": True}]}
+    )
+    with Client() as client:
+        replay = Session(client, created).replay
+        assert replay is not None and replay[0].status == "ok"
+        assert Session(client, SessionInfo.model_validate(INFO)).replay is None
 
 
 # ---------------------------------------------------------- error parsing
