@@ -399,7 +399,7 @@ def run(
 
 def _artifacts(session: Any, artifacts: list[Any], save_dir: Path | None) -> None:
     """List the files the code wrote; with ``save_dir``, download them there."""
-    from kernelgw.runtime.workspace import validate_path
+    from kernelgw.paths import validate_path
 
     for artifact in artifacts:
         where = ""

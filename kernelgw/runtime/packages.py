@@ -234,7 +234,7 @@ class PackageInstaller:
                 if version is None:
                     continue
                 if req.specifier.contains(version, prereleases=True):
-                    present.append(PresentPackage(name=name, version=version, source=source))  # type: ignore[arg-type]
+                    present.append(PresentPackage(name=name, version=version, source=source))
                     break
                 if source == "image":
                     raise PackageUnavailable(

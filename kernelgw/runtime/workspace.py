@@ -38,6 +38,7 @@ from kernelgw.errors import (
     QuotaExceeded,
 )
 from kernelgw.models import FileEntry, FileList, UploadResult
+from kernelgw.paths import validate_path
 from kernelgw.runtime.backends.base import Backend, ExecProcess, KernelHandle
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,6 @@ log = logging.getLogger(__name__)
 PYTHON = "/opt/kernel/bin/python"
 FS_HELPER = [PYTHON, "-I", "-m", "kernelgw_kernel.fs"]
 """``-I``: neither the working directory nor PYTHON* variables can substitute it."""
-MAX_PATH_BYTES = 4096
-MAX_NAME_BYTES = 255
 SEND_CHUNK = 1 << 20
 """Upload bytes are batched to this size per write into the container."""
 MAX_LIST_ENTRIES = 10_000
@@ -99,36 +98,6 @@ def guess_mime(path: str) -> str:
     if encoding:
         return ENCODING_MIME_TYPES.get(encoding, "application/octet-stream")
     return mime or "application/octet-stream"
-
-
-def validate_path(path: str, *, allow_root: bool = False) -> str:
-    """``path`` as a workspace-relative path, or :class:`InvalidPath`.
-
-    Refused: NUL, absolute paths, ``..`` and ``.`` components, empty components
-    (``a//b``), backslashes, more than 4096 bytes or a component of more than 255.
-    A trailing ``/`` is dropped. ``allow_root``: ``""`` means the workspace itself.
-    """
-    if "\x00" in path:
-        raise InvalidPath("The path contains a NUL character.")
-    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
-        raise InvalidPath(f"The path is longer than {MAX_PATH_BYTES} bytes.")
-    if path.startswith("/"):
-        raise InvalidPath(f"The path {path!r} is absolute; give it relative to the workspace (e.g. 'data.csv').")
-    stripped = path.rstrip("/") if path.endswith("/") and path.strip("/") else path
-    if stripped == "":
-        if allow_root:
-            return ""
-        raise InvalidPath("The path is empty; name a file in the workspace (e.g. 'data.csv').")
-    for part in stripped.split("/"):
-        if part == "..":
-            raise InvalidPath(f"The path {path!r} has a '..' component; paths stay inside the workspace.")
-        if part in ("", "."):
-            raise InvalidPath(f"The path {path!r} has an empty or '.' component.")
-        if "\\" in part:
-            raise InvalidPath(f"The path {path!r} contains a backslash; separate directories with '/'.")
-        if len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
-            raise InvalidPath(f"A component of the path is longer than {MAX_NAME_BYTES} bytes.")
-    return stripped
 
 
 def _entry(data: dict[str, Any], cls: type[FileEntry] = FileEntry, **extra: Any) -> Any:

@@ -21,9 +21,10 @@ from starlette.requests import ClientDisconnect
 
 from kernelgw.errors import BadRequest, KernelDied, SessionBusy
 from kernelgw.models import ErrorResponse, FileList, UploadResult
+from kernelgw.paths import validate_path
 from kernelgw.runtime.backends.base import KernelHandle
 from kernelgw.runtime.session import KernelSession
-from kernelgw.runtime.workspace import Download, WorkspaceFiles, validate_path
+from kernelgw.runtime.workspace import Download, WorkspaceFiles
 from kernelgw.server.auth import authenticate, session_for
 from kernelgw.server.state import gateway_state
 

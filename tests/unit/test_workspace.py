@@ -15,13 +15,13 @@ from types import ModuleType
 import pytest
 
 from kernelgw.errors import BadRequest, FileNotFoundInWorkspace, InvalidPath, KernelGWError, QuotaExceeded
+from kernelgw.paths import validate_path
 from kernelgw.runtime.workspace import (
     ENCODING_MIME_TYPES,
     EXTRA_MIME_TYPES,
     guess_mime,
     quota_message,
     raise_for_answer,
-    validate_path,
 )
 
 IMAGE_DIR = Path(__file__).resolve().parents[2] / "images" / "python"
