@@ -150,7 +150,9 @@ def test_kernel_starts_like_the_gateway_starts_it(built_image: str, client: dock
         kc = BlockingKernelClient()
         try:
             kc.load_connection_info(dict(info, ip=str(Path(conn) / "k")))
-            kc.start_channels()
+            # no heartbeat channel: it declares the kernel dead when the container is
+            # slow to start on a loaded machine; readiness is the kernel_info reply
+            kc.start_channels(hb=False)
             kc.wait_for_ready(timeout=60)
             code = (
                 "import os, matplotlib.pyplot as plt\n"
