@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Set up (engine, gVisor, venv, image) when needed, then run every test: unit
-# tests and integration tests against the real engine with runc, then the core
+# Set up (engine, gVisor, venv, image) when needed, run the static checks (ruff,
+# mypy --strict, import contracts: scripts/lint.sh), then every test: unit tests
+# and integration tests against the real engine with runc, then the core
 # integration suite and the adversarial suite again with gVisor (runsc).
-# Extra arguments go to both pytest runs. The exit status is non-zero when
-# either run fails or collects no tests.
+# Extra arguments go to both pytest runs. The exit status is non-zero when the
+# static checks fail, or either run fails or collects no tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -18,6 +19,10 @@ echo "==> Chromium for the web page tests"
 bash scripts/ensure-chromium.sh
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1  # Debian's chromium only, never a downloaded browser
 mkdir -p test-output
+
+echo "==> static checks"
+lint_status=0
+bash scripts/lint.sh || lint_status=$?
 
 # pytest's exit status, with "no tests collected" (5) counted as a failure
 run_pytest() {
@@ -61,9 +66,13 @@ runsc_status=0
 KERNELGW_TEST_RUNTIME=runsc KERNELGW_TEST_OUTPUT=test-output/runsc \
   run_pytest -p no:cacheprovider "${runsc_tests[@]}" "$@" || runsc_status=$?
 
-echo "==> runc pass: $([ "$runc_status" -eq 0 ] && echo passed || echo "FAILED (exit $runc_status)");" \
+echo "==> static checks: $([ "$lint_status" -eq 0 ] && echo passed || echo FAILED);" \
+  "runc pass: $([ "$runc_status" -eq 0 ] && echo passed || echo "FAILED (exit $runc_status)");" \
   "runsc pass: $([ "$runsc_status" -eq 0 ] && echo passed || echo "FAILED (exit $runsc_status)")"
 if [ "$runc_status" -ne 0 ]; then
   exit "$runc_status"
 fi
-exit "$runsc_status"
+if [ "$runsc_status" -ne 0 ]; then
+  exit "$runsc_status"
+fi
+exit "$lint_status"

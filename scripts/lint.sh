@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Static checks, all of them, even when an earlier one fails: ruff (lint and
+# format), mypy (strict, on the package) and import-linter (the layers' contracts
+# in pyproject.toml). Exits non-zero when any check fails. Needs the dev tools
+# from the lock (scripts/setup.sh installs them).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=.venv/bin
+status=0
+check() {
+  local name=$1; shift
+  printf '==> %s\n' "$name"
+  if "$@"; then printf '    %s: ok\n' "$name"; else printf '    %s: FAILED\n' "$name" >&2; status=1; fi
+}
+check "ruff check" "$bin/ruff" check --output-format concise .
+check "ruff format" "$bin/ruff" format --check .
+check "mypy --strict" "$bin/mypy"
+check "import contracts" "$bin/lint-imports"
+exit "$status"
