@@ -164,12 +164,18 @@ class KernelLink:
 
     async def stop(self) -> None:
         """Stop the readers, disconnect, and remove the container."""
-        await cancel_and_wait(*self._readers)
-        self._readers = []
         if self._kc is not None:
+            # Monitors first, while the watchers still hold the other end of each
+            # monitor pipe: libzmq sends monitor events blocking, holding the lock
+            # that disable_monitor takes, and a send to a closed PAIR end never
+            # returns. A dead kernel emits a connect retry every 100 ms, so with
+            # the watchers stopped first, deleting it could hang the event loop.
             for channel in (self._kc.iopub_channel, self._kc.shell_channel):
                 with contextlib.suppress(Exception):
                     channel.socket.disable_monitor()
+        await cancel_and_wait(*self._readers)
+        self._readers = []
+        if self._kc is not None:
             self._kc.stop_channels()
             self._kc = None
         if self.handle is not None:

@@ -1,7 +1,7 @@
 """Storage: sessions, execution history and notebook notes.
 
 SQLite (a file under the gateway's data directory) by default; PostgreSQL when
-``database_url`` says so. `Store` implements the `kernelgw.recorder.Recorder`
+``database_url`` says so. `Store` implements the `kernelgw.runtime.recorder.Recorder`
 protocol, so the session manager hands it every session start, finished
 execution and session end, and it answers the history queries behind notebook
 export and restore.

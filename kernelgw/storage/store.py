@@ -101,7 +101,7 @@ class _Op:
 
 
 class Store:
-    """History storage on SQLite or PostgreSQL; implements `kernelgw.recorder.Recorder`.
+    """History storage on SQLite or PostgreSQL; implements `kernelgw.runtime.recorder.Recorder`.
 
     ``start`` (in the app's lifespan) connects, creates the tables, marks the
     sessions a crashed predecessor of the same ``gateway_name`` left open as
