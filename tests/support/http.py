@@ -8,6 +8,7 @@ be cached with the first directory's gateway and handed to the next.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -19,12 +20,18 @@ Scope = Literal["session", "package", "module", "class", "function"]
 
 def http_fixture(gateway: str = "gateway", *, scope: Scope = "session", timeout: float = 120) -> Any:
     """An ``http`` fixture: an ``httpx.Client`` on the gateway fixture named ``gateway``
-    (anything with a ``url``), closed when its scope ends."""
+    (anything with a ``url``), closed when its scope ends.
 
-    @pytest.fixture(scope=scope, name="http")
-    def http(request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
-        gw = request.getfixturevalue(gateway)
-        with httpx.Client(base_url=gw.url, timeout=timeout) as client:
+    The gateway is a declared argument (through the signature), not a
+    ``request.getfixturevalue`` look-up, so pytest sees the dependency: a
+    parametrized gateway (one per database) parametrizes the tests that ask only
+    for ``http``."""
+
+    def http(**fixtures: Any) -> Iterator[httpx.Client]:
+        with httpx.Client(base_url=fixtures[gateway].url, timeout=timeout) as client:
             yield client
 
-    return http
+    http.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # read by pytest
+        [inspect.Parameter(gateway, inspect.Parameter.KEYWORD_ONLY)]
+    )
+    return pytest.fixture(scope=scope, name="http")(http)
