@@ -16,7 +16,7 @@ import pytest
 from kernelgw.server import create_app
 from kernelgw.server.web import STATIC_DIR
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from kernelgw.runtime.workspace import (
     raise_for_answer,
 )
 
-IMAGE_DIR = Path(__file__).resolve().parents[2] / "images" / "python"
+IMAGE_DIR = Path(__file__).resolve().parents[3] / "images" / "python"
 
 
 @pytest.fixture(scope="module")
