@@ -10,6 +10,10 @@
 
 Nothing here is imported by ``import kernelgw``; the modules that need an extra
 raise an `ImportError` that names it when it is missing.
+
+May import: the SDK (``kernelgw.client``) and the shared top-level modules;
+never the server, runtime, storage or image builder: an agent talks to a gateway
+over HTTP like any other client.
 """
 
 from __future__ import annotations

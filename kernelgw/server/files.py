@@ -1,7 +1,7 @@
 """Workspace file endpoints: upload, download, list, delete.
 
 Thin: paths are checked and bytes streamed here, the work is in
-kernelgw.workspace. Uploads are read from the request as it arrives and
+kernelgw.runtime.workspace. Uploads are read from the request as it arrives and
 downloads are sent as they come out of the container; neither is held whole.
 
 Downloads are served as attachments with ``nosniff`` and a sandboxing CSP:

@@ -1,6 +1,6 @@
 """Package endpoints: install allowlisted packages into a session (offline, from
 wheels the gateway resolved on the host), and list the images with what they
-have preinstalled. The work is in kernelgw.packages."""
+have preinstalled. The work is in kernelgw.runtime.packages."""
 
 from __future__ import annotations
 

@@ -5,6 +5,10 @@ SQLite (a file under the gateway's data directory) by default; PostgreSQL when
 protocol, so the session manager hands it every session start, finished
 execution and session end, and it answers the history queries behind notebook
 export and restore.
+
+May import: ``kernelgw.runtime`` (the Recorder seam and its read-only views),
+``kernelgw.events``, ``kernelgw.config``, ``kernelgw.keys``, ``kernelgw.errors``.
+Never the HTTP layer, the SDK or the CLI; the runtime never imports storage.
 """
 
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord
