@@ -17,7 +17,7 @@ from kernelgw.image.cache import cache_dir
 from kernelgw.image.engine import image_exists
 from kernelgw.image.errors import BaseImageError, ImageBuildError, WheelDownloadError
 from kernelgw.image.names import DEFAULT_TAG, HASH_LABEL
-from kernelgw.image.wheels import manylinux_platforms, packages_from_wheels, pip_command
+from kernelgw.image.wheels import manylinux_platforms, packages_from_wheels, pip_command, pip_download_command
 
 __all__ = [
     "DEFAULT_TAG",
@@ -32,4 +32,5 @@ __all__ = [
     "manylinux_platforms",
     "packages_from_wheels",
     "pip_command",
+    "pip_download_command",
 ]

@@ -30,6 +30,35 @@ def pip_command() -> list[str]:
     return [sys.executable, "-m", "pip"]
 
 
+def pip_download_command(
+    python_version: str, platforms: list[str], dest: Path, find_links: Path, requirements: Path
+) -> list[str]:
+    """``pip download`` of binary wheels for a kernel image's Python and platforms
+    (not the host's), into ``dest``, preferring wheels already in ``find_links``.
+    Shared by the image build and by package installs into sessions, which must
+    resolve for the same target."""
+    return [
+        *pip_command(),
+        "download",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--progress-bar",
+        "off",
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        python_version,
+        *[arg for p in platforms for arg in ("--platform", p)],
+        "--dest",
+        str(dest),
+        "--find-links",
+        str(find_links),
+        "--requirement",
+        str(requirements),
+    ]
+
+
 def manylinux_platforms(machine: str, glibc: tuple[int, int]) -> list[str]:
     """``pip --platform`` tags a glibc ``glibc`` system on ``machine`` can run."""
     major, minor = glibc
@@ -85,25 +114,7 @@ def download_wheels(
     """
     dest.mkdir(parents=True, exist_ok=True)
     wheel_cache.mkdir(parents=True, exist_ok=True)
-    base_cmd = [
-        *pip_command(),
-        "download",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        "--only-binary=:all:",
-        "--implementation",
-        "cp",
-        "--python-version",
-        python_version,
-        *[arg for p in platforms for arg in ("--platform", p)],
-        "--dest",
-        str(dest),
-        "--find-links",
-        str(wheel_cache),
-        "--requirement",
-        str(requirements),
-    ]
+    base_cmd = pip_download_command(python_version, platforms, dest, wheel_cache, requirements)
     proc = subprocess.run(base_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         first = proc.stdout

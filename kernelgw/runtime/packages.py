@@ -275,27 +275,10 @@ class PackageInstaller:
         (tmp / "requirements.txt").write_text("".join(f"{r}\n" for r in reqs))
         # constraints may not name extras; the image's names are plain anyway
         (tmp / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
-        from kernelgw.image import pip_command
+        from kernelgw.image import pip_download_command
 
         base = [
-            *pip_command(),
-            "download",
-            "--disable-pip-version-check",
-            "--no-input",
-            "--progress-bar",
-            "off",
-            "--only-binary=:all:",
-            "--implementation",
-            "cp",
-            "--python-version",
-            target.python,
-            *[arg for p in target.platforms for arg in ("--platform", p)],
-            "--dest",
-            str(dest),
-            "--find-links",
-            str(cache),
-            "--requirement",
-            str(tmp / "requirements.txt"),
+            *pip_download_command(target.python, list(target.platforms), dest, cache, tmp / "requirements.txt"),
             "--constraint",
             str(tmp / "constraints.txt"),
         ]

@@ -31,11 +31,17 @@ from pathlib import Path
 from signal import SIGKILL
 
 from kernelgw.errors import BackendError, KernelDied, KernelStartFailed
-from kernelgw.runtime.backends.base import EngineHealth, KernelHandle, KernelSpec, KernelState
+from kernelgw.runtime.backends.base import (
+    IPC_PORTS,
+    EngineHealth,
+    KernelHandle,
+    KernelSpec,
+    KernelState,
+    connection_info,
+)
 
 IMAGE_HELPERS = Path(__file__).resolve().parents[2] / "images" / "python"
 """Holds ``kernelgw_kernel``, the package the image installs next to the kernel."""
-_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 
 # kernelgw_kernel hard-codes /workspace; point it (and snapshot's default) at ours.
 _USE_WORKSPACE = (
@@ -47,17 +53,6 @@ KERNEL_BOOT = _USE_WORKSPACE + "from kernelgw_kernel.launcher import main\nmain(
 """The image's entry point (kernelgw_kernel.launcher with the extension), after _USE_WORKSPACE."""
 HELPER_BOOT = _USE_WORKSPACE + "import runpy\nrunpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)\n"
 """Runs ``-m kernelgw_kernel.<helper>`` the way ``exec`` gets it, against the workspace."""
-
-
-def connection_info(ip: str, key: str) -> dict[str, object]:
-    return {
-        "transport": "ipc",
-        "ip": ip,
-        **_PORTS,
-        "key": key,
-        "signature_scheme": "hmac-sha256",
-        "kernel_name": "python3",
-    }
 
 
 @dataclass
@@ -152,7 +147,7 @@ class LocalBackend:
     async def seal(self, handle: KernelHandle) -> None:
         """The Docker backend's check that the sockets are sockets; nothing to
         take away from the kernel, which runs as the test's own user."""
-        for port in _PORTS.values():
+        for port in IPC_PORTS.values():
             try:
                 st = os.lstat(handle.conn_dir / f"k-{port}")
             except FileNotFoundError:

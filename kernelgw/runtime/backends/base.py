@@ -14,6 +14,22 @@ from typing import Any, Literal, Protocol
 
 KernelStatus = Literal["running", "exited", "missing"]
 
+IPC_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+"""With ipc transport a "port" only names a socket file: ``{ip}-{port}``."""
+
+
+def connection_info(ip: str, key: str) -> dict[str, Any]:
+    """A jupyter connection dict for ipc transport: sockets are ``{ip}-{port}``,
+    messages signed with HMAC-SHA256 and ``key`` (random per kernel)."""
+    return {
+        "transport": "ipc",
+        "ip": ip,
+        **IPC_PORTS,
+        "key": key,
+        "signature_scheme": "hmac-sha256",
+        "kernel_name": "python3",
+    }
+
 
 @dataclass(frozen=True)
 class KernelSpec:

@@ -33,7 +33,14 @@ import docker.errors
 from docker.models.containers import Container
 
 from kernelgw.errors import BackendError, EngineUnavailable, ImageNotFound, KernelDied, KernelStartFailed
-from kernelgw.runtime.backends.base import EngineHealth, KernelHandle, KernelSpec, KernelState
+from kernelgw.runtime.backends.base import (
+    IPC_PORTS,
+    EngineHealth,
+    KernelHandle,
+    KernelSpec,
+    KernelState,
+    connection_info,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +55,6 @@ CONTAINER_PACKAGES_DIR = "/opt/kernelgw/packages"
 KERNEL_COMMAND = ["/opt/kernelgw/start-kernel", f"{CONTAINER_CONN_DIR}/kernel.json"]
 # sun_path is 108 bytes including the terminating NUL
 MAX_SOCKET_PATH = 107
-_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
-
-
-def connection_info(ip: str, key: str) -> dict[str, Any]:
-    """A jupyter connection dict for ipc transport: sockets are ``{ip}-{port}``."""
-    return {
-        "transport": "ipc",
-        "ip": ip,
-        **_PORTS,
-        "key": key,
-        "signature_scheme": "hmac-sha256",
-        "kernel_name": "python3",
-    }
 
 
 def process_limits(spec: KernelSpec) -> dict[str, Any]:
@@ -280,7 +274,7 @@ class DockerBackend:
         await self._run(self._seal_sync, handle)
 
     def _seal_sync(self, handle: KernelHandle) -> None:
-        expected = {f"k-{port}" for port in _PORTS.values()}
+        expected = {f"k-{port}" for port in IPC_PORTS.values()}
         try:
             fd = os.open(handle.conn_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError as exc:

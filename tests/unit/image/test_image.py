@@ -198,6 +198,26 @@ def test_public_api() -> None:
         "manylinux_platforms",
         "packages_from_wheels",
         "pip_command",
+        "pip_download_command",
     }
     assert all(getattr(image, name) is not None for name in image.__all__)
     assert image.pip_command()[-2:] == ["-m", "pip"] or image.pip_command()[0].endswith(("pip", "pip3"))
+
+
+def test_wheel_downloads_target_the_image_python_and_platforms(tmp_path: Path) -> None:
+    """The image build and session package installs resolve with one command:
+    the image's Python and platforms, binary wheels only, the cache first."""
+    cmd = image.pip_download_command(
+        "3.11", ["manylinux_2_36_x86_64", "manylinux2014_x86_64"], tmp_path / "d", tmp_path / "c", tmp_path / "r.txt"
+    )
+    assert cmd[: len(image.pip_command())] == image.pip_command()
+    assert cmd[len(image.pip_command())] == "download"
+    assert "--only-binary=:all:" in cmd
+    assert cmd[cmd.index("--python-version") + 1] == "3.11"
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--platform"] == [
+        "manylinux_2_36_x86_64",
+        "manylinux2014_x86_64",
+    ]
+    assert cmd[cmd.index("--dest") + 1] == str(tmp_path / "d")
+    assert cmd[cmd.index("--find-links") + 1] == str(tmp_path / "c")
+    assert cmd[cmd.index("--requirement") + 1] == str(tmp_path / "r.txt")
