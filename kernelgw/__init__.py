@@ -9,8 +9,8 @@ __version__ = "0.1.0"
 __all__ = ["AsyncClient", "Client", "Execution", "__version__"]
 
 if TYPE_CHECKING:
+    from kernelgw.client import AsyncClient, Client
     from kernelgw.client.execution import Execution
-    from kernelgw.client.sdk import AsyncClient, Client
 
 
 def __getattr__(name: str) -> Any:

@@ -340,7 +340,7 @@ def run(
     """
     import httpx
 
-    from kernelgw.client.sdk import Client
+    from kernelgw.client import Client
 
     if no_save_images and save_dir is not None:
         raise click.UsageError("--save-images and --no-save-images contradict each other")
@@ -455,7 +455,7 @@ def export(session_id: str, output: Path | None, server: str) -> None:
 
     import httpx
 
-    from kernelgw.client.sdk import Client
+    from kernelgw.client import Client
 
     try:
         client = Client(server)
@@ -521,7 +521,7 @@ def mcp_command(
         from kernelgw.integrations import mcp as mcp_server
     except ImportError as exc:
         raise click.ClickException(str(exc)) from exc
-    from kernelgw.client.sdk import _normalize_base_url
+    from kernelgw.client._base import _normalize_base_url
 
     try:
         _normalize_base_url(server)

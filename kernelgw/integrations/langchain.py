@@ -42,7 +42,7 @@ from langchain_core.runnables import RunnableConfig  # noqa: E402
 from langchain_core.tools import BaseTool  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr  # noqa: E402
 
-from kernelgw.client.sdk import DEFAULT_URL, AsyncClient, AsyncSession, Client, Session  # noqa: E402
+from kernelgw.client import DEFAULT_URL, AsyncClient, AsyncSession, Client, Session  # noqa: E402
 from kernelgw.errors import ClientError  # noqa: E402
 from kernelgw.integrations.observation import (  # noqa: E402
     DEFAULT_MAX_CHARS,
@@ -310,6 +310,6 @@ async def _adelete(client: AsyncClient, session_id: str) -> None:
 
 
 def _info(session_id: str) -> Any:
-    from kernelgw.client.sdk import SessionInfo
+    from kernelgw.client import SessionInfo
 
     return SessionInfo(id=session_id, state="idle")

@@ -63,7 +63,7 @@ from mcp_types import (  # noqa: E402
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS  # noqa: E402
 from pydantic import Field  # noqa: E402
 
-from kernelgw.client.sdk import DEFAULT_URL, AsyncClient, AsyncSession  # noqa: E402
+from kernelgw.client import DEFAULT_URL, AsyncClient, AsyncSession  # noqa: E402
 from kernelgw.errors import ClientError  # noqa: E402
 from kernelgw.integrations.observation import IMAGE_MIME_TYPES, observe  # noqa: E402
 from kernelgw.integrations.tools import CODE_DESCRIPTION, TOOL_DESCRIPTION  # noqa: E402

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from kernelgw.integrations.observation import Observation, observe
 
 if TYPE_CHECKING:
-    from kernelgw.client.sdk import AsyncSession, Session
+    from kernelgw.client import AsyncSession, Session
 
 __all__ = [
     "TOOL_DESCRIPTION",

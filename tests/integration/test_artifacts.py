@@ -110,7 +110,7 @@ def test_websocket_done_event_carries_the_artifacts(gateway: RunningGateway, ses
 
 
 def test_sdk_execution_exposes_done_artifacts(gateway_url: str) -> None:
-    from kernelgw.client.sdk import Client
+    from kernelgw.client import Client
 
     with Client(gateway_url) as client, client.session() as session:
         execution = session.run("open('a.csv', 'w').write('a\\n1\\n')")

@@ -16,7 +16,7 @@ import docker
 import httpx
 import pytest
 
-from kernelgw.client.sdk import AsyncClient, Client
+from kernelgw.client import AsyncClient, Client
 from kernelgw.errors import ClientError
 from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway, stdout
 

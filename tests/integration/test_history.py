@@ -33,7 +33,7 @@ from websockets.sync.client import connect
 
 from kernelgw import events as ev
 from kernelgw.cli.main import main as cli
-from kernelgw.client.sdk import AsyncClient, Client
+from kernelgw.client import AsyncClient, Client
 from kernelgw.config import Settings
 from kernelgw.runtime.session import Published, QueuedExecution
 from kernelgw.server.state import gateway_state

@@ -26,7 +26,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import Field
 
-from kernelgw.client.sdk import Client
+from kernelgw.client import Client
 from kernelgw.integrations.langchain import KernelGWTool
 
 pytestmark = pytest.mark.integration

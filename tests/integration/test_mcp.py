@@ -32,7 +32,7 @@ from mcp import Client, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, EmbeddedResource, ImageContent, TextContent
 
-from kernelgw.client.sdk import Client as GatewayClient
+from kernelgw.client import Client as GatewayClient
 from kernelgw.integrations.mcp import META_KEY
 from tests.integration.conftest import free_port
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernelgw.client.sdk import Client
+from kernelgw.client import Client
 from kernelgw.errors import ClientError
 from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway, stdout
 

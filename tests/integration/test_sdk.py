@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from kernelgw.client import AsyncClient, AsyncSession, Client, Session, SessionInfo
 from kernelgw.client.execution import ExecutionBuilder, ExecutionError
-from kernelgw.client.sdk import AsyncClient, AsyncSession, Client, Session, SessionInfo
 from kernelgw.errors import ClientError
 
 pytestmark = pytest.mark.integration

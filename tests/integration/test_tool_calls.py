@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kernelgw.client.sdk import AsyncClient, Client, Session
+from kernelgw.client import AsyncClient, Client, Session
 from kernelgw.integrations.tools import arun_tool_call, run_tool_call, run_tool_calls
 
 pytestmark = pytest.mark.integration

@@ -201,9 +201,9 @@ class _FakeClient:
 
 
 def _run_chart(monkeypatch, *args: str):
-    import kernelgw.client.sdk
+    import kernelgw.client
 
-    monkeypatch.setattr(kernelgw.client.sdk, "Client", _FakeClient)
+    monkeypatch.setattr(kernelgw.client, "Client", _FakeClient)
     return CliRunner().invoke(main, ["run", "plot()", *args])
 
 

@@ -9,16 +9,16 @@ import httpx
 import pytest
 
 from kernelgw import models
-from kernelgw.client.sdk import (
+from kernelgw.client import (
     AsyncClient,
     AsyncSession,
     Client,
     Session,
     SessionInfo,
-    _StreamState,
     error_from_close,
     error_from_response,
 )
+from kernelgw.client._stream import _StreamState
 from kernelgw.errors import ClientError, KernelGWError
 
 INFO = {
