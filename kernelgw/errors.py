@@ -16,6 +16,7 @@ KernelGWError
 ├── SessionNotFound            404
 ├── HistoryNotFound            404  (no stored history for that session id)
 ├── SessionBusy                409
+├── GatewayNameInUse           409  (another live gateway process holds this gateway name here)
 ├── SessionLimitReached        429
 ├── RateLimited                429  (executions per minute; carries Retry-After)
 ├── KernelDied                 409  (the kernel is gone; restart the session)
@@ -111,6 +112,14 @@ class HistoryNotFound(KernelGWError):
 class SessionBusy(KernelGWError):
     status_code = 409
     code = "session_busy"
+
+
+class GatewayNameInUse(KernelGWError):
+    """A gateway with this name is alive on this host: starting a second one
+    would reap its kernel containers (they are found by the name's label)."""
+
+    status_code = 409
+    code = "gateway_name_in_use"
 
 
 class SessionLimitReached(KernelGWError):

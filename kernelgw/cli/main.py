@@ -76,6 +76,12 @@ def main() -> None:
 @click.option("--host", default=None, help="Address to listen on [env KERNELGW_HOST; 127.0.0.1].")
 @click.option("--port", type=int, default=None, help="Port [env KERNELGW_PORT; 8000].")
 @click.option(
+    "--gateway-name",
+    default=None,
+    help="This gateway's name on this host: its kernels carry it, and one live gateway holds it "
+    "[env KERNELGW_GATEWAY_NAME; default].",
+)
+@click.option(
     "--config",
     "config_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -95,7 +101,12 @@ def main() -> None:
     help="Listen beyond loopback without API keys (only behind something that authenticates).",
 )
 def serve(
-    host: str | None, port: int | None, config_file: Path | None, log_format: str | None, insecure_allow_remote: bool
+    host: str | None,
+    port: int | None,
+    gateway_name: str | None,
+    config_file: Path | None,
+    log_format: str | None,
+    insecure_allow_remote: bool,
 ) -> None:
     """Run the gateway."""
     from pydantic import ValidationError
@@ -112,6 +123,8 @@ def serve(
         overrides["host"] = host
     if port is not None:
         overrides["port"] = port
+    if gateway_name is not None:
+        overrides["gateway_name"] = gateway_name
     if log_format is not None:
         overrides["log_format"] = log_format
     if insecure_allow_remote:
@@ -123,6 +136,7 @@ def serve(
     # the gateway's own lines (pool warm-up, orphan clean-up, sessions, refusals)
     logs.configure(settings.log_format)
     _refuse_open_remote(settings)
+    _refuse_taken_name(settings)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -131,6 +145,18 @@ def serve(
         ws_max_size=settings.ws_max_message_bytes,  # a bigger frame: close 1009
         log_config=None,  # uvicorn's loggers go through ours (JSON or text)
     )
+
+
+def _refuse_taken_name(settings: Any) -> None:
+    """Fail before binding when a live gateway holds this name on this host (the
+    lifespan takes the lock for real; this only gives the clear message early)."""
+    from kernelgw.errors import GatewayNameInUse
+    from kernelgw.runtime.ownership import InstanceLock
+
+    try:
+        InstanceLock(settings.runtime_dir, settings.gateway_name).check()
+    except GatewayNameInUse as exc:
+        raise click.ClickException(exc.message) from exc
 
 
 def _refuse_open_remote(settings: Any) -> None:

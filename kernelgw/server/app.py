@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -14,10 +15,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kernelgw import __version__
 from kernelgw.config import Settings
-from kernelgw.errors import KernelGWError, RateLimited, Unauthorized
+from kernelgw.errors import GatewayNameInUse, KernelGWError, RateLimited, Unauthorized
 from kernelgw.runtime.backends import Backend, create_backend
 from kernelgw.runtime.manager import SessionManager
 from kernelgw.runtime.metrics import Metrics
+from kernelgw.runtime.ownership import InstanceLock
 from kernelgw.server.authenticator import Authenticator
 from kernelgw.server.limits import BodySizeLimit
 from kernelgw.server.policy import CodePolicy
@@ -48,6 +50,22 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cfg = settings or Settings()
+        # before anything touches a container of this name: a live gateway of the
+        # same name on this host keeps its kernels (GatewayNameInUse, start refused)
+        owner_lock = InstanceLock(cfg.runtime_dir, cfg.gateway_name)
+        try:
+            await asyncio.to_thread(owner_lock.acquire, f"http://{cfg.host}:{cfg.port}")
+        except GatewayNameInUse as exc:
+            log.error("%s", exc.message)
+            raise
+        try:
+            async with _gateway(app, cfg, backend):
+                yield
+        finally:
+            owner_lock.release()
+
+    @asynccontextmanager
+    async def _gateway(app: FastAPI, cfg: Settings, backend: Backend | None) -> AsyncIterator[None]:
         be = backend or create_backend(cfg)
         # --- history storage (sessions, executions, notes): the manager's recorder
         store = Store.from_settings(cfg)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,10 +16,15 @@ from kernelgw.config import Settings
 from kernelgw.server import create_app
 from tests.support.local_backend import LocalBackend
 
+_names = itertools.count()
+
 
 def local_settings(data_dir: Path, **overrides: Any) -> Settings:
     """Settings for an in-process gateway: quick state polls, history in ``data_dir``."""
     base: dict[str, Any] = dict(
+        # a name of its own: one live gateway holds a name per host (a developer's
+        # `kernelgw serve` holds "default")
+        gateway_name=f"unit{os.getpid()}{next(_names)}",
         data_dir=data_dir,
         max_memory_mb=2048,
         state_poll_s=0.1,
