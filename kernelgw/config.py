@@ -125,6 +125,11 @@ class Settings(BaseSettings):
     idle_timeout_s: float = 1800.0
     reap_interval_s: float = 30.0
     kernel_start_timeout_s: float = 60.0
+    on_shutdown: Literal["keep", "stop"] = "keep"
+    """``keep``: a gateway that stops leaves its kernels running for the next one
+    of its name, which reattaches them; ``stop``: it removes them."""
+    reattach_timeout_s: float = 10.0
+    """How long a restarted gateway waits for a left kernel's kernel_info reply."""
 
     # --- executions
     exec_timeout_s: float = 300.0

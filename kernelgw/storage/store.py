@@ -15,6 +15,7 @@ later, and history queries answer ``StorageUnavailable`` (503) meanwhile.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -26,11 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, event, insert, select, update
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from kernelgw import events as ev
 from kernelgw.errors import StorageUnavailable
+from kernelgw.runtime.backends.base import KernelHandle, KernelSpec
+from kernelgw.runtime.recorder import StoredSession
 from kernelgw.storage import audit, schema
+from kernelgw.storage.health import DatabaseFileReplaced, FileIdentity, WriteHealth
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
 from kernelgw.tasks import cancel_and_wait
 
@@ -46,6 +51,8 @@ CRASHED_REASON = "the gateway stopped without ending the session"
 BATCH = 200
 """Most rows committed in one transaction."""
 RECONNECT_INTERVAL_S = 5.0
+RETRY_INTERVAL_S = 1.0
+"""How often the writer retries rows a storage fault kept back."""
 """How often a store whose database failed tries to set it up again."""
 
 
@@ -103,9 +110,10 @@ class _Op:
 class Store:
     """History storage on SQLite or PostgreSQL; implements `kernelgw.runtime.recorder.Recorder`.
 
-    ``start`` (in the app's lifespan) connects, creates the tables, marks the
-    sessions a crashed predecessor of the same ``gateway_name`` left open as
-    ended, purges history older than the retention and starts the writer.
+    ``start`` (in the app's lifespan) connects, creates the tables, purges
+    history older than the retention and starts the writer. The sessions a
+    predecessor of the same ``gateway_name`` left open are the manager's to
+    reattach or end (``open_sessions``, ``session_lost``).
     ``close`` commits what is queued, then disconnects.
     """
 
@@ -129,6 +137,10 @@ class Store:
         self._ready = False
         self._last_attempt = 0.0
         self._positions: dict[str, int] = {}
+        self._health = WriteHealth()
+        self._held: list[_Op] = []
+        """Rows a storage fault kept back, oldest first: retried before newer ones."""
+        self._file_identity: FileIdentity | None = None
         self._writer: asyncio.Task[None] | None = None
         self._purger: asyncio.Task[None] | None = None
         self.write_latency_ms: list[float] = []
@@ -156,6 +168,18 @@ class Store:
     def available(self) -> bool:
         return self._ready
 
+    @property
+    def health(self) -> WriteHealth:
+        """Whether the writer's latest commit worked (a fault refuses new work with 503)."""
+        return self._health
+
+    @property
+    def _sqlite_file(self) -> Path | None:
+        url = make_url(self.url)
+        if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+            return None
+        return Path(url.database).expanduser()
+
     # ------------------------------------------------------------ lifecycle
     async def start(self, background: bool = True) -> None:
         """``background=False`` (the CLI): connect and create tables only; no
@@ -167,7 +191,6 @@ class Store:
             return
         if await self._ensure_ready(force=True):
             try:
-                await self._close_abandoned_sessions()
                 await self.purge()
             except Exception:
                 log.exception("history storage: start-up clean-up failed")
@@ -225,6 +248,8 @@ class Store:
             log.error("history storage at %s is unavailable: %s", self.display_url, exc)
             return False
         self._ready = True
+        if (path := self._sqlite_file) is not None:
+            self._file_identity = await asyncio.to_thread(FileIdentity.of, path)
         log.info("history storage: %s", self.display_url)
         return True
 
@@ -245,41 +270,94 @@ class Store:
 
     async def _write_loop(self) -> None:
         while True:
-            batch = [await self._queue.get()]
-            while len(batch) < BATCH:
+            batch = self._held
+            self._held = []
+            try:
+                wait = RETRY_INTERVAL_S if batch else None  # held rows: retry them soon
+                new = [await asyncio.wait_for(self._queue.get(), wait)]
+            except TimeoutError:
+                new = []
+            while len(new) < BATCH:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    new.append(self._queue.get_nowait())
                 except asyncio.QueueEmpty:
                     break
             try:
-                await self._write(batch)
+                await self._write(batch + new)
             finally:
-                for _ in batch:
+                for _ in new:
                     self._queue.task_done()
 
     async def _write(self, batch: Sequence[_Op]) -> None:
+        """Commit ``batch``; a row the database refuses is dropped, a database that
+        cannot write holds the batch back for the next try (and fails its futures:
+        nobody is told a row is stored before it is)."""
         if not await self._ensure_ready():
-            self._drop(batch, "the database is unavailable")
+            self._hold(batch, "the database does not answer")
+            if (path := self._sqlite_file) is not None:  # a deleted data directory: make it again
+                await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
             return
         assert self._engine is not None
         try:
             async with self._engine.begin() as conn:
                 results = [await op.write(conn) for op in batch]
-        except Exception:
+                await self._check_file()
+        except (IntegrityError, DataError):
             if len(batch) > 1:  # find the bad row; keep the others
                 for op in batch:
                     await self._write([op])
                 return
             log.exception("history storage: writing %s failed", batch[0].what)
-            self._ready = await self._reachable()
-            self._drop(batch, "writing failed")
+            self._drop(batch, "the database refused the row")
             return
+        except DatabaseFileReplaced as exc:
+            self._hold(batch, str(exc))
+            await self._reopen()
+            return
+        except Exception as exc:
+            self._hold(batch, f"{type(exc).__name__}: {exc}")
+            self._ready = await self._reachable()
+            return
+        if self._health.succeeded():
+            log.warning("history storage: writes succeed again (%d rows were held back)", len(batch))
         done = time.perf_counter()
         for op, result in zip(batch, results, strict=True):
             if len(self.write_latency_ms) < 100000:
                 self.write_latency_ms.append((done - op.queued_at) * 1000)
             if op.future is not None and not op.future.done():
                 op.future.set_result(result)
+
+    def _hold(self, batch: Sequence[_Op], why: str) -> None:
+        """Keep ``batch`` for a retry (bounded: past ``max_pending`` the oldest go) and report the fault."""
+        if self._health.failed(why):
+            log.error("history storage at %s cannot write: %s", self.display_url, why)
+        for op in batch:
+            if op.future is not None and not op.future.done():
+                op.future.set_exception(StorageUnavailable(f"The history storage cannot write ({why}); retry later."))
+        self._held = [*batch, *self._held]
+        if len(self._held) > self._queue.maxsize:
+            excess = len(self._held) - self._queue.maxsize
+            self._drop(self._held[:excess], "too many rows held back by a storage fault")
+            del self._held[:excess]
+
+    async def _check_file(self) -> None:
+        """Raise `DatabaseFileReplaced` when the SQLite path no longer names the opened file."""
+        path, identity = self._sqlite_file, self._file_identity
+        if path is not None and identity is not None:
+            await asyncio.to_thread(identity.check, path)
+
+    async def _reopen(self) -> None:
+        """Open the database at its path again (a new file, with its tables, when it was deleted)."""
+        if self._engine is not None:
+            await self._engine.dispose()
+        self._ready = False
+        self._file_identity = None
+        try:
+            self._engine = self._create_engine()
+        except OSError as exc:  # the directory cannot be made again (yet)
+            log.error("history storage: cannot reopen %s: %s", self.display_url, exc)
+            return
+        await self._ensure_ready(force=True)
 
     async def _reachable(self) -> bool:
         assert self._engine is not None
@@ -306,6 +384,7 @@ class Store:
             "created_at": _utc(session.created_at),
             "language_info": json.dumps(session.kernel_info.get("language_info") or {}),
             "owner": session.owner,
+            **_kernel_values(session),
         }
         self._positions[session.id] = 0
 
@@ -379,6 +458,50 @@ class Store:
         kind = {"deleted": "session_deleted", "reaped": "session_reaped"}.get(reason, "session_ended")
         self._audit(kind, session, detail=reason)
 
+    def kernel_changed(self, session: RecordedSession) -> None:
+        values = _kernel_values(session)
+
+        async def write(conn: AsyncConnection) -> None:
+            await conn.execute(update(schema.sessions).where(schema.sessions.c.id == session.id).values(**values))
+
+        self.enqueue(f"kernel of session {session.id}", write)
+
+    async def open_sessions(self) -> list[StoredSession]:
+        """Open sessions of this gateway name with a kernel to reach; those stored
+        without one (by a release before reattachment) are ended here."""
+        engine = await self.read_engine()
+        s = schema.sessions
+        async with engine.begin() as conn:
+            await conn.execute(
+                update(s)
+                .where(s.c.gateway_name == self.gateway_name, s.c.ended_at.is_(None), s.c.kernel.is_(None))
+                .values(ended_at=_now(), end_reason=CRASHED_REASON)
+            )
+            rows = (
+                await conn.execute(select(s).where(s.c.gateway_name == self.gateway_name, s.c.ended_at.is_(None)))
+            ).all()
+        stored: list[StoredSession] = []
+        for row in rows:
+            try:
+                stored.append(_stored_session(row))
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("session %s: its stored kernel is unreadable (%s); ending it", row.id, exc)
+                await self.session_lost(row.id, f"the stored kernel connection was unreadable: {exc}")
+        return stored
+
+    async def session_lost(self, session_id: str, reason: str) -> None:
+        ended_at = _now()
+
+        async def write(conn: AsyncConnection) -> None:
+            await conn.execute(
+                update(schema.sessions)
+                .where(schema.sessions.c.id == session_id)
+                .values(ended_at=ended_at, end_reason=reason)
+            )
+
+        self.enqueue(f"end of session {session_id}", write)
+        audit.record(self, audit.AuditRecord(at=ended_at, kind="session_ended", session_id=session_id, detail=reason))
+
     def session_event(self, session: RecordedSession, kind: str, detail: str) -> None:
         """A kernel died or was restarted (audit only)."""
         self._audit(kind, session, detail=detail)
@@ -409,6 +532,8 @@ class Store:
     async def read_engine(self) -> AsyncEngine:
         """The engine, after every queued write is committed: readers see their own writes."""
         await self.flush()
+        if self._held:
+            raise StorageUnavailable(f"The history storage {self._health.describe()}; retry later.")
         if not await self._ensure_ready() or self._engine is None:
             raise StorageUnavailable("The history storage is unavailable (the database does not answer); retry later.")
         return self._engine
@@ -512,14 +637,45 @@ class Store:
             except Exception:
                 log.exception("history storage: purging old history failed")
 
-    async def _close_abandoned_sessions(self) -> None:
-        """Sessions of this gateway name still open belonged to a predecessor that
-        crashed: their containers are reaped at start, so they are over."""
-        assert self._engine is not None
-        s = schema.sessions
-        async with self._engine.begin() as conn:
-            await conn.execute(
-                update(s)
-                .where(s.c.gateway_name == self.gateway_name, s.c.ended_at.is_(None))
-                .values(ended_at=_now(), end_reason=CRASHED_REASON)
-            )
+
+def _kernel_values(session: RecordedSession) -> dict[str, Any]:
+    """The session row's columns a restarted gateway reattaches from (the
+    connection dict holds the kernel's HMAC key)."""
+    handle = session.handle
+    if handle is None:
+        return {}
+    kernel = {
+        "kernel_id": handle.kernel_id,
+        "conn_dir": str(handle.conn_dir),
+        "connection": handle.connection,
+        "spec": dataclasses.asdict(session.spec),
+        "exec_timeout_s": session.config.exec_timeout_s,
+    }
+    return {
+        "container_id": handle.container_id,
+        "kernel": json.dumps(kernel),
+        "execution_count": session.execution_count,
+        "last_seq": session.last_seq,
+    }
+
+
+def _stored_session(row: Any) -> StoredSession:
+    kernel = json.loads(row.kernel)
+    spec = KernelSpec(**kernel["spec"])
+    handle = KernelHandle(
+        kernel_id=kernel["kernel_id"],
+        session_id=row.id,
+        container_id=row.container_id,
+        conn_dir=Path(kernel["conn_dir"]),
+        connection=dict(kernel["connection"]),
+    )
+    return StoredSession(
+        session_id=row.id,
+        owner=row.owner,
+        created_at=_utc(row.created_at) or _now(),
+        handle=handle,
+        spec=spec,
+        exec_timeout_s=float(kernel["exec_timeout_s"]),
+        execution_count=row.execution_count or 0,
+        last_seq=row.last_seq or 0,
+    )

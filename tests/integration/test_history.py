@@ -484,6 +484,7 @@ def _stand_in_session(session_id: str) -> Any:
         owner=None,
         created_at=datetime.now(UTC),
         kernel_info={"language_info": {"name": "python", "version": "3.11"}},
+        handle=None,  # no kernel to reattach: a restart of the store's gateway ends it
     )
 
 
@@ -523,6 +524,9 @@ async def test_store_closes_what_a_crashed_gateway_left_open(database_url: str) 
     second = Store(database_url, gateway_name=name)
     await second.start()
     try:
+        # the successor's manager asks for the open sessions to reattach: one
+        # stored without a kernel to reach is ended there
+        assert await second.open_sessions() == []
         record = await second.get_session(sid)
         assert record is not None and record.ended_at is not None
         assert record.end_reason == CRASHED_REASON
