@@ -134,6 +134,8 @@ class Settings(BaseSettings):
     # --- executions
     exec_timeout_s: float = 300.0
     max_exec_timeout_s: float = 3600.0
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM, how long running cells have to finish before the gateway exits."""
     interrupt_grace_s: float = 5.0
     """After a timeout interrupt, how long the kernel has to become idle before it
     is restarted (and its state lost)."""

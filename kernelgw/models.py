@@ -182,6 +182,10 @@ class Health(BaseModel):
     runtime: str
     sessions: int
     detail: str = ""
+    storage: str = "writable"
+    """The history store: ``writable`` or why it cannot write."""
+    draining: bool = False
+    """Shutting down: running cells finish, new work is refused."""
 
 
 class ErrorBody(BaseModel):
