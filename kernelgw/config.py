@@ -171,6 +171,10 @@ class Settings(BaseSettings):
     database_url: str | None = None
     """``postgresql://user:pass@host/db`` (asyncpg) or ``sqlite:///path``; None means
     SQLite in ``data_dir``."""
+    durability: Literal["process", "fsync"] = "process"
+    """When a history commit counts as stored (and a cell is answered): "process"
+    survives a crash of the gateway process (SQLite WAL, ``synchronous=NORMAL``),
+    "fsync" also power loss (``synchronous=FULL``). PostgreSQL commits are durable."""
     history_retention_days: float = Field(30.0, ge=0)
     """History of a session is kept this long after the session ended."""
     history_purge_interval_s: float = Field(3600.0, ge=0)

@@ -278,7 +278,9 @@ class KernelSession:
             async with asyncio.timeout(RECORD_TIMEOUT_S):
                 await self.recorder.execution_finished(self, rec, done)
         except TimeoutError:
-            log.error("recording execution %s took over %gs; answered as not stored", rec.execution_id, RECORD_TIMEOUT_S)
+            log.error(
+                "recording execution %s took over %gs; answered as not stored", rec.execution_id, RECORD_TIMEOUT_S
+            )
             return False
         except Exception:
             log.exception("recording execution %s failed", rec.execution_id)

@@ -41,12 +41,16 @@ from kernelgw.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from kernelgw.config import Settings
+    from kernelgw.runtime.fanout import Published
     from kernelgw.runtime.recorder import RecordedExecution, RecordedSession
 
 log = logging.getLogger(__name__)
 
 DB_FILE = "kernelgw.db"
 _ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}
+RUNNING = "running"
+"""The status of an execution's row from its start until its end is stored."""
+CUT_OFF_REASON = "the gateway stopped while this cell ran; its output and outcome were not recorded"
 CRASHED_REASON = "the gateway stopped without ending the session"
 BATCH = 200
 """Most rows committed in one transaction."""
@@ -126,8 +130,14 @@ class Store:
         audit_retention_days: float = 365.0,
         purge_interval_s: float = 3600.0,
         max_pending: int = 10000,
+        durability: str = "process",
     ) -> None:
         self.url = async_database_url(url)
+        self.durability = durability
+        """"process": a commit survives a crash of the gateway process (SQLite
+        ``synchronous=NORMAL``); "fsync": also power loss (``synchronous=FULL``)."""
+        self._started: dict[tuple[str, str], int] = {}
+        """(session, execution) -> position of the ``running`` row queued for it."""
         self.gateway_name = gateway_name
         self.retention_days = retention_days
         self.audit_retention_days = audit_retention_days
@@ -154,6 +164,7 @@ class Store:
             retention_days=settings.history_retention_days,
             audit_retention_days=settings.audit_retention_days,
             purge_interval_s=settings.history_purge_interval_s,
+            durability=settings.durability,
         )
 
     @property
@@ -191,6 +202,7 @@ class Store:
             return
         if await self._ensure_ready(force=True):
             try:
+                await self._end_cut_off_executions()
                 await self.purge()
             except Exception:
                 log.exception("history storage: start-up clean-up failed")
@@ -218,12 +230,16 @@ class Store:
                 Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
             engine = create_async_engine(url, connect_args={"timeout": 30})
 
+            synchronous = "FULL" if self.durability == "fsync" else "NORMAL"
+
             @event.listens_for(engine.sync_engine, "connect")
             def _pragmas(dbapi_connection: Any, _record: Any) -> None:
                 # WAL: readers (exports) do not wait for the writer, nor it for them.
+                # NORMAL: a commit is in the OS once it returns (survives a process
+                # crash); FULL also fsyncs the WAL at every commit (survives power loss).
                 cursor = dbapi_connection.cursor()
                 cursor.execute("PRAGMA journal_mode=WAL")
-                cursor.execute("PRAGMA synchronous=NORMAL")
+                cursor.execute(f"PRAGMA synchronous={synchronous}")
                 cursor.execute("PRAGMA busy_timeout=30000")
                 cursor.close()
 
@@ -401,34 +417,95 @@ class Store:
             ),
         )
 
-    async def execution_finished(self, session: RecordedSession, execution: RecordedExecution) -> None:
-        done = execution.done.result() if execution.done.done() and not execution.done.cancelled() else None
-        if done is None:  # not finished: nothing the history could show
-            return
-        position = self._positions.get(session.id, 0)
-        self._positions[session.id] = position + 1
+    def _next_position(self, session_id: str) -> int:
+        position = self._positions.get(session_id, 0)
+        self._positions[session_id] = position + 1
+        return position
+
+    def execution_started(self, session: RecordedSession, execution: RecordedExecution) -> None:
+        """Queue a ``running`` row (not awaited: the end's commit covers it, the
+        writer commits in order)."""
+        position = self._next_position(session.id)
+        self._started[(session.id, execution.execution_id)] = position
         published = execution.published
-        duration = done.duration_ms
         values = {
             "session_id": session.id,
             "position": position,
             "execution_id": execution.execution_id,
             "seq": published[0].seq if published else 0,
             "code": execution.code,
-            "status": done.status,
-            "execution_count": done.execution_count,
-            "started_at": _now() - timedelta(milliseconds=duration),
-            "duration_ms": duration,
-            "reason": done.reason,
-            "state_lost": done.state_lost,
-            # already serialised when published: splice, do not re-encode
+            "status": RUNNING,
+            "execution_count": None,
+            "started_at": _now(),
+            "duration_ms": 0.0,
+            "reason": None,
+            "state_lost": False,
             "events": "[" + ",".join(p.json for p in published) + "]",
         }
 
         async def write(conn: AsyncConnection) -> None:
             await conn.execute(insert(schema.executions).values(**values))
 
-        self.enqueue(f"execution {execution.execution_id} of session {session.id}", write)
+        self.enqueue(f"start of execution {execution.execution_id} of session {session.id}", write)
+
+    async def execution_finished(
+        self, session: RecordedSession, execution: RecordedExecution, done: Published | None = None
+    ) -> None:
+        """Complete the execution's row and wait for the commit (batched with
+        whatever else is queued); raises `StorageUnavailable` when it cannot be."""
+        if done is not None:
+            published = [*execution.published, done]
+            end = done.event
+        elif execution.done.done() and not execution.done.cancelled():
+            published = list(execution.published)
+            end = execution.done.result()
+        else:  # not finished: nothing the history could show
+            return
+        assert isinstance(end, ev.Done)
+        position = self._started.pop((session.id, execution.execution_id), None)
+        was_started = position is not None
+        if position is None:
+            position = self._next_position(session.id)
+        duration = end.duration_ms
+        final = {
+            "status": end.status,
+            "execution_count": end.execution_count,
+            "duration_ms": duration,
+            "reason": end.reason,
+            "state_lost": end.state_lost,
+            # already serialised when published: splice, do not re-encode
+            "events": "[" + ",".join(p.json for p in published) + "]",
+        }
+        values = {
+            "session_id": session.id,
+            "position": position,
+            "execution_id": execution.execution_id,
+            "seq": published[0].seq if published else 0,
+            "code": execution.code,
+            "started_at": _now() - timedelta(milliseconds=duration),
+            **final,
+        }
+
+        async def write(conn: AsyncConnection) -> None:
+            if was_started:
+                t = schema.executions
+                result = await conn.execute(
+                    update(t)
+                    .where(
+                        t.c.session_id == session.id,
+                        t.c.position == position,
+                        t.c.execution_id == values["execution_id"],
+                    )
+                    .values(**final)
+                )
+                if result.rowcount:
+                    return
+            await conn.execute(insert(schema.executions).values(**values))  # its start row was lost
+
+        if self._writer is None or self._writer.done():
+            raise StorageUnavailable("The history storage is not running.")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.enqueue(f"execution {execution.execution_id} of session {session.id}", write, future)
         error = next((p.event for p in published if isinstance(p.event, ev.Error)), None)
         self._audit(
             "execution",
@@ -437,11 +514,12 @@ class Store:
             code=execution.code,
             code_sha256=audit.code_sha256(execution.code),
             duration_ms=duration,
-            status=done.status,
+            status=end.status,
             output_bytes=execution.output_bytes,
             error_name=error.ename[:255] if error is not None else None,
-            detail=done.reason,
+            detail=end.reason,
         )
+        await future
 
     async def session_ended(self, session: RecordedSession, reason: str) -> None:
         self._positions.pop(session.id, None)
@@ -628,6 +706,22 @@ class Store:
         if purged:
             log.info("history storage: purged %d sessions older than %g days", purged, self.retention_days)
         return purged
+
+    async def _end_cut_off_executions(self) -> None:
+        """Rows still ``running`` in this gateway name's open sessions belong to
+        cells a gateway death cut off (a live gateway ends every cell it runs):
+        mark them dead so history and notebook export show them."""
+        assert self._engine is not None
+        e, s = schema.executions, schema.sessions
+        open_sessions = select(s.c.id).where(s.c.gateway_name == self.gateway_name, s.c.ended_at.is_(None))
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                update(e)
+                .where(e.c.status == RUNNING, e.c.session_id.in_(open_sessions))
+                .values(status="dead", reason=CUT_OFF_REASON)
+            )
+        if result.rowcount:
+            log.warning("history storage: %d cells were cut off by a gateway stop; marked dead", result.rowcount)
 
     async def _purge_loop(self) -> None:
         while True:
