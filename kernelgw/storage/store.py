@@ -55,6 +55,10 @@ CUT_OFF_REASON = "the gateway stopped while this cell ran; its output and outcom
 CRASHED_REASON = "the gateway stopped without ending the session"
 BATCH = 200
 """Most rows committed in one transaction."""
+LINGER_S = 0.02
+"""Longest rows nobody waits on are held for one that somebody waits on: also how
+long a cell runs before its ``running`` row is committed (a gateway killed sooner
+leaves no row for it: it was never answered)."""
 RECONNECT_INTERVAL_S = 5.0
 RETRY_INTERVAL_S = 1.0
 """How often the writer retries rows a storage fault kept back."""
@@ -111,6 +115,10 @@ def _run_to_end(write: Write, conn: Connection) -> Any:
         return end.value
     steps.close()
     raise RuntimeError("a history write awaited something other than the database")
+
+
+async def _nothing(conn: AsyncConnection) -> None:
+    """A write that only ends the writer's wait for more rows (`Store.flush`)."""
 
 
 def _migrate(conn: Any) -> None:
@@ -174,6 +182,8 @@ class Store:
         self._held: list[_Op] = []
         """Rows a storage fault kept back, oldest first: retried before newer ones."""
         self._file_identity: FileIdentity | None = None
+        self._lingering = False
+        """The writer is holding rows nobody waits on for a moment (`_linger`)."""
         self._sqlite_writer: Engine | None = None
         """SQLite only: a sync engine the writer thread commits a whole batch on, in
         one hop off the event loop (aiosqlite would take about six per commit)."""
@@ -339,6 +349,8 @@ class Store:
     async def flush(self) -> None:
         """Wait until every row queued so far is committed (or dropped)."""
         if self._writer is not None and not self._writer.done():
+            if self._lingering:  # a reader waits: commit now
+                self.enqueue("flush", _nothing, asyncio.get_running_loop().create_future())
             await self._queue.join()
 
     async def _write_loop(self) -> None:
@@ -350,16 +362,42 @@ class Store:
                 new = [await asyncio.wait_for(self._queue.get(), wait)]
             except TimeoutError:
                 new = []
-            while len(new) < BATCH:
-                try:
-                    new.append(self._queue.get_nowait())
-                except asyncio.QueueEmpty:
-                    break
+            self._take_queued(new)
+            if new and not batch:
+                await self._linger(new)
             try:
                 await self._write(batch + new)
             finally:
                 for _ in new:
                     self._queue.task_done()
+
+    def _take_queued(self, new: list[_Op]) -> None:
+        while len(new) < BATCH:
+            try:
+                new.append(self._queue.get_nowait())
+            except asyncio.QueueEmpty:
+                break
+
+    async def _linger(self, new: list[_Op]) -> None:
+        """Rows nobody waits on (a cell's start, audit) wait up to `LINGER_S` for
+        one somebody waits on (a cell's end, a note, a reader's flush), so they share
+        its commit: a fast cell pays one commit on its answer's path, not two."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LINGER_S
+        self._lingering = True
+        try:
+            while len(new) < BATCH and all(op.future is None for op in new):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return
+                try:
+                    async with asyncio.timeout(remaining):
+                        new.append(await self._queue.get())
+                except TimeoutError:
+                    return
+                self._take_queued(new)
+        finally:
+            self._lingering = False
 
     async def _write(self, batch: Sequence[_Op]) -> None:
         """Commit ``batch``; a row the database refuses is dropped, a database that
