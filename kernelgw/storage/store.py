@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Connection, Engine, create_engine, delete, event, insert, select, update
+from sqlalchemy import Connection, Engine, bindparam, create_engine, delete, event, insert, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -93,6 +93,31 @@ def _now() -> datetime:
 
 
 Write = Callable[[AsyncConnection], Awaitable[Any]]
+
+
+# Constant statements (parameters passed apart) are compiled once: building and
+# compiling `insert(...).values(...)` per row cost more than the SQLite write.
+_INSERT_EXECUTION = insert(schema.executions)
+_END_EXECUTION = (
+    update(schema.executions)
+    .where(
+        schema.executions.c.session_id == bindparam("k_session"),
+        schema.executions.c.position == bindparam("k_position"),
+        schema.executions.c.execution_id == bindparam("k_execution"),
+    )
+    .values({c: bindparam(c) for c in ("status", "execution_count", "duration_ms", "reason", "state_lost", "events")})
+)
+
+
+@dataclass
+class _StartRow:
+    """A cell's ``running`` row: written by the writer unless its end came first."""
+
+    position: int
+    superseded: bool = False
+    """Set on the event loop when the end is queued."""
+    inserted: bool = False
+    """Set by the writer when the row was written (the end then updates it)."""
 
 
 class _InThread:
@@ -167,8 +192,8 @@ class Store:
         self.durability = durability
         """"process": a commit survives a crash of the gateway process (SQLite
         ``synchronous=NORMAL``); "fsync": also power loss (``synchronous=FULL``)."""
-        self._started: dict[tuple[str, str], int] = {}
-        """(session, execution) -> position of the ``running`` row queued for it."""
+        self._started: dict[tuple[str, str], _StartRow] = {}
+        """(session, execution) -> the ``running`` row queued for it."""
         self.gateway_name = gateway_name
         self.retention_days = retention_days
         self.audit_retention_days = audit_retention_days
@@ -537,14 +562,14 @@ class Store:
         return position
 
     def execution_started(self, session: RecordedSession, execution: RecordedExecution) -> None:
-        """Queue a ``running`` row (not awaited: the end's commit covers it, the
-        writer commits in order)."""
-        position = self._next_position(session.id)
-        self._started[(session.id, execution.execution_id)] = position
+        """Queue a ``running`` row (not awaited). A cell that ends before the row
+        is written skips it: its end writes the whole row in one statement."""
+        start = _StartRow(self._next_position(session.id))
+        self._started[(session.id, execution.execution_id)] = start
         published = execution.published
         values = {
             "session_id": session.id,
-            "position": position,
+            "position": start.position,
             "execution_id": execution.execution_id,
             "seq": published[0].seq if published else 0,
             "code": execution.code,
@@ -558,7 +583,10 @@ class Store:
         }
 
         async def write(conn: AsyncConnection) -> None:
-            await conn.execute(insert(schema.executions).values(**values))
+            if start.superseded:
+                return
+            await conn.execute(_INSERT_EXECUTION, values)
+            start.inserted = True
 
         self.enqueue(f"start of execution {execution.execution_id} of session {session.id}", write)
 
@@ -576,10 +604,10 @@ class Store:
         else:  # not finished: nothing the history could show
             return
         assert isinstance(end, ev.Done)
-        position = self._started.pop((session.id, execution.execution_id), None)
-        was_started = position is not None
-        if position is None:
-            position = self._next_position(session.id)
+        start = self._started.pop((session.id, execution.execution_id), None)
+        if start is not None:
+            start.superseded = True  # writes run in order: it is written before this one or never
+        position = start.position if start is not None else self._next_position(session.id)
         duration = end.duration_ms
         final = {
             "status": end.status,
@@ -601,39 +629,34 @@ class Store:
         }
 
         async def write(conn: AsyncConnection) -> None:
-            if was_started:
-                t = schema.executions
-                result = await conn.execute(
-                    update(t)
-                    .where(
-                        t.c.session_id == session.id,
-                        t.c.position == position,
-                        t.c.execution_id == values["execution_id"],
-                    )
-                    .values(**final)
-                )
+            if start is not None and start.inserted:
+                keys = {"k_session": session.id, "k_position": position, "k_execution": values["execution_id"]}
+                result = await conn.execute(_END_EXECUTION, {**final, **keys})
                 if result.rowcount:
                     return
-            await conn.execute(insert(schema.executions).values(**values))  # its start row was lost
+            # no start row: the cell ended before it was written (or it was rolled back)
+            await conn.execute(_INSERT_EXECUTION, values)
 
         if self._writer is None or self._writer.done():
             raise StorageUnavailable("The history storage is not running.")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.enqueue(f"execution {execution.execution_id} of session {session.id}", write, future)
-        error = next((p.event for p in published if isinstance(p.event, ev.Error)), None)
-        self._audit(
-            "execution",
-            session,
-            execution_id=execution.execution_id,
-            code=execution.code,
-            code_sha256=audit.code_sha256(execution.code),
-            duration_ms=duration,
-            status=end.status,
-            output_bytes=execution.output_bytes,
-            error_name=error.ename[:255] if error is not None else None,
-            detail=end.reason,
-        )
-        await future
+        try:
+            await future
+        finally:  # the audit row after: it is not part of what the answer waits for
+            error = next((p.event for p in published if isinstance(p.event, ev.Error)), None)
+            self._audit(
+                "execution",
+                session,
+                execution_id=execution.execution_id,
+                code=execution.code,
+                code_sha256=audit.code_sha256(execution.code),
+                duration_ms=duration,
+                status=end.status,
+                output_bytes=execution.output_bytes,
+                error_name=error.ename[:255] if error is not None else None,
+                detail=end.reason,
+            )
 
     async def session_ended(self, session: RecordedSession, reason: str) -> None:
         self._positions.pop(session.id, None)
