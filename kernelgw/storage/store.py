@@ -1,11 +1,11 @@
 """`Store`: the `Recorder` the session manager calls, plus the history queries.
 
-Writes never sit on a session's path. The recorder methods only queue a row
-(no await, so the row is queued before the client that awaited ``done`` can
-ask for the notebook); one writer task commits queued rows in order, in
-batches, over an async driver (aiosqlite, asyncpg), so the event loop is never
-blocked either. Queries first wait for the queue to drain (`flush`), so a
-client always reads its own writes.
+The recorder methods queue rows; one writer task commits queued rows in
+order, in batches (on SQLite in one writer thread, one hop per batch; on
+PostgreSQL over asyncpg), so the event loop is never blocked. Only a cell's end
+is waited for (acknowledged means stored: its ``done`` is published after the
+commit); rows nobody waits on linger briefly to share that commit. Queries
+first wait for the queue to drain (`flush`), so a client reads its own writes.
 
 A database that fails or is down never breaks a session: the failed rows are
 logged and dropped, the writer tries to reconnect and create the tables again
