@@ -39,7 +39,7 @@ from kernelgw.runtime.session import Published, QueuedExecution
 from kernelgw.server.state import gateway_state
 from kernelgw.storage import Store
 from kernelgw.storage.store import CRASHED_REASON
-from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway, stdout
+from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway
 from tests.support.http import http_fixture
 
 pytestmark = pytest.mark.integration
