@@ -59,46 +59,48 @@ def test_sigterm_drains_then_exits_and_a_second_signal_exits_at_once(
 
     # 1. one SIGTERM: a drain
     with gateway_process(name, tmp_path / "data", log, IMAGE, **env) as (proc, url):
-        http = httpx.Client(base_url=url, timeout=60)
-        sid = http.post("/v1/sessions", json={}).json()["id"]
-        with connect(f"ws{url[len('http') :]}/v1/sessions/{sid}/ws") as ws:
-            code = "import time\nprint('started', flush=True)\ntime.sleep(2)\nprint('finished', flush=True)"
-            ws.send(json.dumps({"type": "execute", "code": code, "execution_id": "long"}))
-            until_stdout(ws, "started")
-            proc.send_signal(signal.SIGTERM)
+        with httpx.Client(base_url=url, timeout=60) as http:
+            sid = http.post("/v1/sessions", json={}).json()["id"]
+            with connect(f"ws{url[len('http') :]}/v1/sessions/{sid}/ws") as ws:
+                code = "import time\nprint('started', flush=True)\ntime.sleep(2)\nprint('finished', flush=True)"
+                ws.send(json.dumps({"type": "execute", "code": code, "execution_id": "long"}))
+                until_stdout(ws, "started")
+                proc.send_signal(signal.SIGTERM)
 
-            until(lambda: http.get("/readyz").status_code == 503, "/readyz turns 503")
-            health = http.get("/healthz")
-            assert health.status_code == 200 and health.json()["draining"] is True
-            refused = http.post(f"/v1/sessions/{sid}/execute", json={"code": "1"})
-            assert refused.status_code == 503 and refused.json()["error"]["code"] == "gateway_draining"
-            assert int(refused.headers["retry-after"]) > 0
-            assert http.post("/v1/sessions", json={}).status_code == 503
+                until(lambda: http.get("/readyz").status_code == 503, "/readyz turns 503")
+                health = http.get("/healthz")
+                assert health.status_code == 200 and health.json()["draining"] is True
+                refused = http.post(f"/v1/sessions/{sid}/execute", json={"code": "1"})
+                assert refused.status_code == 503 and refused.json()["error"]["code"] == "gateway_draining"
+                assert int(refused.headers["retry-after"]) > 0
+                assert http.post("/v1/sessions", json={}).status_code == 503
 
-            events = []
-            with pytest.raises(ConnectionClosed) as closed:
-                while True:
-                    events.append(receive(ws))
-            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
-        assert "".join(e["text"] for e in events if e["type"] == "stream") == "finished\n"
-        done = [e for e in events if e["type"] == "done"]
-        assert len(done) == 1 and done[0]["status"] == "ok"
-        assert proc.wait(timeout=DEADLINE_S) == 0
+                events = []
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        events.append(receive(ws))
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+            assert "".join(e["text"] for e in events if e["type"] == "stream") == "finished\n"
+            done = [e for e in events if e["type"] == "done"]
+            assert len(done) == 1 and done[0]["status"] == "ok"
+            assert proc.wait(timeout=DEADLINE_S) == 0
     assert containers(docker_client, name) == []  # on_shutdown=stop
 
     # 2. a second signal during the drain: out at once, the cell still running (a
     # grace longer than the wait below: an ignored second signal fails the wait)
     long_grace = {**env, "KERNELGW_SHUTDOWN_GRACE_S": "600"}
     with gateway_process(name, tmp_path / "data", log, IMAGE, **long_grace) as (proc, url):
-        http = httpx.Client(base_url=url, timeout=60)
-        sid = http.post("/v1/sessions", json={}).json()["id"]
-        with connect(f"ws{url[len('http') :]}/v1/sessions/{sid}/ws") as ws:
-            ws.send(json.dumps({"type": "execute", "code": "import time\nprint('up', flush=True)\ntime.sleep(600)"}))
-            until_stdout(ws, "up")
-            proc.send_signal(signal.SIGTERM)
-            until(lambda: http.get("/readyz").status_code == 503, "/readyz turns 503")
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=DEADLINE_S)  # long before the cell's 600 s or the 600 s grace
+        with httpx.Client(base_url=url, timeout=60) as http:
+            sid = http.post("/v1/sessions", json={}).json()["id"]
+            with connect(f"ws{url[len('http') :]}/v1/sessions/{sid}/ws") as ws:
+                ws.send(
+                    json.dumps({"type": "execute", "code": "import time\nprint('up', flush=True)\ntime.sleep(600)"})
+                )
+                until_stdout(ws, "up")
+                proc.send_signal(signal.SIGTERM)
+                until(lambda: http.get("/readyz").status_code == 503, "/readyz turns 503")
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=DEADLINE_S)  # long before the cell's 600 s or the 600 s grace
     # what a forced exit leaves, the next gateway of the name takes over (here: ends)
     with gateway_process(name, tmp_path / "data", log, IMAGE, **env) as (proc, url):
         proc.send_signal(signal.SIGTERM)
