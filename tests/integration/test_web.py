@@ -32,6 +32,7 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
+from kernelgw.keys import parse_key
 from tests.integration.conftest import (
     RunningGateway,
     gateway_settings,
@@ -695,7 +696,9 @@ def test_the_key_never_leaves_the_tab_except_as_a_header(
     expect(page.locator("#conn-state")).to_have_text("live")
 
     key = keyed.key
-    secret = key.rsplit("_", 1)[1]
+    parsed = parse_key(key)
+    assert parsed is not None
+    secret = parsed[1]
     # every API request had the header, and no URL ever held the key
     api_requests = traffic.api()
     assert len(api_requests) > 10
