@@ -22,6 +22,7 @@ import secrets
 import shutil
 import socket
 import stat
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -408,6 +409,11 @@ class DockerExec:
         self._eof = False
         self._stderr = bytearray()
         self._closed = False
+        # One reader of the frame stream at a time, held by the reading thread: a
+        # read whose awaiting coroutine was cancelled (a client cut a download off)
+        # goes on in its executor thread, and a second read (the wind-down's drain)
+        # must not interleave with it (the frame counter went negative, or hung).
+        self._read_lock = threading.Lock()
 
     @property
     def stderr(self) -> bytes:
@@ -446,6 +452,10 @@ class DockerExec:
         return buf
 
     def _read_sync(self) -> bytes:
+        with self._read_lock:
+            return self._read_frames()
+
+    def _read_frames(self) -> bytes:
         while not self._eof:
             if self._frame_left == 0:
                 header = self._recv_exact(8)
