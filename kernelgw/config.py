@@ -125,10 +125,17 @@ class Settings(BaseSettings):
     idle_timeout_s: float = 1800.0
     reap_interval_s: float = 30.0
     kernel_start_timeout_s: float = 60.0
+    on_shutdown: Literal["keep", "stop"] = "keep"
+    """``keep``: a gateway that stops leaves its kernels running for the next one
+    of its name, which reattaches them; ``stop``: it removes them."""
+    reattach_timeout_s: float = 10.0
+    """How long a restarted gateway waits for a left kernel's kernel_info reply."""
 
     # --- executions
     exec_timeout_s: float = 300.0
     max_exec_timeout_s: float = 3600.0
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM, how long running cells have to finish before the gateway exits."""
     interrupt_grace_s: float = 5.0
     """After a timeout interrupt, how long the kernel has to become idle before it
     is restarted (and its state lost)."""
@@ -164,6 +171,10 @@ class Settings(BaseSettings):
     database_url: str | None = None
     """``postgresql://user:pass@host/db`` (asyncpg) or ``sqlite:///path``; None means
     SQLite in ``data_dir``."""
+    durability: Literal["process", "fsync"] = "process"
+    """When a history commit counts as stored (and a cell is answered): "process"
+    survives a crash of the gateway process (SQLite WAL, ``synchronous=NORMAL``),
+    "fsync" also power loss (``synchronous=FULL``). PostgreSQL commits are durable."""
     history_retention_days: float = Field(30.0, ge=0)
     """History of a session is kept this long after the session ended."""
     history_purge_interval_s: float = Field(3600.0, ge=0)

@@ -24,7 +24,8 @@ KernelGWError
 │   ├── EngineUnavailable      503  (Docker engine not answering)
 │   ├── ImageNotFound          503
 │   └── KernelStartFailed      503
-├── StorageUnavailable         503  (the history database does not answer)
+├── StorageUnavailable         503  (the history database does not answer or cannot write)
+├── GatewayDraining            503  (shutting down; retry, another gateway or this one restarted)
 └── ClientError                (SDK side) an HTTP error answer from a gateway
 """
 
@@ -152,6 +153,11 @@ class KernelStartFailed(BackendError):
 class StorageUnavailable(KernelGWError):
     status_code = 503
     code = "storage_unavailable"
+
+
+class GatewayDraining(KernelGWError):
+    status_code = 503
+    code = "gateway_draining"
 
 
 # --- workspace files and packages

@@ -131,7 +131,7 @@ class HistoryExecution(BaseModel):
     execution_id: str
     position: int
     code: str
-    status: DoneStatus
+    status: DoneStatus | Literal["running"] = Field(description="running: the cell had not ended when this was read.")
     execution_count: int | None
     started_at: datetime
     duration_ms: float
@@ -182,6 +182,10 @@ class Health(BaseModel):
     runtime: str
     sessions: int
     detail: str = ""
+    storage: str = "writable"
+    """The history store: ``writable`` or why it cannot write."""
+    draining: bool = False
+    """Shutting down: running cells finish, new work is refused."""
 
 
 class ErrorBody(BaseModel):

@@ -117,6 +117,7 @@ def serve(
         from kernelgw import logs
         from kernelgw.config import Settings
         from kernelgw.server.app import create_app
+        from kernelgw.server.serving import CLOSE_WAIT_S, DrainingServer
 
     overrides: dict[str, Any] = {}
     if host is not None:
@@ -137,14 +138,18 @@ def serve(
     logs.configure(settings.log_format)
     _refuse_open_remote(settings)
     _refuse_taken_name(settings)
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         ws="websockets-sansio",  # uvicorn's implementation on websockets' maintained API
         ws_max_size=settings.ws_max_message_bytes,  # a bigger frame: close 1009
         log_config=None,  # uvicorn's loggers go through ours (JSON or text)
+        timeout_graceful_shutdown=CLOSE_WAIT_S,
     )
+    # SIGTERM drains (new work refused, running cells finish) before uvicorn exits
+    DrainingServer(config, app, settings.shutdown_grace_s).run()
 
 
 def _refuse_taken_name(settings: Any) -> None:

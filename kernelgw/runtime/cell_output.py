@@ -13,7 +13,6 @@ from typing import Any
 
 from kernelgw import events as ev
 from kernelgw.runtime.execution import QueuedExecution
-from kernelgw.runtime.fanout import Published
 from kernelgw.runtime.iopub import payload_size, to_event, trim_error
 from kernelgw.runtime.session_config import SessionConfig
 
@@ -23,7 +22,7 @@ output cap: a 40 MB exception message says nothing a model can use."""
 _OUTPUT_EVENTS = (ev.Stream, ev.Display, ev.UpdateDisplay, ev.Result, ev.ClearOutput)
 _BUNDLE_EVENTS = (ev.Display, ev.UpdateDisplay, ev.Result)
 BundleEvent = ev.Display | ev.UpdateDisplay | ev.Result
-Publish = Callable[[ev.Event, QueuedExecution], Published]
+Publish = Callable[[ev.Event, QueuedExecution], object]
 
 
 class CellOutput:

@@ -40,6 +40,8 @@ class QueuedExecution:
     """A gateway-internal request: its iopub messages are not published."""
     idle_lost: bool = False
     recorded: bool = False
+    ending: ev.Done | None = None
+    """The ``done`` built when the cell ended, published once its record is stored."""
 
     def check_finished(self) -> None:
         """The kernel is done with a request once both its reply and its idle are in."""

@@ -6,6 +6,12 @@ kernel is noticed), enforces the timeout (interrupt, then restart if the kernel
 does not come back) and ends it with exactly one ``done`` built from the
 gateway's facts: status, execution count and the end of a cell are never taken
 on the kernel's word alone.
+
+Acknowledged means stored: a cell is recorded when it starts (``running``) and
+``done`` is published only after the end of the cell is committed. While that
+commit is awaited, events of other cells (``queued``) are held back, so the
+``done`` keeps the ``seq`` its stored copy names. A store that fails does not
+hold the session: ``done`` goes out with a reason saying it was not stored.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ IOPUB_QUIET_S = 1.0
 request means the idle was lost: finish anyway instead of hanging."""
 RECENT_IDS = 10000
 """How many execution ids a session remembers to refuse reuse."""
+NOT_STORED = "the history storage failed, so this execution's record was not stored"
 
 
 class SessionHooks(Protocol):
@@ -49,8 +56,13 @@ class SessionHooks(Protocol):
         """The kernel died or was restarted (for the audit log)."""
         ...
 
-    async def record_execution(self, rec: QueuedExecution) -> None:
-        """Hand a finished execution to the recorder (history)."""
+    def execution_started(self, rec: QueuedExecution) -> None:
+        """Record a cell as running (queued for the store; never waits)."""
+        ...
+
+    async def record_execution(self, rec: QueuedExecution, done: Published | None = None) -> bool:
+        """Store an ended execution (``done``: its end, not yet published);
+        False when the store could not commit it."""
         ...
 
     async def restart_after_timeout(self) -> str | None:
@@ -84,6 +96,8 @@ class ExecutionQueue:
         self._between_cells = asyncio.Event()
         """Set while the worker holds no execution (what `close` waits for)."""
         self._between_cells.set()
+        self._held: list[tuple[ev.Event, QueuedExecution | None]] | None = None
+        """Events published while a ``done`` waits for its commit; sent after it."""
         link.attach(self)
 
     @property
@@ -98,11 +112,13 @@ class ExecutionQueue:
     def start(self) -> None:
         self._worker = asyncio.create_task(self._work(), name=f"session-{self.session_id}")
 
-    def publish(self, event: ev.Event, rec: QueuedExecution | None = None) -> Published:
+    def publish(self, event: ev.Event, rec: QueuedExecution | None = None) -> None:
+        if self._held is not None:
+            self._held.append((event, rec))
+            return
         pub = self._fanout.publish(event)
         if rec is not None:
             rec.published.append(pub)
-        return pub
 
     # ------------------------------------------------------------- LinkListener
     def current_execution(self) -> QueuedExecution | None:
@@ -168,6 +184,7 @@ class ExecutionQueue:
         while not self._queue.empty():
             rec = self._queue.get_nowait()
             self._finish(rec, "dead", "the session was deleted before this execution ran")
+            self._announce(rec)
             unrecorded.append(rec)
         return unrecorded
 
@@ -178,9 +195,11 @@ class ExecutionQueue:
             self.current = rec
             self._between_cells.clear()
             try:
+                self._hooks.execution_started(rec)
                 await self._execute(rec)
             except asyncio.CancelledError:
                 self._finish(rec, "dead", rec.abort_reason or "the session was deleted")
+                self._announce(rec)
                 raise
             except Exception as exc:  # never let one execution kill the worker
                 log.exception("execution %s failed inside the gateway", rec.execution_id)
@@ -189,9 +208,27 @@ class ExecutionQueue:
                 self.current = None
                 self._hooks.touch()
             try:
-                await self._hooks.record_execution(rec)
+                await self._store_then_announce(rec)
             finally:
                 self._between_cells.set()
+
+    async def _store_then_announce(self, rec: QueuedExecution) -> None:
+        """Commit the end of the cell, then publish its ``done`` (acknowledged means stored)."""
+        if rec.ending is None:  # every path through _execute ends the cell; be sure anyway
+            self._finish(rec, "dead", "gateway error: the execution ended without a status")
+        assert rec.ending is not None
+        seq = self._fanout.seq + 1  # nothing reaches the fan-out until the done does
+        preview = rec.ending.model_copy(update={"seq": seq})
+        self._held = []
+        try:
+            stored = await self._hooks.record_execution(rec, Published(seq, preview, preview.model_dump_json()))
+        except asyncio.CancelledError:
+            self._announce(rec)
+            raise
+        except Exception:
+            log.exception("recording execution %s failed", rec.execution_id)
+            stored = False
+        self._announce(rec, None if stored else NOT_STORED)
 
     async def _execute(self, rec: QueuedExecution) -> None:
         rec.started = time.monotonic()
@@ -326,10 +363,10 @@ class ExecutionQueue:
         execution_count: int | None = None,
         state_lost: bool = False,
     ) -> None:
-        if rec.done.done():
+        if rec.done.done() or rec.ending is not None:
             return
         started = rec.started or time.monotonic()
-        done = ev.Done(
+        rec.ending = ev.Done(
             execution_id=rec.execution_id,
             status=status,
             execution_count=execution_count,
@@ -338,9 +375,21 @@ class ExecutionQueue:
             state_lost=state_lost,
             artifacts=rec.artifacts,
         )
-        pub = self.publish(done, rec)
-        assert isinstance(pub.event, ev.Done)
-        rec.done.set_result(pub.event)
-        if self.metrics is not None and not rec.silent:
-            oom = status == "dead" and (self._status.dead_reason or "").startswith("out-of-memory")
-            self.metrics.execution_done(pub.event, rec.output_bytes, oom_killed=oom)
+
+    def _announce(self, rec: QueuedExecution, note: str | None = None) -> None:
+        """Publish the ``done`` `_finish` built (``note`` appended to its reason),
+        resolve the execution, then send the events held meanwhile."""
+        held, self._held = self._held or [], None
+        done = rec.ending
+        if done is not None and not rec.done.done():
+            if note is not None:
+                done = done.model_copy(update={"reason": f"{done.reason}; {note}" if done.reason else note})
+            pub = self._fanout.publish(done)
+            rec.published.append(pub)
+            assert isinstance(pub.event, ev.Done)
+            rec.done.set_result(pub.event)
+            if self.metrics is not None and not rec.silent:
+                oom = done.status == "dead" and (self._status.dead_reason or "").startswith("out-of-memory")
+                self.metrics.execution_done(pub.event, rec.output_bytes, oom_killed=oom)
+        for event, owner in held:
+            self.publish(event, owner)

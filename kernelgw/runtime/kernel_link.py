@@ -95,10 +95,22 @@ class KernelLink:
     # ------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         """Start a kernel container and connect; returns once it answered."""
-        listener = self._listener
-        if listener is None:
+        if self._listener is None:
             raise ListenerMissing("attach a listener before starting the kernel link")
-        self.handle = await self.backend.start(self.spec)
+        await self._connect(await self.backend.start(self.spec), seal=True)
+
+    async def reattach(self, handle: KernelHandle, timeout: float) -> None:
+        """Connect to a kernel that is already running (a previous gateway process
+        started and sealed it): no start, no seal; it must answer kernel_info
+        within ``timeout`` seconds, else its container is removed."""
+        if self._listener is None:
+            raise ListenerMissing("attach a listener before reattaching the kernel link")
+        await self._connect(handle, seal=False, timeout=timeout)
+
+    async def _connect(self, handle: KernelHandle, *, seal: bool, timeout: float | None = None) -> None:
+        listener = self._listener
+        assert listener is not None
+        self.handle = handle
         try:
             # Socket options must be set before connect: use a context whose defaults
             # raise the receive HWM for the sockets jupyter_client creates.
@@ -108,11 +120,12 @@ class KernelLink:
             # allocating it: what a kernel sends cannot grow our memory unbounded.
             context.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
             kc = AsyncKernelClient(context=context)
-            kc.load_connection_info(cast(KernelConnectionInfo, self.handle.connection))
+            kc.load_connection_info(cast(KernelConnectionInfo, handle.connection))
             kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
             self._kc = kc
-            self.kernel_info = await self._wait_ready(kc, self.handle)
-            await self.backend.seal(self.handle)
+            self.kernel_info = await self._wait_ready(kc, handle, timeout)
+            if seal:
+                await self.backend.seal(handle)
         except BaseException:
             await self.stop()
             raise
@@ -129,10 +142,13 @@ class KernelLink:
             ),
         ]
 
-    async def _wait_ready(self, kc: AsyncKernelClient, handle: KernelHandle) -> dict[str, Any]:
+    async def _wait_ready(
+        self, kc: AsyncKernelClient, handle: KernelHandle, timeout: float | None = None
+    ) -> dict[str, Any]:
         """Repeat kernel_info until a shell reply and an iopub message both arrive,
         so the first execution cannot lose output to a not-yet-joined SUB socket."""
-        deadline = time.monotonic() + self.config.kernel_start_timeout_s
+        timeout = self.config.kernel_start_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         info: dict[str, Any] | None = None
         iopub_seen = False
         while time.monotonic() < deadline:
@@ -158,9 +174,7 @@ class KernelLink:
             state = await self.backend.state(handle)
             if not state.alive:
                 raise KernelStartFailed(f"The kernel container stopped while starting: {state.describe()}")
-        raise KernelStartFailed(
-            f"The kernel did not answer within {self.config.kernel_start_timeout_s:.0f}s of starting."
-        )
+        raise KernelStartFailed(f"The kernel did not answer within {timeout:g}s.")
 
     async def stop(self) -> None:
         """Stop the readers, disconnect, and remove the container."""

@@ -1,30 +1,34 @@
 """All sessions of one gateway: creation within limits, lookup, idle reaping.
 
 Like jupyter_server's MultiKernelManager plus its culler, but each kernel lives in
-its own container and the manager also removes containers a crashed predecessor
-left behind.
+its own container. At start the manager reattaches the live kernels a previous
+process of its name left (by default a gateway that stops leaves them running)
+and removes the containers nobody can reattach.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from kernelgw.config import Settings
-from kernelgw.errors import LimitExceeded, SessionLimitReached, SessionNotFound
+from kernelgw.errors import LimitExceeded, SessionLimitReached, SessionNotFound, StorageUnavailable
 from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
-from kernelgw.runtime.backends.base import Backend, KernelSpec
+from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelSpec
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.pool import PoolProfile, WarmPool
-from kernelgw.runtime.recorder import Recorder
+from kernelgw.runtime.recorder import Recorder, StoredSession
 from kernelgw.runtime.session import KernelSession, SessionConfig
 from kernelgw.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+KERNEL_GONE_REASON = "the kernel container was gone when the gateway restarted"
 
 
 @dataclass(frozen=True)
@@ -58,11 +62,60 @@ class SessionManager:
         self.pools: dict[PoolProfile, WarmPool] = {}
 
     async def start(self) -> None:
-        """Remove what a previous gateway of this name left, then start reaping
-        and warming the pools."""
-        await self.backend.reap_orphans()
+        """Reattach what a previous gateway of this name left running, remove the
+        rest, then start reaping and warming the pools."""
+        await self.reattach()
         self._reaper = asyncio.create_task(self._reap_loop(), name="idle-reaper")
         self._start_pools()
+
+    async def reattach(self) -> builtins.list[str]:
+        """Reattach every live kernel container of this name whose session is open
+        in the store (concurrently); end open sessions whose kernel is gone or
+        does not answer; remove every other container. Returns the reattached ids."""
+        if self.recorder is None:
+            await self.backend.reap_orphans()
+            return []
+        try:
+            stored = {s.session_id: s for s in await self.recorder.open_sessions()}
+        except StorageUnavailable as exc:
+            # without the store nothing can be matched: leave every container for
+            # a later start rather than remove kernels that may be reattachable
+            log.error("no session reattached, no container removed: %s", exc.message)
+            return []
+        containers = {c.container_id: c for c in await self.backend.list_kernels()}
+        results = await asyncio.gather(
+            *(self._reattach_one(s, containers.get(s.handle.container_id)) for s in stored.values())
+        )
+        reattached = [sid for sid, ok in zip(stored, results, strict=True) if ok]
+        keep = {stored[sid].handle.kernel_id for sid in reattached}
+        await self.backend.reap_except(keep)
+        if reattached:
+            log.warning("reattached %d session(s) left by a previous gateway", len(reattached))
+        return reattached
+
+    async def _reattach_one(self, stored: StoredSession, container: KernelContainer | None) -> bool:
+        assert self.recorder is not None
+        if container is None or not container.running or container.session_id != stored.session_id:
+            await self.recorder.session_lost(stored.session_id, KERNEL_GONE_REASON)
+            return False
+        config = dataclasses.replace(self._session_config(SessionOptions()), exec_timeout_s=stored.exec_timeout_s)
+        session = KernelSession(stored.session_id, stored.spec, self.backend, config, self.recorder, self.metrics)
+        session.owner = stored.owner
+        session.created_at = stored.created_at
+        try:
+            await session.reattach(
+                stored.handle, stored.execution_count, stored.last_seq, self.settings.reattach_timeout_s
+            )
+        except Exception as exc:
+            log.warning("session %s: its kernel could not be reattached: %s", stored.session_id, exc)
+            await self.recorder.session_lost(
+                stored.session_id, f"the kernel did not answer when the gateway restarted: {exc}"
+            )
+            return False
+        self._sessions[session.id] = session
+        if self.metrics is not None:
+            self.metrics.sessions_active.set(len(self._sessions))
+        return True
 
     def _start_pools(self) -> None:
         s = self.settings
@@ -87,8 +140,15 @@ class SessionManager:
             pool.start()
 
     async def shutdown(self) -> None:
+        """Stop reaping and empty the pools; then, with ``on_shutdown=keep``, leave
+        the sessions' kernels running (open in the store, counters recorded) for
+        the next gateway of this name, else end the sessions."""
         await cancel_and_wait(self._reaper)
         await asyncio.gather(*(pool.close() for pool in self.pools.values()), return_exceptions=True)
+        if self.settings.on_shutdown == "keep" and self.recorder is not None:
+            sessions = [self._sessions.pop(sid) for sid in list(self._sessions)]
+            await asyncio.gather(*(s.detach() for s in sessions), return_exceptions=True)
+            return
         await asyncio.gather(
             *(self.delete(sid, reason="gateway shutdown") for sid in list(self._sessions)), return_exceptions=True
         )

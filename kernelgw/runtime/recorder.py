@@ -1,9 +1,10 @@
 """What a session tells the outside world about its life: the seam for storage.
 
 The session manager calls a `Recorder` (storage implements it) when sessions start
-and end and after every execution. Calls happen off the event path: a client has
-already received ``done`` when ``execution_finished`` runs, and a recorder that
-fails is logged, never allowed to break the session.
+and end, and when every execution starts and ends. ``execution_finished`` is on
+the answer's path on purpose: ``done`` is published after it returns, so a cell
+acknowledged to a client is stored. A recorder that fails is logged and the
+``done`` says the record was not stored; it never breaks the session.
 
 The recorder sees a session and an execution through the small read-only views
 below, not the runtime's classes: storage depends on what it reads, and this
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
 from kernelgw import events as ev
-from kernelgw.runtime.backends.base import KernelSpec
+from kernelgw.runtime.backends.base import KernelHandle, KernelSpec
 from kernelgw.runtime.fanout import Published
+from kernelgw.runtime.session_config import SessionConfig
 
 
 class RecordedSession(Protocol):
@@ -39,6 +42,33 @@ class RecordedSession(Protocol):
 
     @property
     def kernel_info(self) -> dict[str, Any]: ...
+
+    @property
+    def handle(self) -> KernelHandle | None: ...
+
+    @property
+    def config(self) -> SessionConfig: ...
+
+    @property
+    def execution_count(self) -> int: ...
+
+    @property
+    def last_seq(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class StoredSession:
+    """An open session as a previous gateway process stored it: everything needed
+    to reach its kernel again (the handle holds the kernel's HMAC key)."""
+
+    session_id: str
+    owner: str | None
+    created_at: datetime
+    handle: KernelHandle
+    spec: KernelSpec
+    exec_timeout_s: float
+    execution_count: int
+    last_seq: int
 
 
 class RecordedExecution(Protocol):
@@ -65,10 +95,34 @@ class Recorder(Protocol):
         """After the kernel answered for the first time."""
         ...
 
-    async def execution_finished(self, session: RecordedSession, execution: RecordedExecution) -> None:
-        """After ``done`` was published; ``execution.published`` holds all its events."""
+    def execution_started(self, session: RecordedSession, execution: RecordedExecution) -> None:
+        """When the kernel is sent the cell: record it as running. Queue it, never
+        wait; a later `execution_finished` of the same execution completes it."""
+        ...
+
+    async def execution_finished(
+        self, session: RecordedSession, execution: RecordedExecution, done: Published | None = None
+    ) -> None:
+        """When the execution ended: return once its record is committed, raise when
+        it cannot be. ``done``: its end, not yet published (``execution.published``
+        holds the events before it); None: ``done`` was published already and is
+        the last of ``execution.published``."""
         ...
 
     async def session_ended(self, session: RecordedSession, reason: str) -> None:
         """After the session was deleted or reaped (``reason`` says which)."""
+        ...
+
+    def kernel_changed(self, session: RecordedSession) -> None:
+        """The session's kernel, execution count or last seq changed (a restart,
+        a graceful shutdown that keeps the kernel): store what reattach needs."""
+        ...
+
+    async def open_sessions(self) -> list[StoredSession]:
+        """At start-up: this gateway name's open sessions that can be reattached.
+        Open sessions stored without a kernel to reach are ended here."""
+        ...
+
+    async def session_lost(self, session_id: str, reason: str) -> None:
+        """At start-up: an open session whose kernel could not be reattached is over."""
         ...

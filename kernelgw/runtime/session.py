@@ -41,6 +41,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+RECORD_TIMEOUT_S = 10.0
+"""Longest a cell's ``done`` waits for its record to be committed; after it the
+``done`` goes out marked as not stored rather than hanging the session."""
+
 
 class KernelSession:
     def __init__(
@@ -149,6 +153,7 @@ class KernelSession:
                 self.dead_reason = f"restart failed: {exc}"
                 raise
             self.execution_count = 0
+            self.kernel_changed()
 
     async def restart_after_timeout(self) -> str | None:
         """Replace a kernel that ignored an interrupt (the queue's worker calls
@@ -167,7 +172,38 @@ class KernelSession:
                 self.dead_reason = f"restarting the kernel after a timeout failed: {exc}"
                 return str(exc)
             self.execution_count = 0
+            self.kernel_changed()
             return None
+
+    async def reattach(self, handle: KernelHandle, execution_count: int, last_seq: int, timeout: float) -> None:
+        """Take over a kernel a previous gateway process left running: connect to
+        ``handle`` (already sealed), check it answers within ``timeout`` seconds,
+        and carry on counting from the stored execution count and event seq.
+
+        The replay buffer did not survive: a client resuming from an older seq
+        gets a ``gap`` event first."""
+        async with self._lifecycle:
+            self.state = "starting"
+            await self._link.reattach(handle, timeout)
+            self.state = "idle"
+            self.execution_count = execution_count
+            self._fanout.seq = last_seq
+        self._executions.start()
+
+    async def detach(self) -> None:
+        """Leave the kernel running for the next gateway process (on_shutdown=keep):
+        stop reading, disconnect, end subscriptions; the container stays."""
+        async with self._lifecycle:
+            if self.state == "closed":
+                return
+            self.state = "closed"
+            unrecorded = await self._executions.stop()
+            self.kernel_changed()  # the counters as they are now, for the next gateway
+            self._link.handle = None  # so stop() disconnects without removing the container
+            await self._link.stop()
+            self._fanout.close_all()
+        for rec in unrecorded:
+            await self.record_execution(rec)
 
     async def close(self) -> None:
         async with self._lifecycle:
@@ -207,15 +243,49 @@ class KernelSession:
         except Exception:
             log.exception("recording %s for session %s failed", kind, self.id)
 
-    async def record_execution(self, rec: QueuedExecution) -> None:
-        """Hand a finished execution to the recorder, once; its failure is logged."""
-        if self.recorder is None or rec.recorded or not rec.done.done():
+    def kernel_changed(self) -> None:
+        """Tell the recorder what reaching the kernel again needs (a new container
+        after a restart; the counters before a shutdown that keeps the kernel)."""
+        if self.recorder is None:
             return
+        try:
+            self.recorder.kernel_changed(self)
+        except Exception:
+            log.exception("recording the kernel of session %s failed", self.id)
+
+    def execution_started(self, rec: QueuedExecution) -> None:
+        """Tell the recorder a cell started (a ``running`` row; queued, never awaited)."""
+        if self.recorder is None:
+            return
+        try:
+            self.recorder.execution_started(self, rec)
+        except Exception:
+            log.exception("recording the start of execution %s failed", rec.execution_id)
+
+    async def record_execution(self, rec: QueuedExecution, done: Published | None = None) -> bool:
+        """Store an ended execution, once, and wait for the commit.
+
+        ``done`` is its end before it is published (the queue publishes it after
+        this returns); without it the execution's ``done`` was already published.
+        Returns False when the recorder failed or took longer than
+        `RECORD_TIMEOUT_S` (logged): the caller must not claim it is stored."""
+        if self.recorder is None or rec.recorded:
+            return True
+        if done is None and not rec.done.done():
+            return True
         rec.recorded = True
         try:
-            await self.recorder.execution_finished(self, rec)
+            async with asyncio.timeout(RECORD_TIMEOUT_S):
+                await self.recorder.execution_finished(self, rec, done)
+        except TimeoutError:
+            log.error(
+                "recording execution %s took over %gs; answered as not stored", rec.execution_id, RECORD_TIMEOUT_S
+            )
+            return False
         except Exception:
             log.exception("recording execution %s failed", rec.execution_id)
+            return False
+        return True
 
     # ------------------------------------------------------------- executing
     @property

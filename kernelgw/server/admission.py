@@ -8,6 +8,7 @@ import asyncio
 from kernelgw.errors import PayloadTooLarge, PolicyViolation, RateLimited
 from kernelgw.keys import Principal
 from kernelgw.server import policy
+from kernelgw.server.availability import check_available
 from kernelgw.server.state import GatewayState
 
 
@@ -38,6 +39,7 @@ async def check_code(state: GatewayState, code: str, where: str = "") -> None:
 async def admit(state: GatewayState, principal: Principal, code: str) -> None:
     """Raise the error that refuses this execution, if any."""
     settings = state.settings
+    check_available(state)
     await check_code(state, code)
     per_minute = principal.quotas.executions_per_minute or settings.executions_per_minute
     if per_minute is not None:

@@ -21,6 +21,7 @@ from kernelgw.runtime.manager import SessionManager
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.ownership import InstanceLock
 from kernelgw.server.authenticator import Authenticator
+from kernelgw.server.availability import RETRY_AFTER_S
 from kernelgw.server.limits import BodySizeLimit
 from kernelgw.server.policy import CodePolicy
 from kernelgw.server.ratelimit import ExecutionRateLimiter
@@ -117,6 +118,8 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         response = error_response(exc.status_code, exc.code, exc.message)
         if isinstance(exc, RateLimited):
             response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+        elif (retry_after := RETRY_AFTER_S.get(type(exc))) is not None:
+            response.headers["Retry-After"] = str(retry_after)
         elif isinstance(exc, Unauthorized):
             response.headers["WWW-Authenticate"] = 'Bearer realm="kernelgw"'
             log.warning("unauthorized request", extra={"path": request.url.path, "client": _client(request)})

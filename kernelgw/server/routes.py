@@ -22,6 +22,7 @@ from kernelgw.runtime.manager import SessionManager, SessionOptions
 from kernelgw.server import history
 from kernelgw.server.admission import admit
 from kernelgw.server.auth import authenticate, principal_of, require_admin, session_for
+from kernelgw.server.availability import check_available, unready_reasons
 from kernelgw.server.state import gateway_state
 
 _errors: dict[int | str, dict[str, Any]] = {
@@ -36,23 +37,44 @@ def _manager(request: Request) -> SessionManager:
     return gateway_state(request).manager
 
 
-@public.get("/healthz", response_model=Health, tags=["gateway"])
-async def healthz(request: Request) -> Response:
-    """Engine reachable and kernel image present: 200, else 503."""
+async def _health(request: Request) -> tuple[Health, bool]:
+    """The health body, and whether kernels can start (engine and image)."""
     state = gateway_state(request)
     settings = state.settings
     health = await state.backend.health(settings.image)
-    ok = health.engine and health.image
+    kernels = health.engine and health.image
+    storage = state.store.health
     body = Health(
-        status="ok" if ok else "degraded",
+        status="ok" if kernels and storage.ok else "degraded",
         engine=health.engine,
         image=health.image,
         image_name=settings.image,
         runtime=settings.runtime,
         sessions=len(_manager(request)),
-        detail=health.detail,
+        detail="; ".join(x for x in (health.detail, *unready_reasons(state)) if x),
+        storage=storage.describe(),
+        draining=state.drain.draining,
     )
-    return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+    return body, kernels
+
+
+@public.get("/healthz", response_model=Health, tags=["gateway"])
+async def healthz(request: Request) -> Response:
+    """Liveness: 503 only when kernels cannot start (engine or image missing).
+
+    A storage fault is ``degraded`` with 200 (restarting the process does not
+    free a disk), and a drain is 200 too (the process is finishing cells)."""
+    body, kernels = await _health(request)
+    return JSONResponse(body.model_dump(), status_code=200 if kernels else 503)
+
+
+@public.get("/readyz", response_model=Health, tags=["gateway"])
+async def readyz(request: Request) -> Response:
+    """Readiness: 200 when new sessions and executions are taken, else 503 (draining,
+    storage cannot write, engine or image missing); ``detail`` says why."""
+    body, kernels = await _health(request)
+    ready = kernels and not unready_reasons(gateway_state(request))
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
 
 @router.get("/metrics", tags=["gateway"], response_class=Response, dependencies=[Depends(require_admin)])
@@ -77,6 +99,7 @@ async def create_session(body: CreateSession, request: Request) -> dict[str, Any
         env=body.env,
         runtime=body.runtime,
     )
+    check_available(gateway_state(request))  # not while draining or while the store cannot write
     steps = await history.restore_plan(body, request)  # validated before a kernel starts
     session = await _manager(request).create(opts, principal_of(request))
     if steps is None:

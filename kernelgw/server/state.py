@@ -9,7 +9,7 @@ place that touches ``app.state``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from starlette.applications import Starlette
@@ -22,6 +22,7 @@ from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.packages import PackageInstaller
 from kernelgw.runtime.workspace import WorkspaceFiles
 from kernelgw.server.authenticator import Authenticator
+from kernelgw.server.drain import Drain
 from kernelgw.server.policy import CodePolicy
 from kernelgw.server.ratelimit import ExecutionRateLimiter
 from kernelgw.storage import Store
@@ -41,6 +42,8 @@ class GatewayState:
     code_policy: CodePolicy
     metrics: Metrics
     manager: SessionManager
+    drain: Drain = field(default_factory=Drain)
+    """Set by a SIGTERM to `kernelgw serve`: new work refused, then sockets closed."""
 
     @cached_property
     def workspace_files(self) -> WorkspaceFiles:

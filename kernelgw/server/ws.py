@@ -3,7 +3,8 @@
 Close codes: 4401 no valid key or token; 4403 a page from another origin;
 4404 no such session (or another key's); 4008 the client fell too far behind
 (reconnect with ``last_seq`` to resume); 1001 the session was deleted; 1009 a
-frame over the size limit (the server closes).
+frame over the size limit (the server closes); 1012 the gateway is restarting
+(after its running cells' events, ``done`` included: reconnect with ``last_seq``).
 
 Authentication: ``Authorization: Bearer <key>`` on the handshake, or, for
 browsers, ``?token=`` from ``POST /v1/auth/token``. Failures are reported
@@ -27,6 +28,7 @@ from kernelgw.runtime.session import KernelSession, Subscription
 from kernelgw.server.admission import admit
 from kernelgw.server.auth import same_origin
 from kernelgw.server.authenticator import Authenticator
+from kernelgw.server.drain import Drain
 from kernelgw.server.state import gateway_state
 from kernelgw.tasks import cancel_and_wait
 
@@ -38,6 +40,7 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_TOO_SLOW = 4008
 CLOSE_GOING_AWAY = 1001
+CLOSE_SERVICE_RESTART = 1012
 
 
 @router.websocket("/v1/sessions/{session_id}/ws")
@@ -66,6 +69,8 @@ async def session_ws(
     sender = asyncio.create_task(_send_events(websocket, sub))
     receiver = asyncio.create_task(_receive_commands(websocket, session, sub, principal))
     tasks = {sender, receiver}
+    # a drain ends the subscription: the sender sends what it holds, then returns
+    closer = asyncio.create_task(_end_at_drain(state.drain, sub))
     watcher = None
     if principal.key_id is not None:
         watcher = asyncio.create_task(_watch_key(state.auth, principal.key_id))
@@ -74,15 +79,22 @@ async def session_ws(
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         session.unsubscribe(sub)
-        await cancel_and_wait(*tasks)
+        await cancel_and_wait(*tasks, closer)
         if watcher is not None and watcher.done() and not watcher.cancelled():
             code, reason = CLOSE_UNAUTHORIZED, "the API key was revoked"
         elif sub.overflowed:
             code, reason = CLOSE_TOO_SLOW, "client too slow; reconnect with last_seq to resume"
+        elif state.drain.closing:
+            code, reason = CLOSE_SERVICE_RESTART, "the gateway is restarting; reconnect with last_seq to resume"
         else:
             code, reason = CLOSE_GOING_AWAY, "session closed"
         with contextlib.suppress(Exception):
             await websocket.close(code=code, reason=reason)
+
+
+async def _end_at_drain(drain: Drain, sub: Subscription) -> None:
+    await drain.wait_closing()
+    sub.close()
 
 
 async def _watch_key(auth: Authenticator, key_id: str) -> None:

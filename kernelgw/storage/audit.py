@@ -76,7 +76,7 @@ def record(store: AuditStore, row: AuditRecord) -> None:
     values = asdict(row)
 
     async def write(conn: AsyncConnection) -> None:
-        await conn.execute(insert(schema.audit).values(**values))
+        await conn.execute(insert(schema.audit), values)  # parameters apart: compiled once
 
     store.enqueue(f"audit {row.kind}", write)
 

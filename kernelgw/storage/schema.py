@@ -33,6 +33,12 @@ sessions = Table(
     Column("end_reason", Text, nullable=True),
     Column("language_info", Text, nullable=False, default="{}"),  # JSON, from kernel_info
     Column("owner", String(32), nullable=True),  # the API key id that created it
+    # what a restarted gateway needs to reattach the kernel; ``kernel`` is JSON
+    # holding the connection dict with the kernel's HMAC key: protect the store
+    Column("container_id", String(128), nullable=True),
+    Column("kernel", Text, nullable=True),
+    Column("execution_count", Integer, nullable=True),
+    Column("last_seq", Integer, nullable=True),
     Index("kgw_sessions_ended", "ended_at"),
     Index("kgw_sessions_gateway_open", "gateway_name", "ended_at"),
 )
@@ -101,6 +107,12 @@ audit = Table(
 )
 
 MIGRATIONS: dict[str, dict[str, str]] = {
-    "kgw_sessions": {"owner": "VARCHAR(32)"},
+    "kgw_sessions": {
+        "owner": "VARCHAR(32)",
+        "container_id": "VARCHAR(128)",
+        "kernel": "TEXT",
+        "execution_count": "INTEGER",
+        "last_seq": "INTEGER",
+    },
 }
 """Columns added to tables after their first release (see `Store._migrate`)."""

@@ -50,6 +50,7 @@ def gateway_settings(**overrides: Any) -> Settings:
         interrupt_grace_s=3,
         idle_timeout_s=3600,
         data_dir=f"/tmp/kgwt-data-{os.getpid()}",  # history (SQLite) of the test gateways
+        on_shutdown="stop",  # in-process test gateways leave no kernel behind
     )
     base.update(overrides)
     return Settings(**base)

@@ -1,10 +1,11 @@
 """Threat: sandboxes that outlive the gateway that was supposed to police them.
 
 A real ``kernelgw serve`` process with two sessions is SIGKILLed: its containers
-really are orphaned (still running). The next gateway of the same name must
-remove them while it starts, and a clean shutdown (SIGTERM) must leave no
-container at all. (tests/integration/test_sessions.py covers one orphan with
-an in-process successor; here both gateways are real processes.)
+really are left behind (still running). The next gateway of the same name
+reattaches the live one and removes the dead one while it starts, and a clean
+shutdown with ``on_shutdown=stop`` must leave no container at all.
+(tests/integration/test_sessions.py covers a container no store knows, with an
+in-process successor; tests/integration/test_reattach.py the reattachment.)
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ RUNTIME_DIR = Path("/tmp/kgwk")
 
 
 @contextmanager
-def gateway_process(name: str, data_dir: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def gateway_process(
+    name: str, data_dir: Path, log: Path, **extra_env: str
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``kernelgw serve`` in its own process; killed at the end if still running."""
     port = free_port()
     env = {
@@ -44,6 +47,7 @@ def gateway_process(name: str, data_dir: Path, log: Path) -> Iterator[tuple[subp
         "KERNELGW_DATA_DIR": str(data_dir),
         "KERNELGW_MEMORY_MB": "256",
         "KERNELGW_LOG_FORMAT": "text",
+        **extra_env,
     }
     with log.open("ab") as out:
         proc = subprocess.Popen(
@@ -68,7 +72,7 @@ def gateway_process(name: str, data_dir: Path, log: Path) -> Iterator[tuple[subp
             proc.wait()
 
 
-def test_orphans_of_a_killed_gateway_are_removed_by_its_successor(
+def test_a_killed_gateways_live_kernels_are_reattached_and_dead_ones_removed(
     docker_client: docker.DockerClient, tmp_path: Path
 ) -> None:
     name = f"crash{os.getpid()}"
@@ -84,18 +88,19 @@ def test_orphans_of_a_killed_gateway_are_removed_by_its_successor(
         # the crash is real: the sandboxes are still there, still running
         orphans = [c for sid in sids for c in session_containers(docker_client, sid)]
         assert len(orphans) == 2 and all(c.status == "running" for c in orphans), orphans
+        live, dead = sids
+        session_containers(docker_client, dead)[0].kill()  # its kernel dies while no gateway runs
 
-        with gateway_process(name, tmp_path / "data", log) as (proc, url):
-            deadline = time.monotonic() + 30
-            while gateway_containers(docker_client, name):
-                assert time.monotonic() < deadline, "the successor left the orphans running"
-                time.sleep(0.2)
-            assert httpx.get(f"{url}/v1/sessions", timeout=10).json()["sessions"] == []
+        with gateway_process(name, tmp_path / "data", log, KERNELGW_ON_SHUTDOWN="stop") as (proc, url):
+            # while starting: the live kernel is reattached, the dead one removed
+            assert [s["id"] for s in httpx.get(f"{url}/v1/sessions", timeout=10).json()["sessions"]] == [live]
+            assert session_containers(docker_client, dead) == []
+            assert [c.status for c in session_containers(docker_client, live)] == ["running"]
             # the successor works, and stops cleanly
             with httpx.Client(base_url=url, timeout=120) as http:
                 sid = http.post("/v1/sessions", json={}).json()["id"]
                 assert http.post(f"/v1/sessions/{sid}/execute", json={"code": "1"}).json()["status"] == "ok"
-            assert len(gateway_containers(docker_client, name)) == 1
+            assert len(gateway_containers(docker_client, name)) == 2
             proc.send_signal(signal.SIGTERM)
             # uvicorn shuts down gracefully, then re-raises the signal (exit -15)
             assert proc.wait(timeout=60) in (0, -signal.SIGTERM), log.read_text()[-2000:]

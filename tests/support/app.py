@@ -30,6 +30,7 @@ def local_settings(data_dir: Path, **overrides: Any) -> Settings:
         state_poll_s=0.1,
         interrupt_grace_s=1,
         idle_timeout_s=3600,
+        on_shutdown="stop",  # in-process test gateways leave no kernel behind
     )
     base.update(overrides)
     return Settings(**base)

@@ -34,6 +34,7 @@ from kernelgw.errors import BackendError, KernelDied, KernelStartFailed
 from kernelgw.runtime.backends.base import (
     IPC_PORTS,
     EngineHealth,
+    KernelContainer,
     KernelHandle,
     KernelSpec,
     KernelState,
@@ -156,6 +157,12 @@ class LocalBackend:
                 raise KernelStartFailed(f"k-{port} in the kernel's connection directory is not a socket.")
 
     async def reap_orphans(self) -> list[str]:
+        return []
+
+    async def list_kernels(self) -> list[KernelContainer]:
+        return []  # kernel subprocesses die with the test's gateway: nothing to reattach
+
+    async def reap_except(self, keep: set[str]) -> list[str]:
         return []
 
     async def exec(

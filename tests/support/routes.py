@@ -13,6 +13,7 @@ from starlette.routing import BaseRoute, Route
 PUBLIC = frozenset(
     {
         ("GET", "/healthz"),
+        ("GET", "/readyz"),  # load balancers' readiness probe, like /healthz
         # the web page and its assets (it asks for a key itself)
         ("GET", "/"),
         ("GET", "/favicon.ico"),

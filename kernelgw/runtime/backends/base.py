@@ -61,6 +61,17 @@ class KernelHandle:
 
 
 @dataclass(frozen=True)
+class KernelContainer:
+    """A kernel container of this gateway's name, as the engine lists it (labels
+    and state): what a restarted gateway matches against its open sessions."""
+
+    container_id: str
+    kernel_id: str
+    session_id: str
+    running: bool
+
+
+@dataclass(frozen=True)
 class KernelState:
     status: KernelStatus
     oom_killed: bool = False
@@ -165,7 +176,21 @@ class Backend(Protocol):
 
     async def reap_orphans(self) -> list[str]:
         """Remove containers and directories of this gateway's name left by a
-        previous gateway process. Called once at gateway start-up."""
+        previous gateway process. Same as ``reap_except(set())``."""
+        ...
+
+    async def list_kernels(self) -> list[KernelContainer]:
+        """Every kernel container of this gateway's name, running or not.
+
+        Called once at gateway start-up, under the name's ownership lock, to find
+        the kernels a previous gateway process left for reattachment."""
+        ...
+
+    async def reap_except(self, keep: set[str]) -> list[str]:
+        """Remove the containers and connection directories of this gateway's
+        name whose kernel id is not in ``keep`` (the reattached kernels).
+
+        Called once at start-up, after reattachment; returns what was removed."""
         ...
 
     async def exec(

@@ -37,6 +37,7 @@ from kernelgw.errors import BackendError, EngineUnavailable, ImageNotFound, Kern
 from kernelgw.runtime.backends.base import (
     IPC_PORTS,
     EngineHealth,
+    KernelContainer,
     KernelHandle,
     KernelSpec,
     KernelState,
@@ -297,14 +298,34 @@ class DockerBackend:
             os.close(fd)
 
     async def reap_orphans(self) -> list[str]:
-        return await self._run(self._reap_sync)
+        return await self.reap_except(set())
 
-    def _reap_sync(self) -> list[str]:
+    async def list_kernels(self) -> list[KernelContainer]:
+        return await self._run(self._list_sync)
+
+    def _list_sync(self) -> list[KernelContainer]:
+        found = self._client().api.containers(all=True, filters={"label": f"{LABEL_GATEWAY}={self.gateway_name}"})
+        return [
+            KernelContainer(
+                container_id=c["Id"],
+                kernel_id=(c.get("Labels") or {}).get(LABEL_KERNEL, ""),
+                session_id=(c.get("Labels") or {}).get(LABEL_SESSION, ""),
+                running=c.get("State") == "running",
+            )
+            for c in found
+        ]
+
+    async def reap_except(self, keep: set[str]) -> list[str]:
+        return await self._run(self._reap_sync, keep)
+
+    def _reap_sync(self, keep: set[str]) -> list[str]:
         removed: list[str] = []
         containers: list[Container] = self._client().containers.list(
             all=True, filters={"label": f"{LABEL_GATEWAY}={self.gateway_name}"}
         )
         for c in containers:
+            if c.labels.get(LABEL_KERNEL) in keep:
+                continue
             try:
                 c.remove(force=True)
                 removed.append(c.name or c.short_id)  # a listed container has a name
@@ -312,7 +333,8 @@ class DockerBackend:
                 pass
         if self.base_dir.exists():
             for d in self.base_dir.iterdir():
-                shutil.rmtree(d, ignore_errors=True)
+                if d.name not in keep:
+                    shutil.rmtree(d, ignore_errors=True)
         if removed:
             log.warning("removed %d container(s) left by a previous gateway: %s", len(removed), removed)
         return removed

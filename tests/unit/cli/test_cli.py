@@ -106,13 +106,13 @@ def test_serve_options_override_env_which_overrides_the_config_file(monkeypatch,
     import sys
     from types import ModuleType
 
-    import uvicorn
-
     seen = {}
     fake_app = ModuleType("kernelgw.server.app")
     fake_app.create_app = lambda settings=None: seen.setdefault("settings", settings) or "APP"
     monkeypatch.setitem(sys.modules, "kernelgw.server.app", fake_app)
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(run=(host, port)))
+    from kernelgw.server.serving import DrainingServer
+
+    monkeypatch.setattr(DrainingServer, "run", lambda self: seen.update(run=(self.config.host, self.config.port)))
 
     config = tmp_path / "kgw.toml"
     config.write_text(
@@ -255,15 +255,15 @@ def test_serve_log_format_option_and_default(monkeypatch, tmp_path):
     import sys
     from types import ModuleType
 
-    import uvicorn
-
     from kernelgw import logs
 
     formats = []
     fake_app = ModuleType("kernelgw.server.app")
     fake_app.create_app = lambda settings=None: "APP"
     monkeypatch.setitem(sys.modules, "kernelgw.server.app", fake_app)
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    from kernelgw.server.serving import DrainingServer
+
+    monkeypatch.setattr(DrainingServer, "run", lambda self: None)
     monkeypatch.setattr(logs, "configure", lambda fmt="auto", **kw: formats.append(fmt))
     env = {"KERNELGW_DATA_DIR": str(tmp_path)}
     assert invoke("serve", env=env).exit_code == 0

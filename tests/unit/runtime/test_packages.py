@@ -129,6 +129,12 @@ class EngineDown:
     async def reap_orphans(self) -> list[str]:
         return []
 
+    async def list_kernels(self) -> list[object]:
+        return []
+
+    async def reap_except(self, keep: set[str]) -> list[str]:
+        return []
+
     async def exec(
         self, handle: KernelHandle, argv: list[str], *, stdin: bool = False, timeout: float = 120.0
     ) -> ExecProcess:

@@ -34,6 +34,12 @@ class EngineDown:
     async def reap_orphans(self) -> list[str]:
         raise EngineUnavailable("The Docker engine does not answer.")
 
+    async def list_kernels(self) -> list[object]:
+        raise EngineUnavailable("The Docker engine does not answer.")
+
+    async def reap_except(self, keep: set[str]) -> list[str]:
+        raise EngineUnavailable("The Docker engine does not answer.")
+
     async def health(self, image: str) -> EngineHealth:
         return EngineHealth(engine=False, image=False, detail="connection refused")
 

@@ -1,0 +1,194 @@
+"""Kill -9 a real ``kernelgw serve`` at random moments while cells run over REST,
+restart it, and count what an acknowledged answer was worth.
+
+Shared by ``tests/integration/test_crash_loop.py`` (a few rounds) and
+``benchmarks/bench_crash.py`` (100 rounds). Each round: a gateway (own name, own
+data directory, SQLite) starts, reattaches the session or a new one is made, a
+thread posts cells one after another, and the gateway is SIGKILLed a random
+delay after a randomly chosen request was sent. At the end a last gateway reads
+``/v1/sessions/{id}/history`` for every session used: every cell answered 200
+must be there with the status it was answered with (else it is *lost*); a cell
+left ``running`` is *unmarked*. That gateway is stopped with
+``on_shutdown=stop`` and no container with the name's label may be left.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import httpx
+
+LABEL_GATEWAY = "kernelgw.gateway"
+RUNTIME_DIR = Path("/tmp/kgwk")
+START_DEADLINE_S = 90.0
+
+
+@dataclass
+class CrashCounts:
+    rounds: int = 0
+    sent: int = 0
+    acknowledged: int = 0
+    lost: list[str] = field(default_factory=list)
+    """Execution ids answered 200 but absent from history (or stored with another status)."""
+    cut_off: int = 0
+    """Rows marked dead because a gateway stopped while they ran."""
+    unmarked: list[str] = field(default_factory=list)
+    """Rows still ``running`` after a restart."""
+    leaked: list[str] = field(default_factory=list)
+    """Containers of the gateway name left after the last gateway stopped."""
+
+
+@contextmanager
+def gateway_process(
+    name: str, data_dir: Path, log: Path, image: str, **env: str
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``kernelgw serve`` in its own process, ready (``/healthz`` 200); killed at the end if still running."""
+    port = _free_port()
+    full_env = {
+        **os.environ,
+        "KERNELGW_GATEWAY_NAME": name,
+        "KERNELGW_IMAGE": image,
+        "KERNELGW_RUNTIME_DIR": str(RUNTIME_DIR),
+        "KERNELGW_DATA_DIR": str(data_dir),
+        "KERNELGW_MEMORY_MB": "256",
+        "KERNELGW_LOG_FORMAT": "text",
+        "KERNELGW_POOL_SIZE": "0",
+        **env,
+    }
+    full_env.pop("KERNELGW_DATABASE_URL", None)  # SQLite in data_dir
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kernelgw", "serve", "--port", str(port)], env=full_env, stdout=out, stderr=out
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_DEADLINE_S
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"the gateway exited: {log.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the gateway did not start")
+            time.sleep(0.05)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Poster(threading.Thread):
+    """Posts cells one after another until the gateway stops answering."""
+
+    def __init__(self, url: str, sid: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.sid = url, sid
+        self.sent: list[str] = []
+        self.acked: dict[str, str] = {}
+        self.sent_event = threading.Condition()
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as http:
+            while True:
+                eid = uuid.uuid4().hex
+                with self.sent_event:
+                    self.sent.append(eid)
+                    self.sent_event.notify_all()
+                try:
+                    resp = http.post(f"/v1/sessions/{self.sid}/execute", json={"code": "1+1", "execution_id": eid})
+                except httpx.TransportError:
+                    return
+                if resp.status_code != 200:
+                    return
+                self.acked[eid] = resp.json()["status"]
+
+    def wait_sent(self, count: int, deadline_s: float = 60.0) -> None:
+        with self.sent_event:
+            if not self.sent_event.wait_for(lambda: len(self.sent) >= count or not self.is_alive(), deadline_s):
+                raise RuntimeError("no request was sent")
+
+
+def _session(http: httpx.Client, sid: str | None) -> str:
+    """The reattached session, or a new one when it did not survive."""
+    if sid is not None and http.get(f"/v1/sessions/{sid}").status_code == 200:
+        return sid
+    resp = http.post("/v1/sessions", json={})
+    resp.raise_for_status()
+    return str(resp.json()["id"])
+
+
+def crash_rounds(rounds: int, workdir: Path, image: str, seed: int | None = None) -> CrashCounts:
+    """Run ``rounds`` kill -9 rounds in ``workdir``; returns the counts (never raises on a loss)."""
+    rng = random.Random(seed)
+    name = f"crash{uuid.uuid4().hex[:8]}"
+    data_dir, log = workdir / "data", workdir / "gateway.log"
+    counts = CrashCounts()
+    acked: dict[str, dict[str, str]] = {}
+    sid: str | None = None
+    client = docker.from_env()
+    try:
+        for _ in range(rounds):
+            with gateway_process(name, data_dir, log, image) as (proc, url):
+                with httpx.Client(base_url=url, timeout=120) as http:
+                    sid = _session(http, sid)
+                poster = _Poster(url, sid)
+                poster.start()
+                poster.wait_sent(rng.randint(1, 8))
+                time.sleep(rng.uniform(0, 0.02))  # the random moment of the kill, not a synchronisation
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                poster.join(60)
+                counts.rounds += 1
+                counts.sent += len(poster.sent)
+                acked.setdefault(sid, {}).update(poster.acked)
+        with gateway_process(name, data_dir, log, image, KERNELGW_ON_SHUTDOWN="stop") as (proc, url):
+            with httpx.Client(base_url=url, timeout=120) as http:
+                for session_id, cells in acked.items():
+                    resp = http.get(f"/v1/sessions/{session_id}/history")
+                    resp.raise_for_status()
+                    stored = {e["execution_id"]: e for e in resp.json()["executions"]}
+                    for eid, status in cells.items():
+                        counts.acknowledged += 1
+                        if eid not in stored or stored[eid]["status"] != status:
+                            counts.lost.append(eid)
+                    for e in stored.values():
+                        if e["status"] == "running":
+                            counts.unmarked.append(e["execution_id"])
+                        elif e["status"] == "dead" and "the gateway stopped while this cell ran" in (e["reason"] or ""):
+                            counts.cut_off += 1
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        counts.leaked = [
+            str(c.name) for c in client.containers.list(all=True, filters={"label": f"{LABEL_GATEWAY}={name}"})
+        ]
+    finally:
+        for container in client.containers.list(all=True, filters={"label": f"{LABEL_GATEWAY}={name}"}):
+            container.remove(force=True)
+        shutil.rmtree(RUNTIME_DIR / name, ignore_errors=True)
+        client.close()
+    return counts

@@ -1,0 +1,116 @@
+"""Acknowledged means stored: a real kernel (local backend) recording into a real
+SQLite store. A cell's row exists as ``running`` while it runs and is final
+before its ``done`` reaches a subscriber; a store that cannot commit still ends
+the cell, and its ``done`` says the record was not stored."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernelgw.runtime.execution_queue import NOT_STORED
+from kernelgw.runtime.session import KernelSession
+from kernelgw.storage.store import CUT_OFF_REASON, Store
+from tests.unit.runtime.conftest import SessionFactory
+from tests.unit.runtime.test_session import WAIT_S, done_of, until
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    store = Store(f"sqlite:///{tmp_path / 'history.db'}", gateway_name="durable", purge_interval_s=0)
+    await store.start()
+    yield store
+    await store.close()
+
+
+def rows(db: Path, session_id: str) -> list[tuple[Any, ...]]:
+    """The session's execution rows as another process would read them (no flush)."""
+    with sqlite3.connect(db) as conn:
+        return conn.execute(
+            "SELECT execution_id, status, reason, events FROM kgw_executions WHERE session_id = ? ORDER BY position",
+            (session_id,),
+        ).fetchall()
+
+
+async def recording(new_session: SessionFactory, store: Store) -> KernelSession:
+    session = await new_session()
+    session.recorder = store
+    await store.session_started(session)
+    return session
+
+
+async def wait_for_row(db: Path, session_id: str, execution_id: str, status: str) -> tuple[Any, ...]:
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            found = [r for r in rows(db, session_id) if r[0] == execution_id and r[1] == status]
+            if found:
+                return found[0]
+            await asyncio.sleep(0.02)
+
+
+async def test_a_cell_is_running_in_history_while_it_runs_and_final_before_its_done(
+    new_session: SessionFactory, store: Store, tmp_path: Path
+) -> None:
+    db = tmp_path / "history.db"
+    session = await recording(new_session, store)
+    go = tmp_path / "go"
+    sub = session.subscribe(session.last_seq)
+    code = f"import pathlib, time\nwhile not pathlib.Path({str(go)!r}).exists(): time.sleep(0.01)\nprint('through')"
+    rec = session.submit(code)
+    _, _, reason, _ = await wait_for_row(db, session.id, rec.execution_id, "running")
+    assert reason is None and not rec.done.done()
+    behind = session.submit("1+1")  # queued while the first one runs and while its end is committed
+    go.touch()
+    await until(sub, done_of(rec.execution_id))
+    # the moment the done is seen, the final row is already in the database file
+    [first] = [r for r in rows(db, session.id) if r[0] == rec.execution_id]
+    assert first[1] == "ok" and first[2] is None
+    events = json.loads(first[3])
+    assert events[0]["type"] == "queued" and events[-1]["type"] == "done"
+    assert "through" in "".join(e.get("text", "") for e in events)
+    # the done stored is the done sent, seq and all
+    assert events[-1] == json.loads(rec.published[-1].json)
+    later = await until(sub, done_of(behind.execution_id))
+    assert [e["seq"] for e in later] == sorted(e["seq"] for e in later)
+    assert [r[1] for r in rows(db, session.id)] == ["ok", "ok"]
+
+
+async def test_a_store_that_cannot_commit_still_ends_the_cell_and_says_so(
+    new_session: SessionFactory, store: Store, tmp_path: Path
+) -> None:
+    session = await recording(new_session, store)
+    with sqlite3.connect(tmp_path / "history.db") as conn:  # a real write failure: the table is gone
+        conn.execute("DROP TABLE kgw_executions")
+    sub = session.subscribe(session.last_seq)
+    rec = session.submit("1+1")
+    events = await until(sub, done_of(rec.execution_id))
+    done = events[-1]
+    assert done["status"] == "ok" and NOT_STORED in done["reason"]
+    rec2 = session.submit("2+2")  # the session carries on
+    assert (await until(sub, done_of(rec2.execution_id)))[-1]["status"] == "ok"
+
+
+async def test_a_cell_cut_off_by_a_gateway_death_is_marked_dead_at_the_next_start(
+    new_session: SessionFactory, store: Store, tmp_path: Path
+) -> None:
+    db = tmp_path / "history.db"
+    session = await recording(new_session, store)
+    go = tmp_path / "go"
+    rec = session.submit(f"import pathlib, time\nwhile not pathlib.Path({str(go)!r}).exists(): time.sleep(0.01)")
+    await wait_for_row(db, session.id, rec.execution_id, "running")
+    successor = Store(f"sqlite:///{db}", gateway_name="durable", purge_interval_s=0)
+    await successor.start()  # as a restarted gateway of the same name would
+    try:
+        [stored] = await successor.list_executions(session.id)
+        assert (stored.status, stored.reason) == ("dead", CUT_OFF_REASON)
+    finally:
+        await successor.close()
+        go.touch()
+        async with asyncio.timeout(WAIT_S):
+            await rec.done

@@ -1,0 +1,107 @@
+"""The drain `kernelgw serve` runs on SIGTERM, in-process: `DrainingServer` (real
+uvicorn on a loopback port, real kernel subprocesses) gets the signal through
+its handler. The running cell streams to its ``done``, then the WebSocket
+closes with 1012; meanwhile ``/readyz`` is 503, ``/healthz`` answers, and new
+work gets 503 with ``Retry-After``. (Not yet here: a second signal's forced
+exit, and real signals to a real `kernelgw serve` subprocess.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from kernelgw.server import create_app
+from kernelgw.server.serving import DrainingServer
+from tests.support.app import local_settings
+from tests.support.local_backend import LocalBackend
+
+DEADLINE_S = 60.0
+
+
+def waiting_cell(flag: Path) -> str:
+    """A cell that runs until the test creates ``flag``: running for as long as the test needs."""
+    return f"import os, time\nprint('start', flush=True)\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.01)\nprint('end')"
+
+
+@asynccontextmanager
+async def draining_server(tmp_path: Path, backend: LocalBackend) -> AsyncIterator[tuple[DrainingServer, str]]:
+    settings = local_settings(tmp_path, on_shutdown="stop", shutdown_grace_s=DEADLINE_S)
+    app = create_app(settings, backend=backend)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", ws="websockets-sansio")
+    server = DrainingServer(config, app, settings.shutdown_grace_s)
+    task = asyncio.create_task(server.serve())
+    async with asyncio.timeout(DEADLINE_S):
+        while not server.started:
+            assert not task.done(), "uvicorn stopped before it started"
+            await asyncio.sleep(0.01)
+    (sock,) = server.servers[0].sockets
+    host, port = sock.getsockname()[:2]
+    try:
+        yield server, f"{host}:{port}"
+        async with asyncio.timeout(DEADLINE_S):
+            await task  # the drain ends the server by itself
+    finally:
+        if not task.done():
+            server.force_exit = server.should_exit = True
+            await task
+
+
+async def next_event(ws: ClientConnection) -> dict[str, Any]:
+    async with asyncio.timeout(DEADLINE_S):
+        return json.loads(await ws.recv())  # type: ignore[no-any-return]
+
+
+async def wait_for_status(http: httpx.AsyncClient, path: str, status: int) -> httpx.Response:
+    deadline = time.monotonic() + DEADLINE_S
+    while (resp := await http.get(path)).status_code != status:
+        assert time.monotonic() < deadline, f"{path} never answered {status}"
+        await asyncio.sleep(0.02)
+    return resp
+
+
+async def test_sigterm_lets_the_running_cell_finish_then_closes_websockets_with_1012(
+    local_backend: LocalBackend, tmp_path: Path
+) -> None:
+    flag = tmp_path / "finish"
+    async with draining_server(tmp_path, local_backend) as (server, address):
+        async with httpx.AsyncClient(base_url=f"http://{address}", timeout=DEADLINE_S) as http:
+            sid = (await http.post("/v1/sessions", json={})).json()["id"]
+            assert (await http.get("/readyz")).status_code == 200
+            async with connect(f"ws://{address}/v1/sessions/{sid}/ws") as ws:
+                await ws.send(json.dumps({"type": "execute", "code": waiting_cell(flag), "execution_id": "long"}))
+                while (event := await next_event(ws)).get("type") != "stream":
+                    pass
+                assert event["text"] == "start\n"
+
+                server.handle_exit(signal.SIGTERM, None)
+                ready = await wait_for_status(http, "/readyz", 503)
+                assert ready.json()["draining"] is True and "draining" in ready.json()["detail"]
+                live = await http.get("/healthz")
+                assert live.status_code == 200 and live.json()["draining"] is True
+                refused = await http.post(f"/v1/sessions/{sid}/execute", json={"code": "1"})
+                assert refused.status_code == 503 and refused.json()["error"]["code"] == "gateway_draining"
+                assert int(refused.headers["Retry-After"]) > 0
+                created = await http.post("/v1/sessions", json={})
+                assert created.status_code == 503 and "Retry-After" in created.headers
+
+                flag.touch()  # the running cell may end now
+                events = [await next_event(ws)]
+                while events[-1]["type"] != "done":
+                    events.append(await next_event(ws))
+                assert events[-1]["status"] == "ok" and events[-1]["execution_id"] == "long"
+                assert any(e["type"] == "stream" and e["text"] == "end\n" for e in events)
+                with pytest.raises(ConnectionClosed) as closed:
+                    await next_event(ws)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
