@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kernelgw import events as ev
@@ -66,12 +67,23 @@ class Subscription:
         self.queue.put_nowait(None)
 
 
+SEQ_BLOCK = 10_000
+"""How far ahead of the last published ``seq`` the store is told to continue
+after a crash. A gateway killed with -9 cannot store the numbers it used last;
+its successor starts past the reservation instead, so a resuming client never
+takes a new event for one it already has (it gets a ``gap`` for the hole)."""
+
+
 class EventFanout:
     """One session's event stream: what was published, and who is listening."""
 
     def __init__(self, config: SessionConfig) -> None:
         self.config = config
         self.seq = 0
+        self.reserved = SEQ_BLOCK
+        """Numbers up to this may have been used: where a successor continues.
+        Renewed (`on_reserve`) half a block before it runs out."""
+        self.on_reserve: Callable[[], None] | None = None
         # (seq, json) only: the event models are not kept for replay, and the
         # buffer is bounded by count and by bytes (large outputs age out fast).
         self.replay: collections.deque[tuple[int, str]] = collections.deque()
@@ -80,22 +92,45 @@ class EventFanout:
 
     def publish(self, event: ev.Event) -> Published:
         self.seq += 1
+        if self.seq > self.reserved - SEQ_BLOCK // 2:
+            self.reserved = self.seq + SEQ_BLOCK
+            if self.on_reserve is not None:
+                self.on_reserve()
         event = event.model_copy(update={"seq": self.seq})
         pub = Published(self.seq, event, event.model_dump_json())
         self.replay.append((pub.seq, pub.json))
         self.replay_bytes += len(pub.json)
-        while self.replay and (
-            len(self.replay) > self.config.replay_buffer or self.replay_bytes > self.config.replay_buffer_bytes
-        ):
-            self.replay_bytes -= len(self.replay.popleft()[1])
+        self._trim()
         for sub in list(self._subscribers):
             sub.offer(pub.json)
             if sub.closed:
                 self._subscribers.discard(sub)
         return pub
 
+    def seed(self, events: Iterable[tuple[int, str]], seq: int) -> None:
+        """Continue a stream a previous gateway process published: ``events``
+        (``seq``, JSON text; oldest first) from the store refill the replay
+        buffer, and numbering goes on after ``seq`` (its reservation), so what
+        it sent and never stored shows up as a gap to a resuming client."""
+        for number, text in events:
+            if number <= self.seq:
+                continue
+            self.seq = number
+            self.replay.append((number, text))
+            self.replay_bytes += len(text)
+        self._trim()
+        self.seq = max(self.seq, seq)
+        self.reserved = max(self.reserved, self.seq)
+
+    def _trim(self) -> None:
+        while self.replay and (
+            len(self.replay) > self.config.replay_buffer or self.replay_bytes > self.config.replay_buffer_bytes
+        ):
+            self.replay_bytes -= len(self.replay.popleft()[1])
+
     def subscribe(self, last_seq: int | None = None, *, closed: bool = False) -> Subscription:
-        """A live subscription; with ``last_seq``, first the events after it.
+        """A live subscription; with ``last_seq``, first the events after it,
+        and a ``gap`` for every range of numbers the replay cannot give.
         ``closed``: replay only (the session is going away).
 
         Replay and registration happen without an await in between, so no event
@@ -103,13 +138,16 @@ class EventFanout:
         """
         sub = Subscription(self.config.subscriber_queue, self.config.subscriber_max_bytes)
         if last_seq is not None and last_seq < self.seq:
-            oldest = self.replay[0][0] if self.replay else self.seq + 1
-            if oldest > last_seq + 1:
-                gap = ev.Gap(first_missing=last_seq + 1, last_missing=oldest - 1)
-                sub.offer(gap.model_dump_json())
+            expected = last_seq + 1
             for seq, text in self.replay:
-                if seq > last_seq:
-                    sub.offer(text)
+                if seq < expected:
+                    continue
+                if seq > expected:
+                    sub.offer(ev.Gap(first_missing=expected, last_missing=seq - 1).model_dump_json())
+                sub.offer(text)
+                expected = seq + 1
+            if expected <= self.seq:
+                sub.offer(ev.Gap(first_missing=expected, last_missing=self.seq).model_dump_json())
         if closed:
             sub.close()
         else:

@@ -17,7 +17,7 @@ import queue
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 import zmq
 import zmq.asyncio
@@ -105,9 +105,16 @@ class KernelLink:
         within ``timeout`` seconds, else its container is removed."""
         if self._listener is None:
             raise ListenerMissing("attach a listener before reattaching the kernel link")
-        await self._connect(handle, seal=False, timeout=timeout)
+        await self._connect(handle, seal=False, timeout=timeout, channel="control")
 
-    async def _connect(self, handle: KernelHandle, *, seal: bool, timeout: float | None = None) -> None:
+    async def _connect(
+        self,
+        handle: KernelHandle,
+        *,
+        seal: bool,
+        timeout: float | None = None,
+        channel: Literal["shell", "control"] = "shell",
+    ) -> None:
         listener = self._listener
         assert listener is not None
         self.handle = handle
@@ -123,7 +130,7 @@ class KernelLink:
             kc.load_connection_info(cast(KernelConnectionInfo, handle.connection))
             kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
             self._kc = kc
-            self.kernel_info = await self._wait_ready(kc, handle, timeout)
+            self.kernel_info = await self._wait_ready(kc, handle, timeout, channel)
             if seal:
                 await self.backend.seal(handle)
         except BaseException:
@@ -143,20 +150,35 @@ class KernelLink:
         ]
 
     async def _wait_ready(
-        self, kc: AsyncKernelClient, handle: KernelHandle, timeout: float | None = None
+        self,
+        kc: AsyncKernelClient,
+        handle: KernelHandle,
+        timeout: float | None = None,
+        channel: Literal["shell", "control"] = "shell",
     ) -> dict[str, Any]:
-        """Repeat kernel_info until a shell reply and an iopub message both arrive,
-        so the first execution cannot lose output to a not-yet-joined SUB socket."""
+        """Repeat kernel_info until a reply and an iopub message both arrive, so
+        the first execution cannot lose output to a not-yet-joined SUB socket.
+
+        A reattached kernel is asked on ``control``: it may still be running the
+        cell the previous gateway process was cut off from, and ipykernel answers
+        control requests while the shell is busy."""
         timeout = self.config.kernel_start_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         info: dict[str, Any] | None = None
         iopub_seen = False
         while time.monotonic() < deadline:
-            msg_id = kc.kernel_info()
+            if channel == "shell":
+                msg_id = kc.kernel_info()
+                get_reply = kc.get_shell_msg
+            else:
+                request = kc.session.msg("kernel_info_request")
+                kc.control_channel.send(request)
+                msg_id = request["header"]["msg_id"]
+                get_reply = kc.get_control_msg
             end = time.monotonic() + 0.5
             while info is None and time.monotonic() < end:
                 try:
-                    reply = await kc.get_shell_msg(timeout=max(0.01, end - time.monotonic()))
+                    reply = await get_reply(timeout=max(0.01, end - time.monotonic()))
                 except queue.Empty:
                     break
                 if reply["parent_header"].get("msg_id") == msg_id:

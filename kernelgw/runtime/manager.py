@@ -103,9 +103,7 @@ class SessionManager:
         session.owner = stored.owner
         session.created_at = stored.created_at
         try:
-            await session.reattach(
-                stored.handle, stored.execution_count, stored.last_seq, self.settings.reattach_timeout_s
-            )
+            await session.reattach(stored, self.settings.reattach_timeout_s)
         except Exception as exc:
             log.warning("session %s: its kernel could not be reattached: %s", stored.session_id, exc)
             await self.recorder.session_lost(

@@ -55,6 +55,21 @@ class RecordedSession(Protocol):
     @property
     def last_seq(self) -> int: ...
 
+    @property
+    def resume_seq(self) -> int:
+        """Where a successor gateway's event numbering must continue."""
+        ...
+
+
+@dataclass(frozen=True)
+class StoredCell:
+    """One stored execution of an open session, as a successor replays it."""
+
+    execution_id: str
+    events: Sequence[ev.Event]
+    cut_off: bool
+    """Its gateway died while it ran: stored without its ``done``."""
+
 
 @dataclass(frozen=True)
 class StoredSession:
@@ -69,6 +84,9 @@ class StoredSession:
     exec_timeout_s: float
     execution_count: int
     last_seq: int
+    """The stored reservation: numbering continues after it."""
+    cells: Sequence[StoredCell] = ()
+    """The latest stored executions, oldest first (to refill the replay buffer)."""
 
 
 class RecordedExecution(Protocol):

@@ -18,6 +18,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from kernelgw import events as ev
 from kernelgw.errors import KernelStartFailed
 from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec
 from kernelgw.runtime.execution import QueuedExecution, parse_artifacts
@@ -25,7 +26,7 @@ from kernelgw.runtime.execution_queue import ExecutionQueue
 from kernelgw.runtime.fanout import EventFanout, Published, Subscription
 from kernelgw.runtime.kernel_link import KernelLink
 from kernelgw.runtime.metrics import Metrics
-from kernelgw.runtime.recorder import Recorder
+from kernelgw.runtime.recorder import Recorder, StoredSession
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.runtime.session_state import SessionState, SessionStatus
 
@@ -41,6 +42,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+CUT_OFF_DONE_REASON = (
+    "the gateway stopped while this cell ran; output it sent after the last stored event is lost "
+    "(the kernel and its variables were kept)"
+)
 RECORD_TIMEOUT_S = 10.0
 """Longest a cell's ``done`` waits for its record to be committed; after it the
 ``done`` goes out marked as not stored rather than hanging the session."""
@@ -69,6 +74,7 @@ class KernelSession:
         self._lifecycle = asyncio.Lock()
         self._link = KernelLink(session_id, spec, backend, config)
         self._fanout = EventFanout(config)
+        self._fanout.on_reserve = self.kernel_changed
         self._executions = ExecutionQueue(session_id, self._link, self._fanout, self._status, config, self, metrics)
         self._config = config
 
@@ -175,19 +181,40 @@ class KernelSession:
             self.kernel_changed()
             return None
 
-    async def reattach(self, handle: KernelHandle, execution_count: int, last_seq: int, timeout: float) -> None:
+    async def reattach(self, stored: StoredSession, timeout: float) -> None:
         """Take over a kernel a previous gateway process left running: connect to
-        ``handle`` (already sealed), check it answers within ``timeout`` seconds,
-        and carry on counting from the stored execution count and event seq.
+        its handle (already sealed), check it answers within ``timeout`` seconds,
+        and carry on from the stored execution count and event stream.
 
-        The replay buffer did not survive: a client resuming from an older seq
-        gets a ``gap`` event first."""
+        The replay buffer is refilled from the stored cells, and numbering goes
+        on after the stored reservation: a client resuming from its last
+        ``seq`` gets what it missed, and a ``gap`` for what a crash lost. A cell
+        the previous process was running when it died gets its ``done`` here."""
         async with self._lifecycle:
             self.state = "starting"
-            await self._link.reattach(handle, timeout)
+            await self._link.reattach(stored.handle, timeout)
             self.state = "idle"
-            self.execution_count = execution_count
-            self._fanout.seq = last_seq
+            self.execution_count = stored.execution_count
+            self._fanout.seed(
+                (
+                    (event.seq, event.model_dump_json())
+                    for cell in stored.cells
+                    for event in cell.events
+                    if event.seq is not None
+                ),
+                stored.last_seq,
+            )
+            for cell in stored.cells:
+                if cell.cut_off:
+                    self._fanout.publish(
+                        ev.Done(
+                            execution_id=cell.execution_id,
+                            status="dead",
+                            reason=CUT_OFF_DONE_REASON,
+                            duration_ms=0.0,
+                            state_lost=False,
+                        )
+                    )
         self._executions.start()
 
     async def detach(self) -> None:
@@ -198,7 +225,10 @@ class KernelSession:
                 return
             self.state = "closed"
             unrecorded = await self._executions.stop()
-            self.kernel_changed()  # the counters as they are now, for the next gateway
+            # the counters as they are now, for the next gateway: its numbering
+            # goes on right after the last event sent (no gap after a clean stop)
+            self._fanout.reserved = self._fanout.seq
+            self.kernel_changed()
             self._link.handle = None  # so stop() disconnects without removing the container
             await self._link.stop()
             self._fanout.close_all()
@@ -320,6 +350,11 @@ class KernelSession:
     @property
     def last_seq(self) -> int:
         return self._fanout.seq
+
+    @property
+    def resume_seq(self) -> int:
+        """Where a successor gateway's numbering must continue (see `SEQ_BLOCK`)."""
+        return max(self._fanout.reserved, self._fanout.seq)
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()

@@ -108,3 +108,52 @@ async def test_subscriber_is_bounded_by_bytes_too() -> None:
     assert await live.get() == "x" * 60
     live.offer("y" * 60)
     assert not live.overflowed and live.queued_bytes == 60
+
+
+# ------------------------------------------------------------- continuing a stream after a restart
+
+
+def stored(seqs: list[int]) -> list[tuple[int, str]]:
+    return [(seq, ev.Stream(name="stdout", text=str(seq), seq=seq).model_dump_json()) for seq in seqs]
+
+
+async def test_a_seeded_stream_replays_what_was_stored_and_numbers_on_after_it() -> None:
+    session = make_session(replay=10)
+    session._fanout.seed(stored([1, 2, 3]), seq=3)  # a clean stop: the reservation is the last seq
+    events = drain(session.subscribe(last_seq=1))
+    assert [e["seq"] for e in events] == [2, 3]
+    assert session._fanout.publish(ev.Stream(name="stdout", text="new")).seq == 4
+
+
+async def test_numbers_a_crash_may_have_used_are_a_gap_to_a_resuming_client() -> None:
+    session = make_session(replay=10)
+    session._fanout.seed(stored([1, 2, 3]), seq=10_003)  # the stored reservation after a kill -9
+    session._fanout.publish(ev.Stream(name="stdout", text="after the restart"))
+    events = drain(session.subscribe(last_seq=2))
+    assert [(e["type"], e["seq"]) for e in events] == [("stream", 3), ("gap", None), ("stream", 10_004)]
+    assert (events[1]["first_missing"], events[1]["last_missing"]) == (4, 10_003)
+    # a client that saw numbers the dead process sent and never stored: a gap, never a repeat
+    events = drain(session.subscribe(last_seq=7))
+    assert [(e["type"], e["seq"]) for e in events] == [("gap", None), ("stream", 10_004)]
+    assert (events[0]["first_missing"], events[0]["last_missing"]) == (8, 10_003)
+
+
+async def test_a_seeded_replay_keeps_its_bounds() -> None:
+    session = make_session(replay=3)
+    session._fanout.seed(stored(list(range(1, 11))), seq=10)
+    assert [seq for seq, _ in session._fanout.replay] == [8, 9, 10]
+
+
+async def test_the_reservation_is_renewed_half_a_block_ahead() -> None:
+    from kernelgw.runtime.fanout import SEQ_BLOCK
+
+    session = make_session(replay=1)
+    renewed: list[int] = []
+    session._fanout.on_reserve = lambda: renewed.append(session._fanout.reserved)
+    assert session.resume_seq == SEQ_BLOCK  # a new session's row is written with a whole block reserved
+    for _ in range(SEQ_BLOCK // 2):
+        session._fanout.publish(ev.Stream(name="stdout", text="."))
+    assert renewed == []
+    session._fanout.publish(ev.Stream(name="stdout", text="."))
+    assert renewed == [SEQ_BLOCK // 2 + 1 + SEQ_BLOCK]
+    assert session.resume_seq > session.last_seq
