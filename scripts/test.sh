@@ -37,39 +37,34 @@ run_pytest() {
 
 echo "==> pytest, pass 1 of 2: every test, kernels on runc"
 runc_status=0
-KERNELGW_TEST_RUNTIME=runc run_pytest tests "$@" || runc_status=$?
+KERNELGW_TEST_RUNTIME=runc run_pytest --durations=15 tests "$@" || runc_status=$?
 
-# Pass 2: what depends on the container runtime, with kernels in gVisor. Left
-# out because nothing in them differs by runtime (they are covered by pass 1):
-#   tests/unit                            no engine at all
-#   tests/integration/test_image.py       builds the image and runs it with plain
-#                                         `docker run`, never through the gateway's
-#                                         runtime setting
-#   tests/integration/test_web.py         the web page in Chromium: rendering and
-#                                         page logic over the same REST/WebSocket API
-#   tests/integration/test_langchain.py,  agent-framework adapters (LangChain, MCP,
-#   tests/integration/test_mcp.py,        OpenAI/Anthropic tool calls) that only
-#   tests/integration/test_tool_calls.py  translate calls into that API
-#   tests/integration/test_crash_loop.py  kill -9 of the gateway process at random
-#                                         moments: the gateway's write path, not the
-#                                         kernel's runtime (test_reattach.py covers
-#                                         reattaching gVisor kernels)
-#   the [postgres] variants of the        the storage dialect lives in the gateway;
-#   storage tests (-k "not postgres")     their [sqlite] twins run the same kernels
-runsc_tests=(tests/integration
-  --ignore=tests/integration/test_image.py
-  --ignore=tests/integration/test_web.py
-  --ignore=tests/integration/test_langchain.py
-  --ignore=tests/integration/test_mcp.py
-  --ignore=tests/integration/test_tool_calls.py
-  --ignore=tests/integration/test_crash_loop.py
-  -k "not postgres"
-  tests/security)
+# Pass 2: what depends on the container runtime, with kernels in gVisor: what the
+# kernel can reach and do (sandbox, seccomp, limits, signals, files and packages
+# through exec, workspace scans, reattaching its sockets) and the adversarial
+# suite. Everything else ran in pass 1 and does not differ by runtime: it is the
+# gateway's own logic over the same kernel protocol (history and its storage
+# dialects, WebSocket fan-out, SDK, admission, keys, ownership, trust of kernel
+# messages, drain, the image build, the web page, agent adapters, crash loops of
+# the gateway process).
+runsc_tests=(
+  tests/integration/test_sandbox.py
+  tests/integration/test_seccomp.py
+  tests/integration/test_runtime_choice.py
+  tests/integration/test_sessions.py
+  tests/integration/test_execution.py
+  tests/integration/test_timeouts.py
+  tests/integration/test_files.py
+  tests/integration/test_packages.py
+  tests/integration/test_artifacts.py
+  tests/integration/test_reattach.py
+  tests/security
+  -k "not postgres")
 echo "==> pytest, pass 2 of 2: core integration and adversarial suites, kernels on gVisor (runsc)"
 runsc_status=0
 # its artefacts (notebooks, screenshots) go next to pass 1's, not over them
 KERNELGW_TEST_RUNTIME=runsc KERNELGW_TEST_OUTPUT=test-output/runsc \
-  run_pytest -p no:cacheprovider "${runsc_tests[@]}" "$@" || runsc_status=$?
+  run_pytest -p no:cacheprovider --durations=15 "${runsc_tests[@]}" "$@" || runsc_status=$?
 
 echo "==> static checks: $([ "$lint_status" -eq 0 ] && echo passed || echo FAILED);" \
   "runc pass: $([ "$runc_status" -eq 0 ] && echo passed || echo "FAILED (exit $runc_status)");" \
