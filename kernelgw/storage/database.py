@@ -1,0 +1,147 @@
+"""The store's database: opened, set up once it answers, and opened again after a fault.
+
+A database that is down at start-up (or goes down later) is set up again at
+most every `RECONNECT_INTERVAL_S`, on the next write or read. A SQLite file
+deleted or replaced under a running gateway is noticed at commit
+(`FileIdentity`) and opened afresh at its path: SQLite would otherwise keep
+writing into the unlinked inode and every commit would "succeed" into nowhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from kernelgw.storage import schema
+from kernelgw.storage.engine import create_sqlite_writer_engine, create_store_engine, sqlite_file
+from kernelgw.storage.health import FileIdentity
+
+log = logging.getLogger(__name__)
+
+RECONNECT_INTERVAL_S = 5.0
+"""How often a store whose database failed tries to set it up again."""
+
+
+def _migrate(conn: Any) -> None:
+    """Add the columns newer releases added to tables an older one created."""
+    from sqlalchemy import inspect, text
+
+    inspector = inspect(conn)
+    for table, columns in schema.MIGRATIONS.items():
+        present = {c["name"] for c in inspector.get_columns(table)}
+        for name, sql_type in columns.items():
+            if name not in present:
+                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}"))
+                log.info("storage: added column %s.%s", table, name)
+
+
+class Database:
+    """One database URL: its engines, whether its tables are set up, and which file it opened."""
+
+    def __init__(self, url: str, durability: str) -> None:
+        self.url = url
+        self.durability = durability
+        self.engine: AsyncEngine | None = None
+        self.ready = False
+        """The tables are set up and the latest commit did not find the database gone."""
+        self._last_attempt = 0.0
+        self._file_identity: FileIdentity | None = None
+        self._sqlite_writer: Engine | None = None
+        """SQLite only: a sync engine the writer thread commits a whole batch on, in
+        one hop off the event loop (aiosqlite would take about six per commit)."""
+
+    @property
+    def display_url(self) -> str:
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    @property
+    def sqlite_file(self) -> Path | None:
+        return sqlite_file(self.url)
+
+    def open(self) -> None:
+        """Make the engine (connects lazily)."""
+        self.engine = create_store_engine(self.url, self.durability)
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await self.engine.dispose()
+            self.engine = None
+        self._dispose_sqlite_writer()
+        self.ready = False
+
+    async def ensure_ready(self, force: bool = False) -> bool:
+        """Set the tables up when not done yet; retried at most every few seconds."""
+        if self.ready:
+            return True
+        if self.engine is None:
+            return False
+        now = time.monotonic()
+        if not force and now - self._last_attempt < RECONNECT_INTERVAL_S:
+            return False
+        self._last_attempt = now
+        try:
+            async with self.engine.begin() as conn:
+                await conn.run_sync(schema.metadata.create_all)
+                await conn.run_sync(_migrate)
+        except Exception as exc:
+            log.error("history storage at %s is unavailable: %s", self.display_url, exc)
+            return False
+        self.ready = True
+        if (path := self.sqlite_file) is not None:
+            self._file_identity = await asyncio.to_thread(FileIdentity.of, path)
+        log.info("history storage: %s", self.display_url)
+        return True
+
+    def sqlite_writer_engine(self) -> Engine | None:
+        """The writer thread's sync engine (SQLite files only), made on first use."""
+        path = self.sqlite_file
+        if path is None:
+            return None
+        if self._sqlite_writer is None:
+            self._sqlite_writer = create_sqlite_writer_engine(path, self.durability)
+        return self._sqlite_writer
+
+    def _dispose_sqlite_writer(self) -> None:
+        if self._sqlite_writer is not None:
+            self._sqlite_writer.dispose()
+            self._sqlite_writer = None
+
+    def check_file(self) -> None:
+        """Raise `DatabaseFileReplaced` when the SQLite path no longer names the opened file (blocking)."""
+        path, identity = self.sqlite_file, self._file_identity
+        if path is not None and identity is not None:
+            identity.check(path)
+
+    async def reopen(self) -> None:
+        """Open the database at its path again (a new file, with its tables, when it was deleted)."""
+        if self.engine is not None:
+            await self.engine.dispose()
+        self._dispose_sqlite_writer()
+        self.ready = False
+        self._file_identity = None
+        try:
+            self.open()
+        except OSError as exc:  # the directory cannot be made again (yet)
+            log.error("history storage: cannot reopen %s: %s", self.display_url, exc)
+            return
+        await self.ensure_ready(force=True)
+
+    async def recheck(self) -> None:
+        """After a failed commit: set the database up again on the next try unless it still answers."""
+        self.ready = await self._reachable()
+
+    async def _reachable(self) -> bool:
+        assert self.engine is not None
+        try:
+            async with self.engine.connect() as conn:
+                await conn.run_sync(lambda c: None)
+            return True
+        except Exception:
+            return False

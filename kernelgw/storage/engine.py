@@ -1,0 +1,83 @@
+"""Database URLs and engines: which driver, and how SQLite is tuned.
+
+Users write ``sqlite://`` or ``postgresql://``; the store always talks through
+the async drivers (aiosqlite, asyncpg), plus, on SQLite, one sync engine for
+the writer thread (a whole batch per hop off the event loop).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+if TYPE_CHECKING:
+    from kernelgw.config import Settings
+
+DB_FILE = "kernelgw.db"
+_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}
+
+
+def async_database_url(url: str) -> str:
+    """``postgresql://`` -> ``postgresql+asyncpg://``, ``sqlite://`` -> ``sqlite+aiosqlite://``;
+    URLs that already name a driver are kept."""
+    parsed = make_url(url)
+    backend, _, driver = parsed.drivername.partition("+")
+    if backend not in _ASYNC_DRIVERS:
+        raise ValueError(f"database_url must be a sqlite:// or postgresql:// URL, not {backend}://")
+    if not driver or driver in ("psycopg2", "pysqlite", "psycopg"):
+        parsed = parsed.set(drivername=_ASYNC_DRIVERS[backend])
+    return parsed.render_as_string(hide_password=False)
+
+
+def database_url_for(settings: Settings) -> str:
+    """The settings' ``database_url``, else a SQLite file in ``data_dir``."""
+    if settings.database_url:
+        return async_database_url(settings.database_url)
+    return f"sqlite+aiosqlite:///{Path(settings.data_dir).expanduser().resolve() / DB_FILE}"
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names; None for PostgreSQL and in-memory SQLite."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database).expanduser()
+
+
+def create_store_engine(url: str, durability: str) -> AsyncEngine:
+    """The async engine of the store (a SQLite file's directory is made first)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if (path := sqlite_file(url)) is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(parsed, connect_args={"timeout": 30})
+        sqlite_pragmas(engine.sync_engine, durability)
+        return engine
+    return create_async_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5, connect_args={"timeout": 10})
+
+
+def create_sqlite_writer_engine(path: Path, durability: str) -> Engine:
+    """The writer thread's sync engine on the same file (shared across threads)."""
+    engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": 30, "check_same_thread": False})
+    sqlite_pragmas(engine, durability)
+    return engine
+
+
+def sqlite_pragmas(engine: Engine, durability: str) -> None:
+    """Set every new connection's journal and sync mode."""
+    synchronous = "FULL" if durability == "fsync" else "NORMAL"
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+        # WAL: readers (exports) do not wait for the writer, nor it for them.
+        # NORMAL: a commit is in the OS once it returns (survives a process
+        # crash); FULL also fsyncs the WAL at every commit (survives power loss).
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()

@@ -1,0 +1,86 @@
+"""What a restarted gateway reattaches from: each open session's kernel, in its row.
+
+The session row keeps the kernel's container id, its connection dict (with the
+kernel's HMAC key: protect the store), socket directory, spec and timeout, and
+the counters the session had reached. A gateway of the same name reads them
+back at start (`Store.open_sessions`) and reattaches or ends each session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Row, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from kernelgw.runtime.backends.base import KernelHandle, KernelSpec
+from kernelgw.runtime.recorder import StoredSession
+from kernelgw.storage import schema
+from kernelgw.storage.records import as_utc
+
+if TYPE_CHECKING:
+    from kernelgw.runtime.recorder import RecordedSession
+
+CRASHED_REASON = "the gateway stopped without ending the session"
+
+
+def kernel_values(session: RecordedSession) -> dict[str, Any]:
+    """The session row's columns a restarted gateway reattaches from (the
+    connection dict holds the kernel's HMAC key)."""
+    handle = session.handle
+    if handle is None:
+        return {}
+    kernel = {
+        "kernel_id": handle.kernel_id,
+        "conn_dir": str(handle.conn_dir),
+        "connection": handle.connection,
+        "spec": dataclasses.asdict(session.spec),
+        "exec_timeout_s": session.config.exec_timeout_s,
+    }
+    return {
+        "container_id": handle.container_id,
+        "kernel": json.dumps(kernel),
+        "execution_count": session.execution_count,
+        "last_seq": session.last_seq,
+    }
+
+
+def stored_session(row: Any) -> StoredSession:
+    """A session row back as what the manager reattaches; raises ValueError,
+    KeyError or TypeError when its kernel column is unreadable."""
+    kernel = json.loads(row.kernel)
+    spec = KernelSpec(**kernel["spec"])
+    handle = KernelHandle(
+        kernel_id=kernel["kernel_id"],
+        session_id=row.id,
+        container_id=row.container_id,
+        conn_dir=Path(kernel["conn_dir"]),
+        connection=dict(kernel["connection"]),
+    )
+    return StoredSession(
+        session_id=row.id,
+        owner=row.owner,
+        created_at=as_utc(row.created_at) if row.created_at is not None else datetime.now(UTC),
+        handle=handle,
+        spec=spec,
+        exec_timeout_s=float(kernel["exec_timeout_s"]),
+        execution_count=row.execution_count or 0,
+        last_seq=row.last_seq or 0,
+    )
+
+
+async def open_session_rows(conn: AsyncConnection, gateway_name: str) -> Sequence[Row[Any]]:
+    """The open sessions of ``gateway_name``, after ending those stored without a
+    kernel (by a release before reattachment: nothing to reattach)."""
+    s = schema.sessions
+    await conn.execute(
+        update(s)
+        .where(s.c.gateway_name == gateway_name, s.c.ended_at.is_(None), s.c.kernel.is_(None))
+        .values(ended_at=datetime.now(UTC), end_reason=CRASHED_REASON)
+    )
+    return (await conn.execute(select(s).where(s.c.gateway_name == gateway_name, s.c.ended_at.is_(None)))).all()

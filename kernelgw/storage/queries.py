@@ -1,0 +1,75 @@
+"""Reading the history back: a session, its executions in order, its notes.
+
+Plain functions of an engine; the store calls them once its queue is flushed
+(`Store.read_engine`), so a client always reads its own writes.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from kernelgw.storage import schema
+from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
+
+
+def _utc(value: datetime | None) -> datetime:
+    return as_utc(value) if value is not None else datetime.now(UTC)
+
+
+async def get_session(engine: AsyncEngine, session_id: str) -> SessionRecord | None:
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(schema.sessions).where(schema.sessions.c.id == session_id))).first()
+    if row is None:
+        return None
+    return SessionRecord(
+        id=row.id,
+        gateway_name=row.gateway_name,
+        image=row.image,
+        created_at=_utc(row.created_at),
+        ended_at=as_utc(row.ended_at) if row.ended_at is not None else None,
+        end_reason=row.end_reason,
+        language_info=json.loads(row.language_info or "{}"),
+        owner=row.owner,
+    )
+
+
+async def list_executions(engine: AsyncEngine, session_id: str) -> list[ExecutionRecord]:
+    t = schema.executions
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(t).where(t.c.session_id == session_id).order_by(t.c.position, t.c.id))).all()
+    return [
+        ExecutionRecord(
+            session_id=row.session_id,
+            position=row.position,
+            execution_id=row.execution_id,
+            seq=row.seq,
+            code=row.code,
+            status=row.status,
+            execution_count=row.execution_count,
+            started_at=_utc(row.started_at),
+            duration_ms=row.duration_ms,
+            reason=row.reason,
+            state_lost=bool(row.state_lost),
+            events_json=row.events,
+        )
+        for row in rows
+    ]
+
+
+async def list_notes(engine: AsyncEngine, session_id: str) -> list[NoteRecord]:
+    t = schema.notes
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(t).where(t.c.session_id == session_id).order_by(t.c.after_seq, t.c.id))).all()
+    return [
+        NoteRecord(
+            session_id=row.session_id,
+            after_seq=row.after_seq,
+            markdown=row.markdown,
+            created_at=_utc(row.created_at),
+        )
+        for row in rows
+    ]

@@ -1,0 +1,273 @@
+"""The history writer: one task commits queued writes in order, in batches.
+
+Recorder calls only queue (`Writer.enqueue` never waits), so the event loop is
+never held up by the database. On a SQLite file a batch is committed in one
+writer thread, in one hop; on PostgreSQL over asyncpg. A write somebody waits
+on (a cell's end, a note) gets its future resolved only after the commit:
+acknowledged means stored. Rows nobody waits on linger briefly to share such a
+commit.
+
+A database that cannot write holds the batch back (bounded) and retries it
+before anything newer; a row the database refuses is dropped alone, loudly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from kernelgw.errors import StorageUnavailable
+from kernelgw.storage.database import Database
+from kernelgw.storage.health import DatabaseFileReplaced, WriteHealth
+from kernelgw.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
+
+BATCH = 200
+"""Most rows committed in one transaction."""
+LINGER_S = 0.02
+"""Longest rows nobody waits on are held for one that somebody waits on: also how
+long a cell runs before its ``running`` row is committed (a gateway killed sooner
+leaves no row for it: it was never answered)."""
+RETRY_INTERVAL_S = 1.0
+"""How often the writer retries rows a storage fault kept back."""
+CLOSE_TIMEOUT_S = 30.0
+"""Longest a shutdown waits for queued rows to be committed."""
+
+Write = Callable[[AsyncConnection], Awaitable[Any]]
+
+
+class HistoryWriteAwaitedElsewhere(RuntimeError):
+    """A queued write awaited something other than the database: it cannot run in the writer thread."""
+
+
+class _InThread:
+    """An `AsyncConnection` stand-in over a sync connection, so a `Write` runs in the
+    SQLite writer thread: its ``await conn.execute(...)`` never suspends."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    async def execute(self, statement: Any, *args: Any) -> Any:
+        return self._conn.execute(statement, *args)
+
+
+def _run_to_end(write: Write, conn: Connection) -> Any:
+    """Run ``write`` to its end without an event loop (it awaits only `_InThread`)."""
+    steps = write(cast(AsyncConnection, _InThread(conn))).__await__()
+    try:
+        steps.send(None)
+    except StopIteration as end:
+        return end.value
+    steps.close()
+    raise HistoryWriteAwaitedElsewhere("a history write awaited something other than the database")
+
+
+async def _nothing(conn: AsyncConnection) -> None:
+    """A write that only ends the writer's wait for more rows (`Writer.flush`)."""
+
+
+@dataclass
+class _Op:
+    what: str
+    write: Write
+    future: asyncio.Future[Any] | None = None
+    queued_at: float = field(default_factory=time.perf_counter)
+
+
+class Writer:
+    """The queue of history writes and the task that commits them."""
+
+    def __init__(self, db: Database, max_pending: int) -> None:
+        self.db = db
+        self.health = WriteHealth()
+        self._queue: asyncio.Queue[_Op] = asyncio.Queue(max_pending)
+        self._held: list[_Op] = []
+        """Rows a storage fault kept back, oldest first: retried before newer ones."""
+        self._lingering = False
+        """The writer is holding rows nobody waits on for a moment (`_linger`)."""
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="history-writer")
+        self._task: asyncio.Task[None] | None = None
+        self.write_latency_ms: list[float] = []
+        """Queue-to-commit time of recent rows (kept for measurements, bounded)."""
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    @property
+    def holding(self) -> bool:
+        """Rows are held back by a storage fault (readers would not see them)."""
+        return bool(self._held)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._write_loop(), name="history-writer")
+
+    async def close(self) -> None:
+        """Commit what is queued (for a while), then stop the task and its thread."""
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.flush()
+        except TimeoutError:
+            log.error("history storage: %d rows not written at shutdown", self._queue.qsize())
+        await cancel_and_wait(self._task)
+        self._task = None
+        self._thread.shutdown(wait=False)  # its thread ends; a fresh one if started again
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="history-writer")
+
+    def enqueue(self, what: str, write: Write, future: asyncio.Future[Any] | None = None) -> None:
+        """Queue a write for the writer task; never waits (a full queue drops it, loudly)."""
+        try:
+            self._queue.put_nowait(_Op(what, write, future))
+        except asyncio.QueueFull:
+            log.error("history storage is %d rows behind; dropped %s", self._queue.maxsize, what)
+            if future is not None and not future.done():
+                future.set_exception(StorageUnavailable("The history storage is overloaded; retry later."))
+
+    async def flush(self) -> None:
+        """Wait until every row queued so far is committed (or dropped)."""
+        if self.running:
+            if self._lingering:  # a reader waits: commit now
+                self.enqueue("flush", _nothing, asyncio.get_running_loop().create_future())
+            await self._queue.join()
+
+    async def _write_loop(self) -> None:
+        while True:
+            batch = self._held
+            self._held = []
+            try:
+                wait = RETRY_INTERVAL_S if batch else None  # held rows: retry them soon
+                new = [await asyncio.wait_for(self._queue.get(), wait)]
+            except TimeoutError:
+                new = []
+            self._take_queued(new)
+            if new and not batch:
+                await self._linger(new)
+            try:
+                await self._write(batch + new)
+            finally:
+                for _ in new:
+                    self._queue.task_done()
+
+    def _take_queued(self, new: list[_Op]) -> None:
+        while len(new) < BATCH:
+            try:
+                new.append(self._queue.get_nowait())
+            except asyncio.QueueEmpty:
+                break
+
+    async def _linger(self, new: list[_Op]) -> None:
+        """Rows nobody waits on (a cell's start, audit) wait up to `LINGER_S` for
+        one somebody waits on (a cell's end, a note, a reader's flush), so they share
+        its commit: a fast cell pays one commit on its answer's path, not two."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LINGER_S
+        self._lingering = True
+        try:
+            while len(new) < BATCH and all(op.future is None for op in new):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return
+                try:
+                    async with asyncio.timeout(remaining):
+                        new.append(await self._queue.get())
+                except TimeoutError:
+                    return
+                self._take_queued(new)
+        finally:
+            self._lingering = False
+
+    def _commit_in_thread(self, engine: Engine, batch: Sequence[_Op]) -> list[Any]:
+        """The writer thread: one transaction for the whole batch (blocking)."""
+        with engine.begin() as conn:
+            results = [_run_to_end(op.write, conn) for op in batch]
+            self.db.check_file()
+        return results
+
+    async def _write(self, batch: Sequence[_Op]) -> None:
+        """Commit ``batch``; a row the database refuses is dropped, a database that
+        cannot write holds the batch back for the next try (and fails its futures:
+        nobody is told a row is stored before it is)."""
+        db = self.db
+        if not await db.ensure_ready():
+            self._hold(batch, "the database does not answer")
+            if (path := db.sqlite_file) is not None:  # a deleted data directory: make it again
+                await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+            return
+        assert db.engine is not None
+        committed = False
+        try:
+            if (writer := db.sqlite_writer_engine()) is not None:
+                loop = asyncio.get_running_loop()
+                results = await loop.run_in_executor(self._thread, self._commit_in_thread, writer, batch)
+                committed = True
+                self._committed(batch, results)
+                return
+            async with db.engine.connect() as conn:
+                async with conn.begin():
+                    results = [await op.write(conn) for op in batch]
+                    if db.sqlite_file is not None:
+                        await asyncio.to_thread(db.check_file)
+                committed = True
+                # answer the waiting cells now, not after the connection's return to the pool
+                self._committed(batch, results)
+        except Exception as exc:
+            if not committed:
+                await self._failed(batch, exc)
+            else:
+                log.exception("history storage: releasing a connection after a commit failed")
+
+    async def _failed(self, batch: Sequence[_Op], exc: Exception) -> None:
+        """Sort out a batch whose transaction raised ``exc``."""
+        if isinstance(exc, IntegrityError | DataError):
+            if len(batch) > 1:  # find the bad row; keep the others
+                for op in batch:
+                    await self._write([op])
+                return
+            log.error("history storage: writing %s failed", batch[0].what, exc_info=exc)
+            self._drop(batch, "the database refused the row")
+        elif isinstance(exc, DatabaseFileReplaced):
+            self._hold(batch, str(exc))
+            await self.db.reopen()
+        else:
+            self._hold(batch, f"{type(exc).__name__}: {exc}")
+            await self.db.recheck()
+
+    def _committed(self, batch: Sequence[_Op], results: Sequence[Any]) -> None:
+        if self.health.succeeded():
+            log.warning("history storage: writes succeed again (%d rows were held back)", len(batch))
+        done = time.perf_counter()
+        for op, result in zip(batch, results, strict=True):
+            if len(self.write_latency_ms) < 100000:
+                self.write_latency_ms.append((done - op.queued_at) * 1000)
+            if op.future is not None and not op.future.done():
+                op.future.set_result(result)
+
+    def _hold(self, batch: Sequence[_Op], why: str) -> None:
+        """Keep ``batch`` for a retry (bounded: past ``max_pending`` the oldest go) and report the fault."""
+        if self.health.failed(why):
+            log.error("history storage at %s cannot write: %s", self.db.display_url, why)
+        for op in batch:
+            if op.future is not None and not op.future.done():
+                op.future.set_exception(StorageUnavailable(f"The history storage cannot write ({why}); retry later."))
+        self._held = [*batch, *self._held]
+        if len(self._held) > self._queue.maxsize:
+            excess = len(self._held) - self._queue.maxsize
+            self._drop(self._held[:excess], "too many rows held back by a storage fault")
+            del self._held[:excess]
+
+    @staticmethod
+    def _drop(batch: Sequence[_Op], why: str) -> None:
+        log.warning("history storage: dropped %d rows (%s)", len(batch), why)
+        for op in batch:
+            if op.future is not None and not op.future.done():
+                op.future.set_exception(StorageUnavailable(f"The history storage failed: {why}."))
