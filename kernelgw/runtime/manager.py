@@ -216,7 +216,7 @@ class SessionManager:
 
     async def _start_session(self, opts: SessionOptions, quotas: KeyQuotas | None = None) -> KernelSession:
         """A started kernel session (not yet registered): what pools hold."""
-        session_id = uuid.uuid4().hex
+        session_id = str(uuid.uuid4())  # dashed: Jupyter clients route only kernel ids of this shape
         spec = self._spec(session_id, opts, quotas)
         session = KernelSession(
             session_id, spec, self.backend, self._session_config(opts, quotas), self.recorder, self.metrics

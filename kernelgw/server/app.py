@@ -143,6 +143,14 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.include_router(routes.router)
     app.include_router(ws.router)
     app.include_router(history.router)
+    # --- Jupyter's kernels API (/api/kernelspecs, /api/kernels, channels) on the same sessions
+    from kernelgw.server.jupyter import channels as jupyter_channels
+    from kernelgw.server.jupyter import rest as jupyter_rest
+
+    app.include_router(jupyter_rest.public)
+    app.include_router(jupyter_rest.router)
+    app.include_router(jupyter_channels.router)
+    # ---
     # --- workspace files and packages
     from kernelgw.server import files, packages
 

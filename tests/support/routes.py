@@ -14,6 +14,7 @@ PUBLIC = frozenset(
     {
         ("GET", "/healthz"),
         ("GET", "/readyz"),  # load balancers' readiness probe, like /healthz
+        ("GET", "/api"),  # Jupyter's API version, public as in Jupyter Server
         # the web page and its assets (it asks for a key itself)
         ("GET", "/"),
         ("GET", "/favicon.ico"),
@@ -27,7 +28,13 @@ PUBLIC = frozenset(
 )
 """Everything reachable without a key. Anything else must answer 401 without one."""
 
-SAMPLE_PARAMS = {"session_id": "0123456789abcdef", "path": "a.txt", "key_id": "0123456789ab", "name": "app.js"}
+SAMPLE_PARAMS = {
+    "session_id": "0123456789abcdef",
+    "kernel_id": "01234567-89ab-cdef-0123-456789abcdef",
+    "path": "a.txt",
+    "key_id": "0123456789ab",
+    "name": "app.js",
+}
 
 
 @dataclass(frozen=True)

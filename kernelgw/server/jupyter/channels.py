@@ -1,0 +1,395 @@
+"""The channels WebSocket, ``/api/kernels/{id}/channels``: a Jupyter client's
+shell, iopub, stdin and control to the session's kernel.
+
+Each connection gets its own ZMQ sockets to the kernel, as in Jupyter Server:
+replies (shell, control, stdin's input requests) reach only the connection
+whose request caused them, and every connection receives the kernel's iopub.
+So no routing table is shared between clients, and a connection only ever
+has sockets to its own session's kernel.
+
+What a client sends is parsed and checked (`wire`: known channel and message
+type, a well-formed header) and signed by the gateway with the kernel's key;
+anything else is dropped and logged, as Jupyter Server does, and never ends
+another client's connection. Code sent in an ``execute_request`` passes the
+same admission as /v1 (code size, code policy, the key's rate): a refused one
+gets an ``error`` and an ``execute_reply`` with status ``error``. What the
+kernel sends is untrusted: the /v1 output caps apply (`caps`).
+
+The /v1 session's own connection ignores messages that answer these requests
+(it routes by its own ``msg_id``s), so /v1 executions and Jupyter ones share
+the kernel, which runs one shell request at a time.
+
+A restart (from either face, or after a timeout) replaces the kernel's
+container: the connection notices the new kernel and reconnects to it; the
+session's deletion closes the socket (1001).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import zmq
+import zmq.asyncio
+from fastapi import APIRouter, WebSocket
+from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.connect import KernelConnectionInfo
+from starlette.websockets import WebSocketDisconnect
+from zmq.utils.monitor import parse_monitor_message
+
+from kernelgw.errors import KernelGWError, Unauthorized
+from kernelgw.keys import Principal
+from kernelgw.runtime.backends.base import KernelHandle
+from kernelgw.runtime.kernel_link import RECEIVE_HWM, RETRY_GRACE_S
+from kernelgw.runtime.session import KernelSession
+from kernelgw.server.admission import admit
+from kernelgw.server.auth import same_origin
+from kernelgw.server.jupyter import caps, kernels, wire
+from kernelgw.server.state import GatewayState, gateway_state
+from kernelgw.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY = 1008
+CLOSE_SERVICE_RESTART = 1012
+NUDGE_TIMEOUT_S = 10.0
+WATCH_INTERVAL_S = 0.1
+
+
+@router.websocket("/api/kernels/{kernel_id}/channels")
+async def channels(websocket: WebSocket, kernel_id: str, session_id: str | None = None) -> None:
+    """Refusals come after accepting, as close codes, as on /v1 (browsers never
+    see a refused handshake's status): 4401 no valid key or token, 4403 a page
+    from another origin, 4404 no such kernel (or another key's)."""
+    state = gateway_state(websocket)
+    if not same_origin(websocket.headers.get("origin"), websocket.headers.get("host"), state.settings.allowed_origins):
+        await _refuse(websocket, CLOSE_FORBIDDEN, "this origin may not open kernels")
+        return
+    try:
+        principal = await kernels.authenticate(websocket)
+    except Unauthorized as exc:
+        await _refuse(websocket, CLOSE_UNAUTHORIZED, exc.message)
+        return
+    try:
+        session = kernels.find(state, principal, kernel_id)
+    except KernelGWError as exc:
+        await _refuse(websocket, CLOSE_NOT_FOUND, exc.message)
+        return
+    offered = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+    v1 = wire.V1_PROTOCOL in offered
+    await websocket.accept(subprotocol=wire.V1_PROTOCOL if v1 else None)
+    conn = ChannelsConnection(websocket, session, state, principal, v1=v1, client_session=session_id)
+    await conn.run()
+
+
+async def _refuse(websocket: WebSocket, code: int, reason: str) -> None:
+    await websocket.accept()
+    await websocket.close(code=code, reason=reason[:120])
+
+
+class ChannelsConnection:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        session: KernelSession,
+        state: GatewayState,
+        principal: Principal,
+        *,
+        v1: bool,
+        client_session: str | None = None,
+    ) -> None:
+        self.websocket = websocket
+        self.session = session
+        self.state = state
+        self.principal = principal
+        self.v1 = v1
+        self.client_session = client_session
+        config = session.config
+        self.caps = caps.OutputCaps(config.max_output_bytes, config.max_image_bytes)
+        self._outbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
+        self._outbox_bytes = 0
+        self._max_outbox_bytes = state.settings.subscriber_max_bytes
+        self._kc: AsyncKernelClient | None = None
+        self._handle: KernelHandle | None = None
+        self._readers: list[asyncio.Task[None]] = []
+        self._ready = asyncio.Event()
+        self._nudges: set[str] = set()
+        self._nudged = asyncio.Event()
+        self._last_parent: dict[str, Any] = {}
+        self._dead_sent = False
+        self.close_code = CLOSE_GOING_AWAY
+        self.close_reason = "kernel closed"
+
+    # ------------------------------------------------------------ lifecycle
+    async def run(self) -> None:
+        clients = kernels.connections(self.session)
+        clients.add(self)
+        sub = self.session.subscribe()  # a watcher keeps the session from being reaped; ends at delete
+        tasks = {
+            asyncio.create_task(self._send_loop(), name="jupyter-ws-send"),
+            asyncio.create_task(self._receive_loop(), name="jupyter-ws-receive"),
+            asyncio.create_task(self._watch_kernel(), name="jupyter-ws-kernel"),
+            asyncio.create_task(self._watch_session(sub), name="jupyter-ws-session"),
+            asyncio.create_task(self._watch_drain(), name="jupyter-ws-drain"),
+        }
+        if self.principal.key_id is not None:
+            tasks.add(asyncio.create_task(self._watch_key(self.principal.key_id), name="jupyter-ws-key"))
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            clients.discard(self)
+            self.session.unsubscribe(sub)
+            await cancel_and_wait(*tasks)
+            await self._disconnect()
+            with contextlib.suppress(Exception):
+                await self.websocket.close(code=self.close_code, reason=self.close_reason)
+
+    async def _connect(self, handle: KernelHandle) -> None:
+        """Sockets of our own to the kernel behind ``handle``, then the nudge."""
+        await self._disconnect()
+        context = zmq.asyncio.Context.instance()
+        context.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        context.setsockopt(zmq.MAXMSGSIZE, self.session.config.max_message_bytes)
+        kc = AsyncKernelClient(context=context)
+        kc.load_connection_info(cast(KernelConnectionInfo, handle.connection))
+        kc.start_channels(shell=True, iopub=True, stdin=True, hb=False, control=True)
+        self._kc, self._handle = kc, handle
+        self._dead_sent = False
+        self._readers = [
+            asyncio.create_task(self._read("iopub", kc.get_iopub_msg)),
+            asyncio.create_task(self._read("shell", kc.get_shell_msg)),
+            asyncio.create_task(self._read("control", kc.get_control_msg)),
+            asyncio.create_task(self._read("stdin", kc.get_stdin_msg)),
+            asyncio.create_task(self._watch_oversized(kc.iopub_channel.socket)),
+        ]
+        await self._nudge(kc)
+        self._ready.set()
+
+    async def _disconnect(self) -> None:
+        self._ready.clear()
+        with contextlib.suppress(Exception):
+            if self._kc is not None:
+                self._kc.iopub_channel.socket.disable_monitor()
+        await cancel_and_wait(*self._readers)
+        self._readers = []
+        if self._kc is not None:
+            kc, self._kc = self._kc, None
+            with contextlib.suppress(Exception):
+                kc.stop_channels()
+
+    async def _nudge(self, kc: AsyncKernelClient) -> None:
+        """kernel_info on control until an iopub message comes back: our SUB socket
+        has joined, so no output of the client's first request is lost."""
+        self._nudged.clear()
+        deadline = time.monotonic() + NUDGE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            request = kc.session.msg("kernel_info_request")
+            if len(self._nudges) >= 256:
+                self._nudges.clear()
+            self._nudges.add(request["header"]["msg_id"])
+            kc.control_channel.send(request)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.3):
+                    await self._nudged.wait()
+                    return
+        log.warning("session %s: the kernel's iopub did not answer the channels nudge", self.session.id)
+
+    # ------------------------------------------------------------ watchers
+    async def _watch_kernel(self) -> None:
+        """Follow the session's kernel: connect at first, reconnect after a restart."""
+        while True:
+            handle = self.session.handle
+            if self.session.state == "closed":
+                return
+            if handle is not None and handle is not self._handle and self.session.state in ("idle", "busy"):
+                await self._connect(handle)
+            elif handle is None and self._handle is not None:
+                self._handle = None
+                await self._disconnect()
+            if self.session.state == "dead" and not self._dead_sent:
+                self._dead_sent = True
+                self._send_kernel("iopub", caps.gateway_message("status", {}, {"execution_state": "dead"}))
+            await asyncio.sleep(WATCH_INTERVAL_S)
+
+    async def _watch_session(self, sub: Any) -> None:
+        while await sub.get() is not None:
+            pass  # /v1 events are not this face's; the end of the stream is the session's
+
+    async def _watch_drain(self) -> None:
+        await self.state.drain.wait_closing()
+        self.close_code, self.close_reason = CLOSE_SERVICE_RESTART, "the gateway is restarting"
+
+    async def _watch_key(self, key_id: str) -> None:
+        auth = self.state.auth
+        interval = max(auth.settings.auth_cache_s, 1.0)
+        while True:
+            await asyncio.sleep(interval)
+            if not await auth.key_active(key_id):
+                self.close_code, self.close_reason = CLOSE_POLICY, "the API key was revoked"
+                return
+
+    async def _watch_oversized(self, sock: zmq.asyncio.Socket) -> None:
+        """ZMQ drops a connection that sent a frame over the size cap and does not
+        reconnect it (see `KernelLink._watch_oversized`): reconnect iopub, and tell
+        the client output was lost."""
+        endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
+        try:
+            while True:
+                if parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_DISCONNECTED:
+                    continue
+                try:
+                    async with asyncio.timeout(RETRY_GRACE_S):
+                        while (
+                            parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_CONNECT_RETRIED
+                        ):
+                            pass
+                    continue
+                except TimeoutError:
+                    pass
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disconnect(endpoint)
+                sock.connect(endpoint)
+                limit = self.session.config.max_message_bytes
+                self._send_kernel(
+                    "iopub",
+                    caps.truncation_note(
+                        self._last_parent,
+                        f"the kernel sent a message larger than {limit} bytes; it was dropped, and output "
+                        "until the connection recovered may be missing (the code kept running)",
+                    ),
+                )
+        finally:
+            monitor.close(linger=0)
+
+    # ------------------------------------------------------------ kernel -> client
+    async def _read(self, channel: str, get: Callable[[], Awaitable[Any]]) -> None:
+        while True:
+            try:
+                msg = await get()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("session %s: dropped an invalid %s message (%s)", self.session.id, channel, exc)
+                continue
+            if not (isinstance(msg, dict) and isinstance(msg.get("header"), dict) and "msg_type" in msg["header"]):
+                continue
+            parent = msg.get("parent_header") or {}
+            if not isinstance(parent, dict):
+                continue
+            if parent.get("msg_id") in self._nudges:
+                if channel == "iopub":
+                    self._nudged.set()
+                continue
+            if channel == "iopub":
+                if parent:
+                    self._last_parent = parent
+                if msg["header"]["msg_type"] == "status":
+                    state = (msg.get("content") or {}).get("execution_state")
+                    if isinstance(state, str):
+                        kernels.status_seen(self.session, state)
+                for out in self.caps.apply(msg):
+                    self._send_kernel(channel, out)
+            else:
+                self._send_kernel(channel, msg)
+
+    def _send_kernel(self, channel: str, msg: dict[str, Any]) -> None:
+        try:
+            frame = wire.to_v1_frame(channel, msg) if self.v1 else wire.to_json_frame(channel, msg)
+        except (TypeError, ValueError) as exc:
+            log.warning("session %s: a %s message could not be encoded (%s)", self.session.id, channel, exc)
+            return
+        self._outbox_bytes += len(frame)
+        if self._outbox_bytes > self._max_outbox_bytes:
+            # the client does not keep up: end this connection, not the gateway's memory
+            self.close_code, self.close_reason = CLOSE_POLICY, "client too slow"
+            self._outbox.put_nowait(None)
+            return
+        self._outbox.put_nowait(frame)
+
+    async def _send_loop(self) -> None:
+        while True:
+            frame = await self._outbox.get()
+            if frame is None:
+                return
+            self._outbox_bytes -= len(frame)
+            if isinstance(frame, str):
+                await self.websocket.send_text(frame)
+            else:
+                await self.websocket.send_bytes(frame)
+
+    # ------------------------------------------------------------ client -> kernel
+    async def _receive_loop(self) -> None:
+        limit = self.state.settings.ws_max_message_bytes
+        while True:
+            try:
+                frame = await self.websocket.receive()
+            except (WebSocketDisconnect, RuntimeError):
+                return
+            if frame["type"] == "websocket.disconnect":
+                return
+            text, data = frame.get("text"), frame.get("bytes")
+            size = len(text) if text is not None else len(data or b"")
+            if size > limit:
+                log.warning("session %s: dropped a %d-byte channels message (limit %d)", self.session.id, size, limit)
+                continue
+            try:
+                if text is not None:
+                    msg = wire.parse_text(text)
+                elif data is not None:
+                    msg = wire.parse_v1(data) if self.v1 else wire.parse_legacy_binary(data)
+                else:
+                    continue
+            except wire.WireError as exc:
+                log.warning("session %s: dropped a channels message: %s", self.session.id, exc)
+                continue
+            await self._forward(msg)
+
+    async def _forward(self, msg: wire.ClientMessage) -> None:
+        if msg.msg_type == "execute_request":
+            code = msg.content.get("code")
+            if not isinstance(code, str):
+                log.warning("session %s: dropped an execute_request without code", self.session.id)
+                return
+            try:
+                await admit(self.state, self.principal, code)
+            except KernelGWError as exc:
+                self._refuse(msg, type(exc).__name__, exc.message)
+                return
+        if not self._ready.is_set():
+            try:
+                async with asyncio.timeout(self.state.settings.kernel_start_timeout_s):
+                    await self._ready.wait()
+            except TimeoutError:
+                log.warning("session %s: no kernel to send a %s to; dropped", self.session.id, msg.msg_type)
+                return
+        kc = self._kc
+        if kc is None:
+            return
+        channel = {"shell": kc.shell_channel, "control": kc.control_channel, "stdin": kc.stdin_channel}[msg.channel]
+        try:
+            channel.send(msg.to_zmq())
+        except (TypeError, ValueError, zmq.ZMQError) as exc:
+            log.warning("session %s: could not send a %s (%s)", self.session.id, msg.msg_type, exc)
+            return
+        self.session.touch()
+
+    def _refuse(self, msg: wire.ClientMessage, ename: str, evalue: str) -> None:
+        """An execution the gateway refused: what a kernel's error would look like,
+        to this client only."""
+        parent = msg.header
+        error = {"ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
+        self._send_kernel("iopub", caps.gateway_message("status", parent, {"execution_state": "busy"}))
+        self._send_kernel("iopub", caps.gateway_message("error", parent, error))
+        reply = {"status": "error", "execution_count": None, **error}
+        self._send_kernel("shell", caps.gateway_message("execute_reply", parent, reply))
+        self._send_kernel("iopub", caps.gateway_message("status", parent, {"execution_state": "idle"}))

@@ -1,0 +1,34 @@
+"""The request bodies of Jupyter's kernels REST API, validated at the edge."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kernelgw.models import CreateSession
+
+ENV_PREFIX = "KERNEL_"
+
+
+class StartKernel(BaseModel):
+    """``POST /api/kernels``: what Jupyter Server and Kernel Gateway clients send.
+
+    ``env`` takes only ``KERNEL_*`` variables (the gateway convention); they are
+    set in the kernel's environment. ``KERNEL_WORKING_DIR`` names a directory on
+    the *client's* machine and is not applied (the kernel always starts in its
+    sandbox's ``/workspace``). ``path`` is accepted and ignored, as Kernel
+    Gateway does. Any other field is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, max_length=200, description="A kernelspec name; the default one if absent.")
+    env: dict[str, str] = Field(default_factory=dict, description="KERNEL_* variables for the kernel.")
+    path: str | None = Field(None, max_length=4096, description="The notebook's path (ignored).")
+
+    @field_validator("env")
+    @classmethod
+    def _kernel_env(cls, env: dict[str, str]) -> dict[str, str]:
+        other = sorted(k for k in env if not k.startswith(ENV_PREFIX))
+        if other:
+            shown = ", ".join(repr(k[:60]) for k in other[:5])
+            raise ValueError(f"only KERNEL_* variables are accepted; got {shown}")
+        return CreateSession(env=env).env  # the /v1 limits: count, names, total size

@@ -1,0 +1,129 @@
+"""Jupyter's kernels REST API on the gateway: ``/api``, ``/api/kernelspecs``,
+``/api/kernels``, as Jupyter Server defines it and Kernel Gateway answers it.
+
+Status codes follow Kernel Gateway: 201 with the model on start, 204 on delete
+and interrupt, 200 with the model on restart; errors are ``{"message",
+"reason"}`` (`errors.JupyterRoute`). The kernels are the gateway's sessions:
+same limits, quotas, ownership (another key's kernel is a 404) and history.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+
+from kernelgw import __version__
+from kernelgw.keys import Principal
+from kernelgw.runtime.manager import SessionOptions
+from kernelgw.server.availability import check_available
+from kernelgw.server.jupyter import kernels
+from kernelgw.server.jupyter.errors import JupyterHTTPError, JupyterRoute
+from kernelgw.server.jupyter.models import StartKernel
+from kernelgw.server.state import gateway_state
+
+JUPYTER_SERVER_API = "2.14.0"
+"""The Jupyter Server REST API this face follows (``GET /api``'s ``version``)."""
+
+public = APIRouter(route_class=JupyterRoute, tags=["jupyter"])
+router = APIRouter(route_class=JupyterRoute, tags=["jupyter"], dependencies=[Depends(kernels.authenticate)])
+
+
+@public.get("/api")
+async def api_version() -> dict[str, str]:
+    """The API version (public, as in Jupyter Server)."""
+    return {"version": JUPYTER_SERVER_API, "kernelgw": __version__}
+
+
+# ---------------------------------------------------------------- kernelspecs
+@router.get("/api/kernelspecs")
+async def list_kernelspecs(request: Request) -> dict[str, Any]:
+    settings = gateway_state(request).settings
+    return {
+        "default": kernels.DEFAULT_KERNEL,
+        "kernelspecs": {
+            name: kernels.spec_model(name, image, settings.image) for name, image in kernels.specs(settings).items()
+        },
+    }
+
+
+@router.get("/api/kernelspecs/{name}")
+async def get_kernelspec(name: str, request: Request) -> dict[str, Any]:
+    settings = gateway_state(request).settings
+    image = kernels.specs(settings).get(name)
+    if image is None:
+        raise JupyterHTTPError(404, f"Kernel spec {name!r} not found")
+    return kernels.spec_model(name, image, settings.image)
+
+
+# ---------------------------------------------------------------- kernels
+@router.get("/api/kernels")
+async def list_kernels(request: Request, principal: Principal = Depends(kernels.authenticate)) -> list[dict[str, Any]]:
+    state = gateway_state(request)
+    return [kernels.model(s, state.settings) for s in state.manager.list(principal)]
+
+
+@router.post("/api/kernels", status_code=201)
+async def start_kernel(
+    request: Request, body: StartKernel | None = None, principal: Principal = Depends(kernels.authenticate)
+) -> JSONResponse:
+    """Start a kernel (a new session); the body may be absent (Open WebUI sends none)."""
+    state = gateway_state(request)
+    body = body or StartKernel()
+    name = body.name or kernels.DEFAULT_KERNEL
+    image = kernels.specs(state.settings).get(name)
+    if image is None:
+        raise JupyterHTTPError(
+            400, f"Kernel spec {name!r} not found; this gateway offers {sorted(kernels.specs(state.settings))}"
+        )
+    check_available(state)
+    session = await state.manager.create(SessionOptions(image=image, env=body.env), principal)
+    model = kernels.model(session, state.settings)
+    return JSONResponse(model, status_code=201, headers={"Location": f"/api/kernels/{model['id']}"})
+
+
+@router.get("/api/kernels/{kernel_id}")
+async def get_kernel(
+    kernel_id: str, request: Request, principal: Principal = Depends(kernels.authenticate)
+) -> dict[str, Any]:
+    state = gateway_state(request)
+    return kernels.model(kernels.find(state, principal, kernel_id), state.settings)
+
+
+@router.delete("/api/kernels/{kernel_id}", status_code=204)
+async def delete_kernel(
+    kernel_id: str, request: Request, principal: Principal = Depends(kernels.authenticate)
+) -> Response:
+    state = gateway_state(request)
+    session = kernels.find(state, principal, kernel_id)
+    await state.manager.delete(session.id)
+    return Response(status_code=204)
+
+
+@router.post("/api/kernels/{kernel_id}/interrupt", status_code=204)
+async def interrupt_kernel(
+    kernel_id: str, request: Request, principal: Principal = Depends(kernels.authenticate)
+) -> Response:
+    """SIGINT to the kernel, whatever it runs (a Jupyter client's cell or a /v1 one)."""
+    state = gateway_state(request)
+    session = kernels.find(state, principal, kernel_id)
+    handle = session.handle
+    if handle is None:
+        raise JupyterHTTPError(409, "The kernel is not running (it is starting, restarting or gone).")
+    await state.backend.signal(handle, signal.SIGINT)
+    session.touch()
+    return Response(status_code=204)
+
+
+@router.post("/api/kernels/{kernel_id}/restart")
+async def restart_kernel(
+    kernel_id: str, request: Request, principal: Principal = Depends(kernels.authenticate)
+) -> dict[str, Any]:
+    """A fresh kernel in the same session (a new container); all variables are lost."""
+    state = gateway_state(request)
+    session = kernels.find(state, principal, kernel_id)
+    await session.restart()
+    kernels.status_seen(session, "idle")
+    return kernels.model(session, state.settings)
