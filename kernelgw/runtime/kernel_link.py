@@ -6,6 +6,14 @@ messages ZMQ refused for their size. Messages are routed by their parent's
 msg_id to the request this link sent: the kernel holds the HMAC key, so a
 valid signature proves nothing about honesty, and anything else is dropped.
 What an execution's messages mean is the `LinkListener`'s business.
+
+One shell request at a time: the link never sends the kernel a request while
+an earlier one is unanswered. ipykernel 7 can strand a request that arrives
+while it is sending a reply on the same socket (ipython/ipykernel#1529,
+#1554): the request then sits unread until something else wakes the kernel
+(here, a timeout's SIGINT a minute later). The execution queue sends a cell
+after the previous one's reply, and the readiness probes wait for each reply
+before sending the next.
 """
 
 from __future__ import annotations
@@ -83,6 +91,7 @@ class KernelLink:
         self._readers: list[asyncio.Task[None]] = []
         self._pending: dict[str, QueuedExecution] = {}
         self._iopub_probes: dict[str, asyncio.Event] = {}
+        self._shell_probes: dict[str, asyncio.Event] = {}
         self._listener: LinkListener | None = None
 
     def attach(self, listener: LinkListener) -> None:
@@ -165,8 +174,8 @@ class KernelLink:
         timeout = self.config.kernel_start_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         info: dict[str, Any] | None = None
-        iopub_seen = False
         while time.monotonic() < deadline:
+            # one request at a time, the next only after the reply (see the module's docstring)
             if channel == "shell":
                 msg_id = kc.kernel_info()
                 get_reply = kc.get_shell_msg
@@ -175,27 +184,30 @@ class KernelLink:
                 kc.control_channel.send(request)
                 msg_id = request["header"]["msg_id"]
                 get_reply = kc.get_control_msg
-            end = time.monotonic() + 0.5
-            while info is None and time.monotonic() < end:
+            replied = False
+            while not replied and time.monotonic() < deadline:
                 try:
-                    reply = await get_reply(timeout=max(0.01, end - time.monotonic()))
+                    reply = await get_reply(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
                 except queue.Empty:
-                    break
+                    state = await self.backend.state(handle)
+                    if not state.alive:
+                        raise KernelStartFailed(
+                            f"The kernel container stopped while starting: {state.describe()}"
+                        ) from None
+                    continue
                 if reply["parent_header"].get("msg_id") == msg_id:
-                    info = reply["content"]
-            while not iopub_seen:
-                try:
-                    await kc.get_iopub_msg(timeout=0.2 if info is not None else 0.01)
-                    iopub_seen = True
-                except queue.Empty:
-                    break
-            if info is not None and iopub_seen:
-                # Leftover handshake messages need no draining: the readers drop
-                # anything whose parent is not a pending execution.
-                return info
-            state = await self.backend.state(handle)
-            if not state.alive:
-                raise KernelStartFailed(f"The kernel container stopped while starting: {state.describe()}")
+                    info, replied = reply["content"], True
+            if not replied:
+                break
+            try:
+                # any iopub message proves the SUB socket has joined
+                await kc.get_iopub_msg(timeout=0.2)
+            except queue.Empty:
+                continue
+            # Leftover handshake messages need no draining: the readers drop
+            # anything whose parent is not a pending execution.
+            assert info is not None
+            return info
         raise KernelStartFailed(f"The kernel did not answer within {timeout:g}s.")
 
     async def stop(self) -> None:
@@ -288,14 +300,18 @@ class KernelLink:
         if not self.iopub_stale or kc is None:
             return
         deadline = time.monotonic() + timeout
-        seen = asyncio.Event()
         ids: list[str] = []
         try:
             while time.monotonic() < deadline:
+                # one probe at a time, the next only after the reply (see the module's docstring)
                 msg_id = kc.kernel_info()
                 ids.append(msg_id)
+                replied, seen = asyncio.Event(), asyncio.Event()
+                self._shell_probes[msg_id] = replied
                 self._iopub_probes[msg_id] = seen
                 try:
+                    async with asyncio.timeout(max(0.01, deadline - time.monotonic())):
+                        await replied.wait()
                     async with asyncio.timeout(0.2):
                         await seen.wait()
                     self.iopub_stale = False
@@ -306,6 +322,7 @@ class KernelLink:
         finally:
             for msg_id in ids:
                 self._iopub_probes.pop(msg_id, None)
+                self._shell_probes.pop(msg_id, None)
 
     # ------------------------------------------------------------- readers
     async def _read_iopub(self, kc: AsyncKernelClient, listener: LinkListener) -> None:
@@ -326,6 +343,9 @@ class KernelLink:
         while True:
             msg = await self._next(kc.get_shell_msg, "shell")
             parent = (msg.get("parent_header") or {}).get("msg_id")
+            if parent and (probe := self._shell_probes.get(parent)) is not None:
+                probe.set()
+                continue
             execution = self._pending.get(parent) if parent else None
             if execution is None or msg["header"]["msg_type"] != "execute_reply":
                 continue
