@@ -210,11 +210,15 @@ class ChannelsConnection:
             handle = self.session.handle
             if self.session.state == "closed":
                 return
-            if handle is not None and handle is not self._handle and self.session.state in ("idle", "busy"):
-                await self._connect(handle)
-            elif handle is None and self._handle is not None:
+            if handle is not self._handle:
+                # a restart began (no handle, or one still starting) or ended: nothing
+                # may go to the old kernel, and the new one is joined once it answers
+                if self._kc is not None:
+                    await self._disconnect()
+                    self._send_kernel("iopub", caps.gateway_message("status", {}, {"execution_state": "restarting"}))
                 self._handle = None
-                await self._disconnect()
+                if handle is not None and self.session.state in ("idle", "busy"):
+                    await self._connect(handle)
             if self.session.state == "dead" and not self._dead_sent:
                 self._dead_sent = True
                 self._send_kernel("iopub", caps.gateway_message("status", {}, {"execution_state": "dead"}))
@@ -365,13 +369,13 @@ class ChannelsConnection:
             except KernelGWError as exc:
                 self._refuse(msg, type(exc).__name__, exc.message)
                 return
-        if not self._ready.is_set():
-            try:
-                async with asyncio.timeout(self.state.settings.kernel_start_timeout_s):
-                    await self._ready.wait()
-            except TimeoutError:
+        deadline = time.monotonic() + self.state.settings.kernel_start_timeout_s
+        while not (self._ready.is_set() and self._handle is self.session.handle):
+            # (re)connecting: the message waits for the kernel it is meant for
+            if time.monotonic() > deadline or self.session.state == "closed":
                 log.warning("session %s: no kernel to send a %s to; dropped", self.session.id, msg.msg_type)
                 return
+            await asyncio.sleep(WATCH_INTERVAL_S / 2)
         kc = self._kc
         if kc is None:
             return

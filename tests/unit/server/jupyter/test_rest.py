@@ -96,9 +96,7 @@ async def test_bad_bodies_get_a_clear_400(gw: Gateway) -> None:
     assert "ruby" in spec.json()["message"]
 
 
-async def test_keys_token_bearer_query_all_work_and_others_get_401_in_jupyter_shape(
-    gw: Gateway, kernel: str
-) -> None:
+async def test_keys_token_bearer_query_all_work_and_others_get_401_in_jupyter_shape(gw: Gateway, kernel: str) -> None:
     for headers, params in (
         ({"Authorization": f"token {gw.alice}"}, {}),
         ({"Authorization": f"Bearer {gw.alice}"}, {}),
