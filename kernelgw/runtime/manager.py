@@ -76,7 +76,7 @@ class SessionManager:
             await self.backend.reap_orphans()
             return []
         try:
-            stored = {s.session_id: s for s in await self.recorder.open_sessions()}
+            stored = {s.session_id: s for s in await self.recorder.open_sessions(self.settings.replay_buffer_bytes)}
         except StorageUnavailable as exc:
             # without the store nothing can be matched: leave every container for
             # a later start rather than remove kernels that may be reattachable

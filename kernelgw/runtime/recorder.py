@@ -136,9 +136,10 @@ class Recorder(Protocol):
         a graceful shutdown that keeps the kernel): store what reattach needs."""
         ...
 
-    async def open_sessions(self) -> list[StoredSession]:
-        """At start-up: this gateway name's open sessions that can be reattached.
-        Open sessions stored without a kernel to reach are ended here."""
+    async def open_sessions(self, replay_bytes: int = 0) -> list[StoredSession]:
+        """At start-up: this gateway name's open sessions that can be reattached,
+        each with its latest cells (up to ``replay_bytes`` of events). Open
+        sessions stored without a kernel to reach are ended here."""
         ...
 
     async def session_lost(self, session_id: str, reason: str) -> None:

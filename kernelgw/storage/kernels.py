@@ -46,7 +46,9 @@ def kernel_values(session: RecordedSession) -> dict[str, Any]:
         "container_id": handle.container_id,
         "kernel": json.dumps(kernel),
         "execution_count": session.execution_count,
-        "last_seq": session.last_seq,
+        # where a successor's numbering continues: a reservation ahead of
+        # what was sent, exact after a clean stop (`runtime.fanout.SEQ_BLOCK`)
+        "last_seq": session.resume_seq,
     }
 
 

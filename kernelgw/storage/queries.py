@@ -73,3 +73,27 @@ async def list_notes(engine: AsyncEngine, session_id: str) -> list[NoteRecord]:
         )
         for row in rows
     ]
+
+
+async def latest_events(engine: AsyncEngine, session_id: str, max_bytes: int) -> list[tuple[str, str]]:
+    """(execution id, events JSON) of the session's latest executions, oldest
+    first, as many as fit in ``max_bytes`` of events (a replay buffer's worth,
+    read newest first so a long history is not loaded)."""
+    t = schema.executions
+    query = (
+        select(t.c.execution_id, t.c.events)
+        .where(t.c.session_id == session_id)
+        .order_by(t.c.position.desc(), t.c.id.desc())
+    )
+    cells: list[tuple[str, str]] = []
+    total = 0
+    async with engine.connect() as conn:
+        result = await conn.stream(query.execution_options(yield_per=50))
+        async for row in result:
+            total += len(row.events)
+            if cells and total > max_bytes:
+                break
+            cells.append((row.execution_id, row.events))
+        await result.close()
+    cells.reverse()
+    return cells

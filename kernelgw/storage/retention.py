@@ -46,16 +46,16 @@ async def purge(engine: AsyncEngine, cutoff: datetime, audit_cutoff: datetime) -
     return purged
 
 
-async def end_cut_off_executions(engine: AsyncEngine, gateway_name: str) -> int:
+async def end_cut_off_executions(engine: AsyncEngine, gateway_name: str) -> list[tuple[str, str]]:
     """Rows still ``running`` in this gateway name's open sessions belong to
     cells a gateway death cut off (a live gateway ends every cell it runs):
-    mark them dead so history and notebook export show them; returns how many."""
+    mark them dead so history and notebook export show them; returns their
+    (session id, execution id)s, so the reattached sessions can end them too."""
     e, s = schema.executions, schema.sessions
     open_sessions = select(s.c.id).where(s.c.gateway_name == gateway_name, s.c.ended_at.is_(None))
+    cut_off = (e.c.status == RUNNING) & e.c.session_id.in_(open_sessions)
     async with engine.begin() as conn:
-        result = await conn.execute(
-            update(e)
-            .where(e.c.status == RUNNING, e.c.session_id.in_(open_sessions))
-            .values(status="dead", reason=CUT_OFF_REASON)
-        )
-    return int(result.rowcount or 0)
+        rows = (await conn.execute(select(e.c.session_id, e.c.execution_id).where(cut_off))).all()
+        if rows:
+            await conn.execute(update(e).where(cut_off).values(status="dead", reason=CUT_OFF_REASON))
+    return [(row.session_id, row.execution_id) for row in rows]

@@ -15,6 +15,7 @@ held back and retried, the store sets the database up again later
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from kernelgw import events as ev
 from kernelgw.errors import StorageUnavailable
-from kernelgw.runtime.recorder import StoredSession
+from kernelgw.events import EVENT_LIST_ADAPTER
+from kernelgw.runtime.recorder import StoredCell, StoredSession
 from kernelgw.storage import audit, queries, retention, schema
 from kernelgw.storage.database import Database
 from kernelgw.storage.engine import DB_FILE, async_database_url, database_url_for
@@ -92,8 +94,9 @@ class _StartRow:
 class Store:
     """History storage on SQLite or PostgreSQL; implements `kernelgw.runtime.recorder.Recorder`.
 
-    ``start`` (in the app's lifespan) connects, creates the tables, purges
-    history older than the retention and starts the writer. The sessions a
+    ``start`` (in the app's lifespan) connects, upgrades the schema to the head
+    revision (`kernelgw.storage.migrate`), purges history older than the
+    retention and starts the writer. The sessions a
     predecessor of the same ``gateway_name`` left open are the manager's to
     reattach or end (``open_sessions``, ``session_lost``).
     ``close`` commits what is queued, then disconnects.
@@ -115,6 +118,8 @@ class Store:
         """"process": a commit survives a crash of the gateway process (SQLite
         ``synchronous=NORMAL``); "fsync": also power loss (``synchronous=FULL``)."""
         self._started: dict[tuple[str, str], _StartRow] = {}
+        self._cut_off: set[tuple[str, str]] = set()
+        """(session id, execution id) of the cells this start marked as cut off."""
         """(session, execution) -> the ``running`` row queued for it."""
         self.gateway_name = gateway_name
         self.retention_days = retention_days
@@ -160,12 +165,12 @@ class Store:
 
     # ------------------------------------------------------------ lifecycle
     async def start(self, background: bool = True) -> None:
-        """``background=False`` (the CLI): connect and create tables only; no
+        """``background=False`` (the CLI): connect and upgrade the schema only; no
         writer, no purge, no clean-up of a running gateway's sessions."""
         self._db.open()
         if not background:
             if not await self._db.ensure_ready(force=True):
-                raise StorageUnavailable(f"The database at {self.display_url} does not answer.")
+                raise StorageUnavailable(f"The database at {self.display_url} is unavailable: {self._db.last_error}")
             return
         if await self._db.ensure_ready(force=True):
             try:
@@ -342,19 +347,33 @@ class Store:
 
         self.enqueue(f"kernel of session {session.id}", write)
 
-    async def open_sessions(self) -> list[StoredSession]:
-        """Open sessions of this gateway name with a kernel to reach; those stored
-        without one (by a release before reattachment) are ended here."""
+    async def open_sessions(self, replay_bytes: int = 0) -> list[StoredSession]:
+        """Open sessions of this gateway name with a kernel to reach, each with its
+        latest cells (up to ``replay_bytes`` of events) to refill its replay
+        buffer; those stored without a kernel (by a release before reattachment)
+        are ended here."""
         engine = await self.read_engine()
         async with engine.begin() as conn:
             rows = await open_session_rows(conn, self.gateway_name)
         stored: list[StoredSession] = []
         for row in rows:
             try:
-                stored.append(stored_session(row))
+                session = stored_session(row)
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("session %s: its stored kernel is unreadable (%s); ending it", row.id, exc)
                 await self.session_lost(row.id, f"the stored kernel connection was unreadable: {exc}")
+                continue
+            cells: list[StoredCell] = []
+            if replay_bytes > 0:
+                for execution_id, events in await queries.latest_events(engine, session.session_id, replay_bytes):
+                    try:
+                        parsed = EVENT_LIST_ADAPTER.validate_json(events)
+                    except ValueError:
+                        log.warning("session %s: stored events of %s are unreadable", row.id, execution_id)
+                        parsed = []
+                    cut_off = (session.session_id, execution_id) in self._cut_off
+                    cells.append(StoredCell(execution_id=execution_id, events=parsed, cut_off=cut_off))
+            stored.append(dataclasses.replace(session, cells=cells))
         return stored
 
     async def session_lost(self, session_id: str, reason: str) -> None:
@@ -431,7 +450,8 @@ class Store:
     async def _end_cut_off_executions(self) -> None:
         assert self._db.engine is not None
         if cut_off := await retention.end_cut_off_executions(self._db.engine, self.gateway_name):
-            log.warning("history storage: %d cells were cut off by a gateway stop; marked dead", cut_off)
+            self._cut_off.update(cut_off)
+            log.warning("history storage: %d cells were cut off by a gateway stop; marked dead", len(cut_off))
 
     async def _purge_loop(self) -> None:
         while True:
