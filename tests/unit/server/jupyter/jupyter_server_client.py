@@ -37,7 +37,7 @@ def _free_port() -> int:
 class JupyterServer:
     url: str
     token: str
-    process: subprocess.Popen[bytes]
+    process: asyncio.subprocess.Process
     log: Path
 
     def http(self) -> httpx.AsyncClient:
@@ -66,21 +66,19 @@ async def jupyter_server(gateway_url: str, key: str, workdir: Path) -> AsyncIter
     }
     log = workdir / "jupyter-server.log"
     with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                str(JUPYTER_SERVER),
-                "--no-browser",
-                "--allow-root",
-                "--ServerApp.ip=127.0.0.1",
-                f"--ServerApp.port={port}",
-                "--ServerApp.port_retries=0",
-                f"--IdentityProvider.token={token}",
-                f"--ServerApp.root_dir={workdir / 'root'}",
-                f"--gateway-url={gateway_url}",
-                f"--GatewayClient.auth_token={key}",
-                "--GatewayClient.request_timeout=120",
-                "--GatewayClient.connect_timeout=60",
-            ],
+        process = await asyncio.create_subprocess_exec(
+            str(JUPYTER_SERVER),
+            "--no-browser",
+            "--allow-root",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={workdir / 'root'}",
+            f"--gateway-url={gateway_url}",
+            f"--GatewayClient.auth_token={key}",
+            "--GatewayClient.request_timeout=120",
+            "--GatewayClient.connect_timeout=60",
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -90,7 +88,7 @@ async def jupyter_server(gateway_url: str, key: str, workdir: Path) -> AsyncIter
         deadline = time.monotonic() + 60
         async with server.http() as http:
             while True:
-                assert process.poll() is None, f"jupyter server exited:\n{log.read_text()[-3000:]}"
+                assert process.returncode is None, f"jupyter server exited:\n{log.read_text()[-3000:]}"
                 try:
                     if (await http.get("/api/status")).status_code == 200:
                         break
@@ -100,12 +98,14 @@ async def jupyter_server(gateway_url: str, key: str, workdir: Path) -> AsyncIter
                 await asyncio.sleep(0.2)
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process.returncode is None:
+            process.terminate()
+            try:
+                async with asyncio.timeout(20):
+                    await process.wait()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
 
 
 async def _recv(ws: ClientConnection) -> dict[str, Any]:

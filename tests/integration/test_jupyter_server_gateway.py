@@ -1,0 +1,57 @@
+"""The real ``jupyter server --gateway-url=<kernelgw>`` on Docker kernels: a
+kernel started, run (stream, a pandas DataFrame's HTML, a matplotlib PNG, an
+error), interrupted, restarted and shut down through jupyter_server's own REST
+API and channels WebSocket, with keys required (jupyter_server sends the key
+as ``Authorization: token <key>``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+
+from kernelgw.storage import Store
+from kernelgw.storage.keys import KeyStore
+from tests.integration.conftest import RunningGateway, gateway_settings, start_gateway
+from tests.unit.server.jupyter.jupyter_server_client import drive, jupyter_server
+
+
+async def _make_key(data_dir: Path) -> str:
+    store = Store.from_settings(gateway_settings(data_dir=data_dir))
+    await store.start()
+    try:
+        return (await KeyStore(store).create("jupyter"))[1]
+    finally:
+        await store.close()
+
+
+@pytest.fixture(scope="module")
+def keyed_gateway(
+    docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[RunningGateway, str]]:
+    data_dir = tmp_path_factory.mktemp("jupyter-gw")
+    key = asyncio.run(_make_key(data_dir))
+    gw = start_gateway(gateway_settings(gateway_name=f"tj{os.getpid()}", data_dir=data_dir, auth="required"))
+    yield gw, key
+    gw.stop()
+    left = docker_client.containers.list(all=True, filters={"label": f"kernelgw.gateway={gw.settings.gateway_name}"})
+    assert not left, f"containers left behind: {[c.name for c in left]}"
+
+
+def test_jupyter_server_drives_kernelgw(keyed_gateway: tuple[RunningGateway, str], tmp_path: Path) -> None:
+    gw, key = keyed_gateway
+
+    async def scenario() -> dict[str, float]:
+        async with (
+            jupyter_server(gw.url, key, tmp_path) as server,
+            httpx.AsyncClient(base_url=gw.url, headers={"Authorization": f"token {key}"}, timeout=60) as gateway,
+        ):
+            return await drive(server, gateway, rich=True)
+
+    timings = asyncio.run(scenario())
+    print("jupyter_server via kernelgw:", {k: round(v, 3) for k, v in timings.items()})
