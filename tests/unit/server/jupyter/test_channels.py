@@ -204,3 +204,33 @@ async def test_restart_reconnects_the_channels(gw: Gateway, kernel: str) -> None
             assert (await http.post(f"/api/kernels/{kernel}/restart", json={})).status_code == 200
         msgs = await run(ws, "print('y' in dir())")
         assert stdout(msgs) == "False\n"
+
+
+async def test_input_is_answered_on_stdin(gw: Gateway, kernel: str) -> None:
+    async with connect(channels_url(gw, kernel, gw.alice)) as ws:
+        msg = execute_request("name = input('who? ')\nprint('hi', name)", allow_stdin=True)
+        await ws.send(json.dumps(msg))
+        while True:
+            got = await receive_json(ws)
+            if got["msg_type"] == "input_request":
+                break
+        assert got["channel"] == "stdin" and got["content"]["prompt"] == "who? "
+        answer = request("input_reply", {"value": "ada"}, channel="stdin")
+        answer["parent_header"] = got["header"]
+        await ws.send(json.dumps(answer))
+        assert "hi ada\n" in stdout(await collect(ws, msg["header"]["msg_id"]))
+
+
+async def test_code_policy_refuses_a_cell_like_v1(local_backend: LocalBackend, tmp_path: Any) -> None:
+    async with gateway(tmp_path, local_backend, policy_deny_imports=["socket"]) as gw:
+        async with gw.client(gw.alice) as http:
+            kid = (await http.post("/api/kernels", json={})).json()["id"]
+            try:
+                async with connect(channels_url(gw, kid, gw.alice)) as ws:
+                    msgs = await run(ws, "import socket")
+                    (reply,) = of_type(msgs, "execute_reply")
+                    assert reply["content"]["status"] == "error"
+                    assert of_type(msgs, "error")[0]["content"]["ename"] == "PolicyViolation"
+                    assert stdout(await run(ws, "print('fine')")) == "fine\n"
+            finally:
+                await http.delete(f"/api/kernels/{kid}")
