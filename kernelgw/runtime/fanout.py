@@ -120,7 +120,11 @@ class EventFanout:
             self.replay_bytes += len(text)
         self._trim()
         self.seq = max(self.seq, seq)
-        self.reserved = max(self.reserved, self.seq)
+        # a fresh reservation at once: the stored one may be the exact last
+        # number of a clean stop, and this process may be killed next
+        self.reserved = self.seq + SEQ_BLOCK
+        if self.on_reserve is not None:
+            self.on_reserve()
 
     def _trim(self) -> None:
         while self.replay and (

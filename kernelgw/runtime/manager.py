@@ -87,6 +87,7 @@ class SessionManager:
             *(self._reattach_one(s, containers.get(s.handle.container_id)) for s in stored.values())
         )
         reattached = [sid for sid, ok in zip(stored, results, strict=True) if ok]
+        await self.recorder.flush()  # their new seq reservations, before anything is served
         keep = {stored[sid].handle.kernel_id for sid in reattached}
         await self.backend.reap_except(keep)
         if reattached:

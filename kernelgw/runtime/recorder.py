@@ -142,6 +142,11 @@ class Recorder(Protocol):
         sessions stored without a kernel to reach are ended here."""
         ...
 
+    async def flush(self) -> None:
+        """Return once every write queued so far is committed (reattachment
+        waits for the sessions' new reservations before serving)."""
+        ...
+
     async def session_lost(self, session_id: str, reason: str) -> None:
         """At start-up: an open session whose kernel could not be reattached is over."""
         ...

@@ -139,3 +139,92 @@ def test_sessions_survive_sigterm_and_kill9_and_stop_ends_them(
             container.remove(force=True)
         shutil.rmtree(RUNTIME_DIR / name, ignore_errors=True)
     assert gateway_containers(docker_client, name) == []
+
+
+def _ws_url(http: httpx.Client, sid: str, last_seq: int | None = None) -> str:
+    url = str(http.base_url).replace("http://", "ws://").rstrip("/") + f"/v1/sessions/{sid}/ws"
+    return url if last_seq is None else f"{url}?last_seq={last_seq}"
+
+
+def _ws_events(url: str, until: Any, send: dict[str, Any] | None = None, timeout: float = 60) -> list[dict[str, Any]]:
+    """Events from the session's WebSocket until ``until(event)`` is true."""
+    import json
+
+    from websockets.sync.client import connect
+
+    events: list[dict[str, Any]] = []
+    with connect(url, open_timeout=30) as ws:
+        if send is not None:
+            ws.send(json.dumps(send))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                event = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            except TimeoutError:
+                raise AssertionError(f"no awaited event within {timeout}s; got {events}") from None
+            events.append(event)
+            if until(event):
+                return events
+
+
+def test_a_websocket_client_resumes_across_restarts_by_its_last_seq(
+    docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    name = f"resume{os.getpid()}"
+    data, log = tmp_path / "data", tmp_path / "gateway.log"
+    try:
+        with serve(name, data, log) as (proc, http):
+            sid = http.post("/v1/sessions", json={}).json()["id"]
+            seen = _ws_events(
+                _ws_url(http, sid),
+                lambda e: e["type"] == "done",
+                {"type": "execute", "code": "x = 1\nprint('first')", "execution_id": "first"},
+            )
+            last_seq = seen[-1]["seq"]
+            # the client is away while another cell runs, and the gateway restarts
+            missed = _execute(http, sid, "print('while away')")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) in (0, -signal.SIGTERM), log.read_text()[-3000:]
+
+        with serve(name, data, log) as (proc, http):
+            # what it missed comes back from the store, in order, with no gap
+            replayed = _ws_events(
+                _ws_url(http, sid, last_seq),
+                lambda e: e.get("execution_id") == missed["execution_id"] and e["type"] == "done",
+            )
+            assert [e["type"] for e in replayed if e["type"] == "gap"] == []
+            assert [e["seq"] for e in replayed] == list(range(last_seq + 1, last_seq + 1 + len(replayed)))
+            assert "while away\n" in [e.get("text") for e in replayed]
+            last_seq = replayed[-1]["seq"]
+            # a cell the client started is cut off by a kill -9 after its first output
+            running = _ws_events(
+                _ws_url(http, sid, last_seq),
+                lambda e: e.get("text") == "started\n",
+                {
+                    "type": "execute",
+                    "code": "import time\nprint('started', flush=True)\ntime.sleep(3)\nx = 2",
+                    "execution_id": "cut",
+                },
+            )
+            time.sleep(0.5)  # its `running` row is committed within LINGER_S (20 ms) of its start
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        last_seq = running[-1]["seq"]
+
+        with serve(name, data, log) as (proc, http):
+            resumed = _ws_events(_ws_url(http, sid, last_seq), lambda e: e["type"] == "done")
+            # numbers the dead process may have used are a gap, never reused; then the cell's end
+            assert resumed[0]["type"] == "gap" and resumed[0]["first_missing"] == last_seq + 1
+            done = resumed[-1]
+            assert (
+                done["execution_id"] == "cut" and done["status"] == "dead" and done["seq"] > resumed[0]["last_missing"]
+            )
+            # the kernel was kept, and it finished the cut-off cell by itself
+            assert _stdout(_execute(http, sid, "print(x)")) == "2\n"
+            history = http.get(f"/v1/sessions/{sid}/history").json()
+            statuses = {c["execution_id"]: c["status"] for c in history["executions"]}
+            assert statuses["cut"] == "dead" and statuses["first"] == "ok"
+    finally:
+        for container in gateway_containers(docker_client, name):
+            container.remove(force=True)
+        shutil.rmtree(RUNTIME_DIR / name, ignore_errors=True)
