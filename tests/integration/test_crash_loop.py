@@ -1,4 +1,4 @@
-"""No acknowledged loss: a real ``kernelgw serve`` (SQLite) SIGKILLed at random
+"""No acknowledged loss: a real ``kernelgw serve`` (SQLite, then PostgreSQL) SIGKILLed at random
 moments while cells run over REST, restarted each time (tests/support/crash_loop.py).
 Every cell answered 200 is in history with that status, cells running at a kill
 are marked, and no container of the gateway's name is left.
@@ -7,6 +7,7 @@ are marked, and no container of the gateway's name is left.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import docker
@@ -20,10 +21,23 @@ pytestmark = pytest.mark.integration
 ROUNDS = 10
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest) -> str | None:
+    if request.param == "sqlite":
+        return None  # the gateway's default: a file in its data directory
+    url = os.environ.get("KERNELGW_TEST_DATABASE_URL")
+    if not url:
+        message = "KERNELGW_TEST_DATABASE_URL is not set: run scripts/ensure-postgres.sh (scripts/test.sh does)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return url
+
+
 def test_kill_9_at_random_moments_loses_no_acknowledged_cell(
-    docker_client: docker.DockerClient, tmp_path: Path
+    docker_client: docker.DockerClient, tmp_path: Path, database_url: str | None
 ) -> None:
-    counts = crash_rounds(ROUNDS, tmp_path, IMAGE)
+    counts = crash_rounds(ROUNDS, tmp_path, IMAGE, database_url=database_url)
     assert counts.rounds == ROUNDS
     assert counts.acknowledged > 0
     assert counts.lost == [], (tmp_path / "gateway.log").read_text()[-3000:]

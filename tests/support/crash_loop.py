@@ -53,7 +53,7 @@ class CrashCounts:
 
 @contextmanager
 def gateway_process(
-    name: str, data_dir: Path, log: Path, image: str, **env: str
+    name: str, data_dir: Path, log: Path, image: str, database_url: str | None = None, **env: str
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``kernelgw serve`` in its own process, ready (``/healthz`` 200); killed at the end if still running."""
     port = _free_port()
@@ -68,7 +68,9 @@ def gateway_process(
         "KERNELGW_POOL_SIZE": "0",
         **env,
     }
-    full_env.pop("KERNELGW_DATABASE_URL", None)  # SQLite in data_dir
+    full_env.pop("KERNELGW_DATABASE_URL", None)  # SQLite in data_dir, unless given
+    if database_url is not None:
+        full_env["KERNELGW_DATABASE_URL"] = database_url
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kernelgw", "serve", "--port", str(port)], env=full_env, stdout=out, stderr=out
@@ -142,8 +144,11 @@ def _session(http: httpx.Client, sid: str | None) -> str:
     return str(resp.json()["id"])
 
 
-def crash_rounds(rounds: int, workdir: Path, image: str, seed: int | None = None) -> CrashCounts:
-    """Run ``rounds`` kill -9 rounds in ``workdir``; returns the counts (never raises on a loss)."""
+def crash_rounds(
+    rounds: int, workdir: Path, image: str, seed: int | None = None, database_url: str | None = None
+) -> CrashCounts:
+    """Run ``rounds`` kill -9 rounds in ``workdir`` (history in SQLite there, or at
+    ``database_url``); returns the counts (never raises on a loss)."""
     rng = random.Random(seed)
     name = f"crash{uuid.uuid4().hex[:8]}"
     data_dir, log = workdir / "data", workdir / "gateway.log"
@@ -153,7 +158,7 @@ def crash_rounds(rounds: int, workdir: Path, image: str, seed: int | None = None
     client = docker.from_env()
     try:
         for _ in range(rounds):
-            with gateway_process(name, data_dir, log, image) as (proc, url):
+            with gateway_process(name, data_dir, log, image, database_url) as (proc, url):
                 with httpx.Client(base_url=url, timeout=120) as http:
                     sid = _session(http, sid)
                 poster = _Poster(url, sid)
@@ -166,7 +171,7 @@ def crash_rounds(rounds: int, workdir: Path, image: str, seed: int | None = None
                 counts.rounds += 1
                 counts.sent += len(poster.sent)
                 acked.setdefault(sid, {}).update(poster.acked)
-        with gateway_process(name, data_dir, log, image, KERNELGW_ON_SHUTDOWN="stop") as (proc, url):
+        with gateway_process(name, data_dir, log, image, database_url, KERNELGW_ON_SHUTDOWN="stop") as (proc, url):
             with httpx.Client(base_url=url, timeout=120) as http:
                 for session_id, cells in acked.items():
                     resp = http.get(f"/v1/sessions/{session_id}/history")
