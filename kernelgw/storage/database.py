@@ -13,13 +13,12 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from kernelgw.storage import schema
+from kernelgw.storage import migrate
 from kernelgw.storage.engine import create_sqlite_writer_engine, create_store_engine, sqlite_file
 from kernelgw.storage.health import FileIdentity
 
@@ -27,19 +26,6 @@ log = logging.getLogger(__name__)
 
 RECONNECT_INTERVAL_S = 5.0
 """How often a store whose database failed tries to set it up again."""
-
-
-def _migrate(conn: Any) -> None:
-    """Add the columns newer releases added to tables an older one created."""
-    from sqlalchemy import inspect, text
-
-    inspector = inspect(conn)
-    for table, columns in schema.MIGRATIONS.items():
-        present = {c["name"] for c in inspector.get_columns(table)}
-        for name, sql_type in columns.items():
-            if name not in present:
-                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}"))
-                log.info("storage: added column %s.%s", table, name)
 
 
 class Database:
@@ -51,6 +37,8 @@ class Database:
         self.engine: AsyncEngine | None = None
         self.ready = False
         """The tables are set up and the latest commit did not find the database gone."""
+        self.last_error: str | None = None
+        """Why the latest set-up failed (for the CLI's message)."""
         self._last_attempt = 0.0
         self._file_identity: FileIdentity | None = None
         self._sqlite_writer: Engine | None = None
@@ -77,7 +65,8 @@ class Database:
         self.ready = False
 
     async def ensure_ready(self, force: bool = False) -> bool:
-        """Set the tables up when not done yet; retried at most every few seconds."""
+        """Upgrade the schema to the head revision when not done yet (`kernelgw.storage.migrate`);
+        retried at most every few seconds."""
         if self.ready:
             return True
         if self.engine is None:
@@ -88,11 +77,14 @@ class Database:
         self._last_attempt = now
         try:
             async with self.engine.begin() as conn:
-                await conn.run_sync(schema.metadata.create_all)
-                await conn.run_sync(_migrate)
+                upgrade = await conn.run_sync(migrate.upgrade)
         except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
             log.error("history storage at %s is unavailable: %s", self.display_url, exc)
             return False
+        self.last_error = None
+        if upgrade.changed:
+            log.info("history storage: %s", upgrade.describe())
         self.ready = True
         if (path := self.sqlite_file) is not None:
             self._file_identity = await asyncio.to_thread(FileIdentity.of, path)

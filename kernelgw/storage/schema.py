@@ -3,6 +3,10 @@
 No foreign keys on purpose: a row must never be refused because an earlier
 write (say the session's own row, while the database was down) was lost.
 Purging deletes a session's executions and notes explicitly.
+
+A change here needs a migration (kernelgw/storage/migrations/versions): the
+store upgrades existing databases to the head revision at start, and a test
+fails while this metadata and the head revision disagree.
 """
 
 from __future__ import annotations
@@ -105,14 +109,3 @@ audit = Table(
     Index("kgw_audit_key", "key_id", "at"),
     Index("kgw_audit_session", "session_id", "at"),
 )
-
-MIGRATIONS: dict[str, dict[str, str]] = {
-    "kgw_sessions": {
-        "owner": "VARCHAR(32)",
-        "container_id": "VARCHAR(128)",
-        "kernel": "TEXT",
-        "execution_count": "INTEGER",
-        "last_seq": "INTEGER",
-    },
-}
-"""Columns added to tables after their first release (see `Store._migrate`)."""

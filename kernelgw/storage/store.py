@@ -96,9 +96,9 @@ class Store:
 
     ``start`` (in the app's lifespan) connects, upgrades the schema to the head
     revision (`kernelgw.storage.migrate`), purges history older than the
-    retention and starts the writer. The sessions a
-    predecessor of the same ``gateway_name`` left open are the manager's to
-    reattach or end (``open_sessions``, ``session_lost``).
+    retention and starts the writer. The sessions a predecessor of the same
+    ``gateway_name`` left open are the manager's to reattach or end
+    (``open_sessions``, ``session_lost``).
     ``close`` commits what is queued, then disconnects.
     """
 
@@ -118,9 +118,9 @@ class Store:
         """"process": a commit survives a crash of the gateway process (SQLite
         ``synchronous=NORMAL``); "fsync": also power loss (``synchronous=FULL``)."""
         self._started: dict[tuple[str, str], _StartRow] = {}
+        """(session, execution) -> the ``running`` row queued for it."""
         self._cut_off: set[tuple[str, str]] = set()
         """(session id, execution id) of the cells this start marked as cut off."""
-        """(session, execution) -> the ``running`` row queued for it."""
         self.gateway_name = gateway_name
         self.retention_days = retention_days
         self.audit_retention_days = audit_retention_days

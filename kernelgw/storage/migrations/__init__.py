@@ -1,0 +1,36 @@
+"""Alembic migrations of the history store's schema, run by `kernelgw.storage.migrate`.
+
+Shipped in the package (no ``alembic.ini``): the store builds its Alembic
+configuration in code and upgrades its database to the head revision at start.
+
+Revisions (``versions/``):
+
+- ``0001``: the schema of the release before migrations (commit d7b8a43):
+  sessions with their owner, executions, notes, API keys, audit.
+- ``0002``: each session keeps its kernel, so a restarted gateway can reattach.
+
+To change the schema: change `kernelgw.storage.schema` and add a revision after
+the head here (copy the latest file; ``down_revision`` names the one before).
+tests/unit/storage/test_migrations.py fails while the two disagree.
+"""
+
+from __future__ import annotations
+
+VERSION_TABLE = "kgw_alembic_version"
+"""Not Alembic's default ``alembic_version``: the store may share a PostgreSQL
+database with an application that has migrations of its own."""
+TABLE_PREFIX = "kgw_"
+"""Tables that are the store's; migrations look at nothing else in the database."""
+BASELINE = "0001"
+"""The schema of the release before migrations (d7b8a43)."""
+REATTACH = "0002"
+"""The schema of the last release without migrations: kernels kept for reattachment."""
+
+
+class MigrationsNeedAConnection(RuntimeError):
+    """The migrations were run without the store's connection (Alembic's own CLI, offline mode)."""
+
+
+def include_name(name: str | None, type_: str, parent_names: object) -> bool:
+    """Compare only the store's tables: the database may hold other applications' tables."""
+    return type_ != "table" or (name or "").startswith(TABLE_PREFIX)

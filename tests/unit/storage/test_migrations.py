@@ -1,0 +1,126 @@
+"""The history store's migrations on real SQLite files: the head revision makes
+exactly the schema `kernelgw.storage.schema` defines (a schema change without a
+migration fails here), the baseline is the previous release's schema, and
+databases made before migrations are recognised.
+
+The same on PostgreSQL, and through the `Store`, in tests/integration/test_migrations.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.script import ScriptDirectory
+from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, create_engine, inspect, text
+
+from kernelgw.storage import migrate, schema
+from kernelgw.storage.migrations import BASELINE, REATTACH, VERSION_TABLE, MigrationsNeedAConnection
+from tests.support import previous_schema
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    e = create_engine(f"sqlite:///{tmp_path / 'kernelgw.db'}")
+    yield e
+    e.dispose()
+
+
+def upgrade(engine: Engine) -> migrate.Upgrade:
+    with engine.begin() as conn:
+        return migrate.upgrade(conn)
+
+
+def differences(engine: Engine, metadata: MetaData = schema.metadata) -> list[object]:
+    with engine.connect() as conn:
+        return migrate.differences(conn, metadata)
+
+
+def test_the_head_revision_makes_the_schema_the_store_defines(engine: Engine) -> None:
+    done = upgrade(engine)
+    assert (done.before, done.after, done.adopted) == (None, migrate.head(), None)
+    assert differences(engine) == [], "kernelgw/storage/schema.py changed without a migration (or the reverse)"
+
+
+def test_the_revisions_are_one_line_from_the_baseline() -> None:
+    script = ScriptDirectory.from_config(migrate.alembic_config())
+    assert script.get_heads() == [migrate.head()]
+    assert [r.revision for r in script.walk_revisions()][-2:] == [REATTACH, BASELINE]
+    assert script.get_base() == BASELINE
+
+
+def test_the_baseline_is_the_previous_release_schema(engine: Engine) -> None:
+    with engine.begin() as conn:
+        command.upgrade(migrate.alembic_config(conn), BASELINE)
+    assert differences(engine, previous_schema.metadata) == []
+
+
+def test_downgrading_the_reattach_revision_gives_the_previous_release_schema_back(engine: Engine) -> None:
+    upgrade(engine)
+    with engine.begin() as conn:
+        command.downgrade(migrate.alembic_config(conn), BASELINE)
+        assert migrate.current_revision(conn) == BASELINE
+    assert differences(engine, previous_schema.metadata) == []
+    assert upgrade(engine).after == migrate.head()
+
+
+def test_a_second_upgrade_changes_nothing(engine: Engine) -> None:
+    upgrade(engine)
+    again = upgrade(engine)
+    assert not again.changed and again.after == migrate.head()
+    with engine.connect() as conn:
+        assert conn.execute(text(f"SELECT count(*) FROM {VERSION_TABLE}")).scalar() == 1
+
+
+@pytest.mark.parametrize(
+    ("metadata", "adopted"),
+    [(previous_schema.metadata, BASELINE), (previous_schema.FIRST_RELEASE, BASELINE), (schema.metadata, REATTACH)],
+    ids=["previous-release", "first-release", "last-release-before-migrations"],
+)
+def test_tables_made_before_migrations_are_recognised(engine: Engine, metadata: MetaData, adopted: str) -> None:
+    metadata.create_all(engine)
+    done = upgrade(engine)
+    assert (done.before, done.adopted, done.after) == (None, adopted, migrate.head())
+    assert differences(engine) == []
+
+
+def test_a_database_with_only_some_reattach_columns_is_refused(engine: Engine) -> None:
+    previous_schema.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE kgw_sessions ADD COLUMN kernel TEXT"))
+    with pytest.raises(migrate.UnrecognisedHistorySchema, match="has kernel but not container_id"):
+        upgrade(engine)
+    with engine.connect() as conn:  # the failed upgrade left nothing behind
+        assert not inspect(conn).has_table(VERSION_TABLE)
+
+
+def test_another_applications_tables_and_alembic_version_are_left_alone(engine: Engine) -> None:
+    theirs = MetaData()
+    Table("alembic_version", theirs, Column("version_num", String(32), primary_key=True))
+    Table("orders", theirs, Column("id", Integer, primary_key=True))
+    theirs.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO alembic_version VALUES ('their-head')"))
+    assert upgrade(engine).adopted is None  # their tables are not ours to recognise
+    assert differences(engine) == []
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "their-head"
+        assert {"orders", "alembic_version", VERSION_TABLE} <= set(inspect(conn).get_table_names())
+
+
+def test_a_failed_upgrade_leaves_the_old_schema_whole(engine: Engine) -> None:
+    """On SQLite too the upgrade is one transaction (``BEGIN IMMEDIATE``): DDL included."""
+    previous_schema.metadata.create_all(engine)
+    with pytest.raises(RuntimeError, match="stop"), engine.begin() as conn:
+        migrate.upgrade(conn)
+        raise RuntimeError("stop before the commit")
+    with engine.connect() as conn:
+        assert not inspect(conn).has_table(VERSION_TABLE)
+        assert "kernel" not in {c["name"] for c in inspect(conn).get_columns("kgw_sessions")}
+
+
+def test_the_migrations_refuse_to_run_without_the_stores_connection() -> None:
+    with pytest.raises(MigrationsNeedAConnection):
+        command.upgrade(migrate.alembic_config(), "head")
