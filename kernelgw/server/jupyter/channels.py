@@ -124,6 +124,7 @@ class ChannelsConnection:
         self._ready = asyncio.Event()
         self._nudges: set[str] = set()
         self._nudged = asyncio.Event()
+        self._nudge_replied = asyncio.Event()
         self._last_parent: dict[str, Any] = {}
         self._dead_sent = False
         self.close_code = CLOSE_GOING_AWAY
@@ -187,8 +188,11 @@ class ChannelsConnection:
                 kc.stop_channels()
 
     async def _nudge(self, kc: AsyncKernelClient) -> None:
-        """kernel_info on control until an iopub message comes back: our SUB socket
-        has joined, so no output of the client's first request is lost."""
+        """kernel_info on control until its ``status: idle`` comes back on iopub:
+        our SUB socket has joined (no output of the client's first request is
+        lost) and the kernel is done with it. One request at a time, the next only
+        after the reply: ipykernel 7 can strand a request that arrives while it
+        sends a reply (see the kernel link's docstring)."""
         self._nudged.clear()
         deadline = time.monotonic() + NUDGE_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -196,11 +200,15 @@ class ChannelsConnection:
             if len(self._nudges) >= 256:
                 self._nudges.clear()
             self._nudges.add(request["header"]["msg_id"])
+            self._nudge_replied.clear()
             kc.control_channel.send(request)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.3):
+                async with asyncio.timeout(max(0.01, min(1.0, deadline - time.monotonic()))):
                     await self._nudged.wait()
                     return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.01, deadline - time.monotonic())):
+                    await self._nudge_replied.wait()
         log.warning("session %s: the kernel's iopub did not answer the channels nudge", self.session.id)
 
     # ------------------------------------------------------------ watchers
@@ -291,7 +299,9 @@ class ChannelsConnection:
             if not isinstance(parent, dict):
                 continue
             if parent.get("msg_id") in self._nudges:
-                if channel == "iopub":
+                if channel == "control":
+                    self._nudge_replied.set()
+                elif channel == "iopub" and (msg.get("content") or {}).get("execution_state") == "idle":
                     self._nudged.set()
                 continue
             if channel == "iopub":
