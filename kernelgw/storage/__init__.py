@@ -4,7 +4,13 @@ SQLite (a file under the gateway's data directory) by default; PostgreSQL when
 ``database_url`` says so. `Store` implements the `kernelgw.runtime.recorder.Recorder`
 protocol, so the session manager hands it every session start, finished
 execution and session end, and it answers the history queries behind notebook
-export and restore.
+export and restore. The schema is upgraded to the head revision at every
+start (`kernelgw.storage.migrate`, revisions in ``migrations/``).
+
+Modules: ``store`` (the façade), ``writer`` (the batched write queue),
+``database`` (set-up and recovery), ``engine`` (URLs, engines), ``kernels``
+(reattach rows), ``queries`` (history reads), ``retention``, ``health``,
+``keys``, ``audit``, ``schema``.
 
 May import: ``kernelgw.runtime`` (the Recorder seam and its read-only views),
 ``kernelgw.events``, ``kernelgw.config``, ``kernelgw.keys``, ``kernelgw.errors``.
