@@ -134,29 +134,27 @@ def _serialise(conn: Connection) -> None:
 
 
 def _recognise(conn: Connection) -> str | None:
-    """The revision of tables made before migrations; None for a database without any."""
+    """The revision of tables made before migrations (brought up to the baseline
+    first when the first release made them); None for a database without any."""
     inspector = inspect(conn)
     tables = {t for t in inspector.get_table_names() if t.startswith(TABLE_PREFIX) and t != VERSION_TABLE}
     if not tables:
         return None
-    first_release = []
     columns = {c["name"] for c in inspector.get_columns("kgw_sessions")} if "kgw_sessions" in tables else set()
+    present = REATTACH_COLUMNS & columns
+    if present and present != REATTACH_COLUMNS:
+        raise UnrecognisedHistorySchema(
+            f"kgw_sessions has {', '.join(sorted(present))} but not {', '.join(sorted(REATTACH_COLUMNS - present))}: "
+            "no release of kernelgw made that schema"
+        )
+    revision = REATTACH if present else BASELINE
+    first_release: list[str] = []
     baseline.metadata.create_all(conn, checkfirst=True)  # the first release had no keys or audit tables
     if created := sorted(set(baseline.metadata.tables) - tables):
         first_release.append(f"created {', '.join(created)}")
     if columns and "owner" not in columns:  # nor an owner of each session
         Operations(MigrationContext.configure(conn)).add_column("kgw_sessions", Column("owner", String(32)))
         first_release.append("added kgw_sessions.owner")
-    present = REATTACH_COLUMNS & columns
-    if present == REATTACH_COLUMNS:
-        revision = REATTACH
-    elif not present:
-        revision = BASELINE
-    else:
-        raise UnrecognisedHistorySchema(
-            f"kgw_sessions has {', '.join(sorted(present))} but not {', '.join(sorted(REATTACH_COLUMNS - present))}: "
-            "no release of kernelgw made that schema"
-        )
     log.info(
         "history storage: tables made before migrations are at revision %s%s",
         revision,

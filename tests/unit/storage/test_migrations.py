@@ -44,6 +44,15 @@ def test_the_head_revision_makes_the_schema_the_store_defines(engine: Engine) ->
     assert differences(engine) == [], "kernelgw/storage/schema.py changed without a migration (or the reverse)"
 
 
+def test_the_comparison_sees_a_schema_that_differs(engine: Engine) -> None:
+    """So an empty comparison above means the schemas agree, not that nothing is compared."""
+    upgrade(engine)
+    found = differences(engine, previous_schema.metadata)
+    removed = {(d[2], d[3].name) for d in found if isinstance(d, tuple) and d[0] == "remove_column"}
+    assert removed == {("kgw_sessions", c) for c in ("container_id", "kernel", "execution_count", "last_seq")}
+    assert len(found) == len(removed)
+
+
 def test_the_revisions_are_one_line_from_the_baseline() -> None:
     script = ScriptDirectory.from_config(migrate.alembic_config())
     assert script.get_heads() == [migrate.head()]
