@@ -184,6 +184,20 @@ def test_server_install_creates_the_app(venvs: dict[str, Venv]) -> None:
     assert server.installed(INTEGRATION_MODULES) == dict.fromkeys(INTEGRATION_MODULES, False)
     shown = server.kernelgw("serve", "--help")
     assert shown.returncode == 0, shown.stderr
+    # the schema migrations ship in the wheel: a new database comes up at their head
+    migrated = server.python(
+        "import asyncio, sqlite3, tempfile, pathlib\n"
+        "from kernelgw.storage import Store\n"
+        "d = pathlib.Path(tempfile.mkdtemp())\n"
+        "async def main():\n"
+        "    store = Store(f'sqlite+aiosqlite:///{d}/h.db', gateway_name='pkg')\n"
+        "    await store.start(background=False)\n"
+        "    await store.close()\n"
+        "asyncio.run(main())\n"
+        "print(sqlite3.connect(d / 'h.db').execute('select version_num from kgw_alembic_version').fetchone()[0])\n"
+    )
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stdout.strip(), migrated.stdout
 
 
 def test_all_install_loads_the_integrations(venvs: dict[str, Venv]) -> None:
