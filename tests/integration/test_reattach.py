@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,8 +20,9 @@ import httpx
 import pytest
 
 from kernelgw.runtime.manager import KERNEL_GONE_REASON
-from tests.integration.conftest import IMAGE, RUNTIME, free_port
+from tests.integration.conftest import IMAGE, RUNTIME
 from tests.security.conftest import gateway_containers, session_containers
+from tests.support.processes import gateway_process
 
 pytestmark = pytest.mark.integration
 
@@ -31,40 +31,15 @@ RUNTIME_DIR = Path("/tmp/kgwr")
 
 @contextmanager
 def serve(name: str, data_dir: Path, log: Path, **env: str) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
-    """``kernelgw serve`` in its own process; killed at the end if still running."""
-    port = free_port()
-    full_env = {
-        **os.environ,
-        "KERNELGW_GATEWAY_NAME": name,
-        "KERNELGW_IMAGE": IMAGE,
-        "KERNELGW_RUNTIME": RUNTIME,
-        "KERNELGW_RUNTIME_DIR": str(RUNTIME_DIR),
-        "KERNELGW_DATA_DIR": str(data_dir),
-        "KERNELGW_MEMORY_MB": "256",
-        "KERNELGW_LOG_FORMAT": "text",
-        **env,
-    }
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kernelgw", "serve", "--port", str(port)], env=full_env, stdout=out, stderr=out
-        )
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if http.get("/healthz", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert proc.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline, "the gateway did not start"
-                time.sleep(0.1)
-            yield proc, http
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    """``kernelgw serve`` in its own process, with a client; killed at the end if still running."""
+    with (
+        gateway_process(name, data_dir, log, image=IMAGE, runtime=RUNTIME, runtime_dir=RUNTIME_DIR, **env) as (
+            proc,
+            url,
+        ),
+        httpx.Client(base_url=url, timeout=120) as http,
+    ):
+        yield proc, http
 
 
 def _execute(http: httpx.Client, sid: str, code: str) -> dict[str, Any]:

@@ -14,8 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,8 +22,9 @@ import docker
 import httpx
 import pytest
 
-from tests.integration.conftest import IMAGE, RUNTIME, free_port
+from tests.integration.conftest import IMAGE, RUNTIME
 from tests.security.conftest import gateway_containers, session_containers
+from tests.support import processes
 
 pytestmark = pytest.mark.integration
 
@@ -36,40 +35,10 @@ RUNTIME_DIR = Path("/tmp/kgwk")
 def gateway_process(
     name: str, data_dir: Path, log: Path, **extra_env: str
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """``kernelgw serve`` in its own process; killed at the end if still running."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "KERNELGW_GATEWAY_NAME": name,
-        "KERNELGW_IMAGE": IMAGE,
-        "KERNELGW_RUNTIME": RUNTIME,
-        "KERNELGW_RUNTIME_DIR": str(RUNTIME_DIR),
-        "KERNELGW_DATA_DIR": str(data_dir),
-        "KERNELGW_MEMORY_MB": "256",
-        "KERNELGW_LOG_FORMAT": "text",
-        **extra_env,
-    }
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kernelgw", "serve", "--port", str(port)], env=env, stdout=out, stderr=out
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, log.read_text()[-2000:]
-            assert time.monotonic() < deadline, "the gateway did not start"
-            time.sleep(0.1)
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with processes.gateway_process(
+        name, data_dir, log, image=IMAGE, runtime=RUNTIME, runtime_dir=RUNTIME_DIR, **extra_env
+    ) as running:
+        yield running
 
 
 def test_a_killed_gateways_live_kernels_are_reattached_and_dead_ones_removed(

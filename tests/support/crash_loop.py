@@ -14,12 +14,10 @@ left ``running`` is *unmarked*. That gateway is stopped with
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -30,6 +28,8 @@ from pathlib import Path
 
 import docker
 import httpx
+
+from tests.support import processes
 
 LABEL_GATEWAY = "kernelgw.gateway"
 RUNTIME_DIR = Path("/tmp/kgwk")
@@ -55,53 +55,19 @@ class CrashCounts:
 def gateway_process(
     name: str, data_dir: Path, log: Path, image: str, database_url: str | None = None, **env: str
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """``kernelgw serve`` in its own process, ready (``/healthz`` 200); killed at the end if still running."""
-    port = _free_port()
-    full_env = {
-        **os.environ,
-        "KERNELGW_GATEWAY_NAME": name,
-        "KERNELGW_IMAGE": image,
-        "KERNELGW_RUNTIME_DIR": str(RUNTIME_DIR),
-        "KERNELGW_DATA_DIR": str(data_dir),
-        "KERNELGW_MEMORY_MB": "256",
-        "KERNELGW_LOG_FORMAT": "text",
-        "KERNELGW_POOL_SIZE": "0",
+    """``kernelgw serve`` for a round (no warm pool: every kernel is the session's)."""
+    with processes.gateway_process(
+        name,
+        data_dir,
+        log,
+        image=image,
+        runtime_dir=RUNTIME_DIR,
+        database_url=database_url,
+        start_deadline_s=START_DEADLINE_S,
+        KERNELGW_POOL_SIZE="0",
         **env,
-    }
-    full_env.pop("KERNELGW_DATABASE_URL", None)  # SQLite in data_dir, unless given
-    if database_url is not None:
-        full_env["KERNELGW_DATABASE_URL"] = database_url
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kernelgw", "serve", "--port", str(port)], env=full_env, stdout=out, stderr=out
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_DEADLINE_S
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None:
-                raise RuntimeError(f"the gateway exited: {log.read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("the gateway did not start")
-            time.sleep(0.05)
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    ) as running:
+        yield running
 
 
 class _Poster(threading.Thread):
