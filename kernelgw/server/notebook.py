@@ -33,26 +33,63 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
-
-import nbformat
-import nbformat.v4
-from nbformat import NotebookNode
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelgw import events as ev
 
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
+
+
+def _nbformat() -> Any:
+    """nbformat, imported when a notebook is first made or read: with jsonschema's
+    format checkers installed (jupyter_server brings them) its import takes over a
+    second, and a restarting gateway must not wait for it to reattach sessions."""
+    import nbformat
+    import nbformat.v4
+
+    return nbformat
+
+
 # nbformat's functions carry no annotations, and strict mypy will not call an
-# unannotated function: the module reaches them through these typed names.
-_new_output: Callable[..., NotebookNode] = nbformat.v4.new_output
-_new_code_cell: Callable[..., NotebookNode] = nbformat.v4.new_code_cell
-_new_markdown_cell: Callable[..., NotebookNode] = nbformat.v4.new_markdown_cell
-_new_notebook: Callable[..., NotebookNode] = nbformat.v4.new_notebook
-_node: Callable[[Mapping[str, Any]], NotebookNode] = NotebookNode
-_from_dict: Callable[[Mapping[str, Any]], NotebookNode] = nbformat.from_dict
-_writes: Callable[[NotebookNode], str] = nbformat.writes
+# unannotated function: the module reaches them through these typed wrappers.
+def _new_output(*args: Any, **kwargs: Any) -> NotebookNode:
+    node: NotebookNode = _nbformat().v4.new_output(*args, **kwargs)
+    return node
+
+
+def _new_code_cell(**kwargs: Any) -> NotebookNode:
+    node: NotebookNode = _nbformat().v4.new_code_cell(**kwargs)
+    return node
+
+
+def _new_markdown_cell(**kwargs: Any) -> NotebookNode:
+    node: NotebookNode = _nbformat().v4.new_markdown_cell(**kwargs)
+    return node
+
+
+def _new_notebook(**kwargs: Any) -> NotebookNode:
+    node: NotebookNode = _nbformat().v4.new_notebook(**kwargs)
+    return node
+
+
+def _node(value: Mapping[str, Any]) -> NotebookNode:
+    node: NotebookNode = _nbformat().NotebookNode(value)
+    return node
+
+
+def _from_dict(value: Mapping[str, Any]) -> NotebookNode:
+    node: NotebookNode = _nbformat().from_dict(value)
+    return node
+
+
+def _writes(nb: NotebookNode) -> str:
+    text: str = _nbformat().writes(nb)
+    return text
+
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 DEFAULT_LANGUAGE_INFO = {"name": "python"}
@@ -237,7 +274,7 @@ def build_notebook(
     if session_id is not None:
         metadata["kernelgw"] = {"session_id": session_id, **({"image": image} if image else {})}
     nb = _new_notebook(cells=cells, metadata=metadata)
-    nbformat.validate(nb)
+    _nbformat().validate(nb)
     return nb
 
 
@@ -278,6 +315,7 @@ def read_notebook(data: Mapping[str, Any]) -> NotebookNode:
     with warnings.catch_warnings():
         # a missing cell id is not worth refusing a notebook for
         warnings.simplefilter("ignore")
+        nbformat = _nbformat()
         try:
             nbformat.validate(nb, version=4)
         except nbformat.ValidationError as exc:
