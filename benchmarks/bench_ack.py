@@ -7,10 +7,11 @@ Both gateways run as ``python -m kernelgw serve`` with the working directory at
 their tree (so that tree's package is the one imported), SQLite history in a
 throwaway data directory, one session each. Each round takes one sample of each
 row in a shuffled order, so load drift hits all alike; the load average is
-printed next to the table.
+stored next to the table. Goal: this tree's WebSocket `1+1` within 1 ms of raw
+jupyter_client at p50.
 
-Run:  git archive <commit> | tar -x -C /tmp/kgw_before
-      .venv/bin/python benchmarks/bench_ack.py --before /tmp/kgw_before [--rounds 400]
+Run:  git archive d7b8a43 | tar -x -C /tmp/kgw_before
+      .venv/bin/python benchmarks/bench_ack.py --before /tmp/kgw_before [--before-commit d7b8a43] [--rounds 400]
 """
 
 from __future__ import annotations
@@ -19,21 +20,41 @@ import argparse
 import asyncio
 import os
 import random
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common
-from _common import Gateway, RawKernel, WsConn, print_table, session_container, summary
+from _common import (
+    DEFAULT_IMAGE,
+    DOCS_BENCH,
+    Gateway,
+    RawKernel,
+    WsConn,
+    draw_bars,
+    machine_info,
+    now_iso,
+    other_activity,
+    print_table,
+    session_container,
+    summary,
+)
+
+FLOOR = "raw jupyter_client (floor)"
+BEFORE = "kernelgw WebSocket, before"
+AFTER = "kernelgw WebSocket, this tree"
+GOAL_MS = 1.0
 
 
 class TreeGateway(Gateway):
     """A `Gateway` whose package comes from ``tree`` (its working directory)."""
 
-    def __init__(self, name: str, tree: Path) -> None:
-        super().__init__(name, env={"KERNELGW_ON_SHUTDOWN": "stop"})  # the older tree ignores it
+    def __init__(self, name: str, tree: Path, image: str) -> None:
+        super().__init__(name, image=image, env={"KERNELGW_ON_SHUTDOWN": "stop"})  # the older tree ignores it
         self.tree = tree
 
     def start(self, timeout: float = 90) -> Gateway:
@@ -44,22 +65,31 @@ class TreeGateway(Gateway):
             _common.REPO = saved
 
 
-async def measure(before: Gateway, after: Gateway, rounds: int, warmup: int) -> dict[str, list[float]]:
+def imported_from(tree: Path) -> str:
+    """Where ``import kernelgw`` resolves with ``tree`` as the working directory (a check
+    that the older tree's package is the one the `before` gateway runs)."""
+    return subprocess.run(
+        [sys.executable, "-c", "import kernelgw; print(kernelgw.__file__)"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+async def measure(before: Gateway, after: Gateway, rounds: int, warmup: int) -> dict[str, Any]:
     sids = {}
     for label, gw in (("before", before), ("after", after)):
         async with httpx.AsyncClient(base_url=gw.url, timeout=120) as http:
             resp = await http.post("/v1/sessions", json={})
             resp.raise_for_status()
             sids[label] = resp.json()["id"]
-    ws_url = {
-        label: gw.url.replace("http://", "ws://") + f"/v1/sessions/{sids[label]}/ws"
-        for label, gw in (("before", before), ("after", after))
-    }
-    samples: dict[str, list[float]] = {"raw jupyter_client": [], "WS before": [], "WS after": []}
-    async with WsConn(ws_url["before"]) as ws_b, WsConn(ws_url["after"]) as ws_a:
+    samples: dict[str, list[float]] = {FLOOR: [], BEFORE: [], AFTER: []}
+    loads: list[float] = []
+    async with WsConn(before.ws_url(sids["before"])) as ws_b, WsConn(after.ws_url(sids["after"])) as ws_a:
         raw = RawKernel(session_container(sids["after"])[1])
         async with raw:
-            rows = {"raw jupyter_client": raw.execute, "WS before": ws_b.execute, "WS after": ws_a.execute}
+            rows = {FLOOR: raw.execute, BEFORE: ws_b.execute, AFTER: ws_a.execute}
             for i in range(warmup + rounds):
                 order = list(rows)
                 random.shuffle(order)
@@ -67,20 +97,78 @@ async def measure(before: Gateway, after: Gateway, rounds: int, warmup: int) -> 
                     ms, _ = await rows[name]("1+1")
                     if i >= warmup:
                         samples[name].append(ms)
-    return samples
+                if i % 50 == 0:
+                    loads.append(os.getloadavg()[0])
+    return {"samples": samples, "loadavg_1min_during": [round(x, 2) for x in loads]}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, required=True, help="the source tree to compare against")
+    parser.add_argument("--before-commit", default=None, help="the commit that tree was archived from (stored)")
     parser.add_argument("--rounds", type=int, default=400)
     parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--quick", action="store_true", help="--rounds 100")
+    parser.add_argument("--image", default=DEFAULT_IMAGE)
+    parser.add_argument("--json", type=Path, default=DOCS_BENCH / "ack.json")
+    parser.add_argument("--chart", type=Path, default=DOCS_BENCH / "ack.png")
     args = parser.parse_args()
-    with TreeGateway("ackold", args.before.resolve()) as before, TreeGateway("acknew", _common.REPO) as after:
-        samples = asyncio.run(measure(before, after, args.rounds, args.warmup))
-    rows = [summary(name, s) for name, s in samples.items()]
-    print_table("1+1 over the WebSocket, interleaved (ms)", rows, floor="raw jupyter_client")
-    print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, cores {os.cpu_count()}")
+    if args.quick:
+        args.rounds = 100
+    before_tree = args.before.resolve()
+    before_pkg = imported_from(before_tree)
+    if not before_pkg.startswith(str(before_tree)):
+        sys.exit(f"with {before_tree} as working directory, kernelgw is imported from {before_pkg}")
+    machine = machine_info(args.image)
+    date = now_iso()
+    with (
+        TreeGateway("ackold", before_tree, args.image) as before,
+        TreeGateway("acknew", _common.REPO, args.image) as after,
+    ):
+        out = asyncio.run(measure(before, after, args.rounds, args.warmup))
+    rows = [summary(name, s) for name, s in out["samples"].items()]
+    floor, after_row, before_row = rows[0], rows[2], rows[1]
+    over = after_row["p50_ms"] - floor["p50_ms"]
+    result = {
+        "benchmark": "ack",
+        "date": date,
+        "machine": machine,
+        "args": vars(args) | {"before": str(before_tree), "json": str(args.json), "chart": str(args.chart)},
+        "before_commit": args.before_commit,
+        "before_package": before_pkg,
+        "floor": FLOOR,
+        "rows": rows,
+        "rounds": args.rounds,
+        "warmup": args.warmup,
+        "loadavg_1min_during": out["loadavg_1min_during"],
+        "goal_ms": GOAL_MS,
+        "after_over_floor_p50_ms": over,
+        "before_over_floor_p50_ms": before_row["p50_ms"] - floor["p50_ms"],
+        "after_over_before_p50_ms": after_row["p50_ms"] - before_row["p50_ms"],
+        "after_over_before_p95_ms": after_row["p95_ms"] - before_row["p95_ms"],
+        "met": over <= GOAL_MS,
+        "activity_end": other_activity(),
+    }
+    print_table(f"1+1 over the WebSocket, interleaved in {args.rounds} rounds ({date})", rows, floor=FLOOR)
+    print(
+        f"\nthis tree's WebSocket p50 - raw p50: {over:+.2f} ms (goal <= {GOAL_MS:g} ms: "
+        f"{'MET' if result['met'] else 'MISSED'}); before's: {result['before_over_floor_p50_ms']:+.2f} ms; "
+        f"this tree - before: p50 {result['after_over_before_p50_ms']:+.2f} ms, "
+        f"p95 {result['after_over_before_p95_ms']:+.2f} ms"
+    )
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, cores {os.cpu_count()}")
+    if args.json:
+        _common.write_json(args.json, result)
+    if args.chart:
+        draw_bars(
+            [(f"1+1 over the WebSocket vs raw jupyter_client, interleaved ({args.rounds} rounds)", rows)],
+            args.chart,
+            title=f"What 'acknowledged means stored' costs, {date[:10]}, {machine['cores']} cores",
+            floor_names=[FLOOR],
+            log=False,
+            xlabel="milliseconds (bar: p50; marks: p95 |, p99 x)",
+        )
+        print(f"wrote {args.chart}")
     return 0
 
 

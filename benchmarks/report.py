@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,12 @@ IDLE_SESSIONS = 100
 GATEWAY_RSS_MB = 300.0  # MB = 10^6 bytes
 FLOOD_P50_MS = 1.0  # "not slowed": p50 at most this much worse under the flood ...
 FLOOD_P95_RATIO = 1.25  # ... and p95 at most this many times the idle p95
+# targets of the "Durable sessions" issue (bench_reattach, bench_ack, bench_crash keep their own copies
+# in their JSON: goal_s / goal_ms / goals, which the verdicts below use when present)
+REATTACH_GOAL_S = 2.0
+REATTACH_SESSIONS = 20
+ACK_OVER_RAW_MS = 1.0
+CRASH_ROUNDS = 100
 
 
 def load(d: Path, name: str) -> dict[str, Any] | None:
@@ -240,6 +247,226 @@ def _findings(flood: Any, scale: Any, probe: Any) -> list[str]:
     return out
 
 
+def _when(x: dict[str, Any]) -> str:
+    m = x.get("machine") if isinstance(x.get("machine"), dict) else {}
+    commit = m.get("kernelgw_commit", "?")
+    dirty = m.get("kernelgw_uncommitted") or []
+    start = (m.get("activity_start") or {}).get("loadavg")
+    end = (x.get("activity_end") or {}).get("loadavg")
+    pytest = max(
+        (m.get("activity_start") or {}).get("pytest_processes", 0) or 0,
+        (x.get("activity_end") or {}).get("pytest_processes", 0) or 0,
+    )
+    return (
+        f"{x['date'][:16].replace('T', ' ')} UTC, commit {commit}"
+        + (f" plus uncommitted changes in {len(dirty)} file(s) of kernelgw/" if dirty else "")
+        + (f", load average {start[0]:.2f} at the start and {end[0]:.2f} at the end" if start and end else "")
+        + (f", {pytest} pytest processes of other work running" if pytest else "")
+    )
+
+
+def durability(d: Path, out: Path, reattach: Any, ack: Any, crash: Any) -> list[str]:
+    """The "Durability" section: restart and reattach, what acknowledged-means-stored
+    costs, kill -9 rounds; every number and verdict from their JSON."""
+    md: list[str] = []
+    w = md.append
+    w("## Durability\n")
+    w(
+        "A restarted gateway (SIGTERM with `on_shutdown=keep`, or kill -9) reattaches the kernel containers of its "
+        "name; a cell is answered only after its history row is committed. Three scripts measure what that gives "
+        "and costs; they run on the same 2-core machine as everything else, often beside other work, so each compares "
+        "with a floor measured in the same run and stores the load average.\n"
+    )
+    lines = ["| goal | measured | verdict |", "|---|---|---|"]
+    if reattach:
+        s = reattach["summary"]
+        goal_s, goal_n = s.get("goal_s", REATTACH_GOAL_S), s.get("goal_sessions", REATTACH_SESSIONS)
+        kinds = s["by_kind"]
+        lines.append(
+            f"| restart -> first successful execute on a reattached session under {goal_s:g} s with {goal_n} "
+            f"sessions | {reattach['sessions']} sessions: "
+            + ", ".join(
+                f"{k} p50 {v['first_s']['p50']:.2f} s (max {v['first_s']['max']:.2f}, n={v['n']})"
+                for k, v in kinds.items()
+            )
+            + f" | {verdict(s['met'])} (worst {s['worst_first_s']:.2f} s, {s['worst_first_s'] - goal_s:+.2f} s) |"
+        )
+    if ack:
+        goal = ack.get("goal_ms", ACK_OVER_RAW_MS)
+        lines.append(
+            f"| `1+1` over the WebSocket within {goal:g} ms of raw jupyter_client at p50 | "
+            f"{ack['after_over_floor_p50_ms']:+.2f} ms over the floor (n={ack['rounds']}; the tree before: "
+            f"{ack['before_over_floor_p50_ms']:+.2f} ms) | {verdict(ack['after_over_floor_p50_ms'] <= goal)} |"
+        )
+    if crash:
+        t, g = crash["totals"], crash.get("goals", {"lost": 0, "unmarked": 0, "leaked": 0})
+        goal_rounds = crash.get("goal_rounds", CRASH_ROUNDS)
+        zero = all(t[k] <= v for k, v in g.items())
+        if not zero:
+            crash_verdict = verdict(False)
+        elif t["rounds"] >= goal_rounds:
+            crash_verdict = verdict(True)
+        else:  # nothing lost, but fewer rounds than the goal asks for
+            crash_verdict = f"not measured in full: 0/0/0 in {t['rounds']} of {goal_rounds} rounds"
+        lines.append(
+            f"| kill -9 at random moments, {goal_rounds} rounds: 0 acknowledged cells lost, 0 cut-off cells left "
+            f"unmarked, 0 containers leaked | {t['rounds']} rounds, {t['acknowledged']} acknowledged: {t['lost']} "
+            f"lost, {t['unmarked']} unmarked ({t['cut_off']} cut off and marked), {t['leaked']} leaked | "
+            + crash_verdict
+            + " |"
+        )
+    md.extend(lines)
+    w("")
+
+    if reattach:
+        s, n = reattach["summary"], reattach["sessions"]
+        rs = reattach["restarts"]
+        stops = [r["stop_s"] for r in rs if r["kind"] == "SIGTERM"]
+        loads = [r["loadavg"][0] for r in rs]
+        w("### Restart and reattach\n")
+        w(
+            f"`benchmarks/bench_reattach.py`, measured {_when(reattach)}. One gateway (SQLite history, no pool, "
+            f"256 MB kernels) gets {n} sessions, each with `x = 42`; it is stopped with SIGTERM (on_shutdown=keep; "
+            f"the stop itself took {min(stops, default=0):.2f}-{max(stops, default=0):.2f} s and is not counted) or "
+            f"killed with SIGKILL, and started again. Seconds from the new process's spawn until `/healthz` answers "
+            f"(uvicorn binds after the lifespan, which reattaches), the first `print(x)` answers 42, and all {n} have. "
+            f"Plain restarts run `python -m kernelgw serve` and give the verdict; probed ones run the same CLI under a "
+            f"wrapper that times the gateway's own start-up methods (nothing in kernelgw/ changed). 1-minute load "
+            f"average at each restart: {min(loads):.2f}-{max(loads):.2f}.\n"
+        )
+        w(f"| restart | probe | sessions back | /healthz s | first `print(x)` s | all {n} answered s | load |")
+        w("|---|---|---:|---:|---:|---:|---:|")
+        for r in rs:
+            w(
+                f"| {r['kind']} | {'probed' if r['probed'] else 'plain'} | {r['sessions_listed']} | "
+                f"{r['healthy_s']:.2f} | {r['first_s']:.2f} | {r['all_s']:.2f} | {r['loadavg'][0]:.2f} |"
+            )
+        w(f"\n![restart and reattach]({rel(d / 'reattach.png', out)})\n")
+        bd = s.get("breakdown") or []
+        if bd:
+            first_p50 = statistics.median(r["first_s"] for r in rs if r["probed"])
+            w(
+                f"Where the time goes: median of the {s['breakdown_from']} probed restarts, steps in order (they tile "
+                f"the time from spawn to the last answer; the first answer came at {first_p50:.2f} s).\n"
+            )
+            w("| step | p50 s | max s |")
+            w("|---|---:|---:|")
+            for b in bd:
+                w(f"| {b['step']} | {b['p50_s']:.3f} | {b['max_s']:.3f} |")
+            w("")
+            probed = [r["phases"] for r in rs if r["probed"] and "sessions" in r.get("phases", {})]
+            if probed:
+                ss = [p["sessions"] for p in probed]
+                st = [p["store"] for p in probed]
+                w(
+                    f"- Each session's reattach (ZMQ connect, `kernel_info` on the control channel until a reply and "
+                    f"an iopub message arrive): p50 {statistics.median(x['each_p50_s'] for x in ss) * 1000:.0f} ms, "
+                    f"max {max(x['each_max_s'] for x in ss) * 1000:.0f} ms; all {ss[0]['n']} run concurrently. "
+                    f"iopub waits that timed out (0.2 s each): {sum(x['iopub_timeouts'] for x in ss)}; control "
+                    f"replies that timed out: {sum(x['control_timeouts'] for x in ss)}; sessions that failed: "
+                    f"{sum(x['failed'] for x in ss)}."
+                )
+                w(
+                    f"- open_sessions reads each session's latest cells one query at a time to refill its replay "
+                    f"buffer: {st[0]['latest_events_calls']} queries, "
+                    f"{statistics.median(x['latest_events_total_s'] for x in st) * 1000:.0f} ms at p50 in all. The "
+                    f"CLI opens the store and checks authentication once before the lifespan does it again "
+                    f"({statistics.median(x['cli_check_s'] for x in st) * 1000:.0f} ms)."
+                )
+        fl = reattach.get("floors_s", {})
+        ri = reattach.get("route_imports_s", {})
+        if fl:
+            w(
+                "- Floors in the same run (fresh interpreters, no gateway): "
+                + ", ".join(f"`{k}` p50 {statistics.median(v):.2f} s" for k, v in fl.items() if v)
+                + "."
+            )
+        if ri:
+            inst, blk = statistics.median(ri["as installed"]), statistics.median(ri["rfc3987_syntax blocked"])
+            w(
+                f"- The route modules `create_app` imports (kernelgw.server.history, routes, ws, jupyter, files, "
+                f"packages, web), after serve's own imports: {inst:.2f} s as installed, {blk:.2f} s with "
+                f"`rfc3987_syntax` blocked (p50 of {len(ri['as installed'])} each)."
+                + (
+                    " The difference is `kernelgw.server.notebook`'s module-level `import nbformat`: nbformat imports "
+                    "its validator, which imports jsonschema, whose format checkers import `rfc3987_syntax` when it is "
+                    "installed (jsonschema's `format-nongpl` extra, which `jupyter-events` asks for: it comes with "
+                    "jupyter_server, in the test extra here, and with any JupyterLab in the same environment); that "
+                    "module compiles some 40 lark grammars at import."
+                    if inst - blk > 0.5
+                    else ""
+                )
+            )
+        it = reattach.get("importtime") or []
+        if it:
+            w(
+                "- `python -X importtime` of serve's and create_app's imports, self time by top-level package (ms, "
+                "inflated by the measurement): "
+                + ", ".join(f"{r['package']} {r['self_ms']:.0f}" for r in it[:10])
+                + (f"; {it[-1]['package']} {it[-1]['self_ms']:.0f}" if it else "")
+                + "."
+            )
+        w("")
+
+    if ack:
+        w("### What acknowledged-means-stored costs\n")
+        w(
+            f"`benchmarks/bench_ack.py`, measured {_when(ack)}. Two gateways at once: one from the tree before the "
+            f"durable-sessions work (`git archive {ack.get('before_commit') or '?'}`, run from that directory), one "
+            f"from this tree; one session each, SQLite history. `1+1` over each WebSocket and raw jupyter_client to "
+            f"this tree's kernel (the floor), one sample of each per round in shuffled order, {ack['rounds']} rounds "
+            f"after {ack['warmup']} warm-up rounds. 1-minute load average during the rounds: "
+            f"{min(ack['loadavg_1min_during']):.2f}-{max(ack['loadavg_1min_during']):.2f}.\n"
+        )
+        w(table(ack["rows"], ack["floor"]))
+        w(
+            f"\nThis tree minus the tree before: p50 {ack['after_over_before_p50_ms']:+.2f} ms, p95 "
+            f"{ack['after_over_before_p95_ms']:+.2f} ms. Goal (within {ack.get('goal_ms', ACK_OVER_RAW_MS):g} ms of the "
+            f"floor at p50): {verdict(ack['after_over_floor_p50_ms'] <= ack.get('goal_ms', ACK_OVER_RAW_MS))}; the "
+            f"tree before was {ack['before_over_floor_p50_ms']:+.2f} ms over the same floor in the same rounds.\n"
+        )
+        w(f"![acknowledged means stored]({rel(d / 'ack.png', out)})\n")
+
+    if crash:
+        t = crash["totals"]
+        w("### Kill -9 rounds\n")
+        w(
+            f"`benchmarks/bench_crash.py` (the loop is `tests/support/crash_loop.py`), measured {_when(crash)}. Each "
+            "round starts `kernelgw serve` (SQLite, no pool), posts `1+1` cells over REST one after another and "
+            "SIGKILLs the gateway a random 0-20 ms after a random one of the first 1-8 requests was sent; the next "
+            "round's gateway reattaches the session. A last gateway reads the history: every cell answered 200 must "
+            "be there with the status it was answered with (else lost), no cell may be left `running` (unmarked), "
+            f"and after it stops with `on_shutdown=stop` no container of the name may remain (leaked). Seed "
+            f"{crash['seed']}; {crash['seconds'] / 60:.1f} minutes ({crash['seconds_per_round']:.1f} s per round)."
+            + (
+                f" **Fewer rounds than asked: {t['rounds']} of {crash['rounds_asked']}, {crash['stopped_early']}.**"
+                if crash.get("stopped_early")
+                else ""
+            )
+            + "\n"
+        )
+        w(
+            "| chain | rounds | requests sent | acknowledged | lost | cut off (marked dead) | left running | containers leaked | load at start |"
+        )
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for i, b in enumerate(crash["batches"], 1):
+            w(
+                f"| {i} | {b['rounds']} | {b['sent']} | {b['acknowledged']} | {len(b['lost'])} | {b['cut_off']} | "
+                f"{len(b['unmarked'])} | {len(b['leaked'])} | {b['loadavg_start'][0]:.2f} |"
+            )
+        if len(crash["batches"]) > 1:
+            w(
+                f"| all | {t['rounds']} | {t['sent']} | {t['acknowledged']} | {t['lost']} | {t['cut_off']} | "
+                f"{t['unmarked']} | {t['leaked']} | |"
+            )
+        w(
+            "\nA request sent but not acknowledged (the kill came first) may or may not be in the history; only "
+            "acknowledged ones count. 'Cut off' counts rows stored `dead` with the reason 'the gateway stopped while "
+            "this cell ran' (marked by a later gateway); 'left running' counts rows still `running` at the end.\n"
+        )
+    return md
+
+
 def _flood_cause(flood: dict[str, Any], ok: bool) -> str:
     fl, cpu = flood["flood"], flood.get("cpu_cores")
     parts = []
@@ -335,7 +562,7 @@ def main() -> None:
         "(in rounds, or sample by sample) so that drift in the machine's load hits them alike. p50/p95/p99 are "
         "linear-interpolated percentiles; with n below 100, p99 is close to the maximum. The 'floor' is the fastest "
         "way to get the same result without kernelgw: raw `jupyter_client` on the same kernel's sockets. Reproduce "
-        "with `scripts/bench.sh` (about 10 minutes; `--quick` for a smoke run); each script also runs alone "
+        "with `scripts/bench.sh` (about 25 minutes, 10 of them the kill -9 rounds; `--quick` for a smoke run); each script also runs alone "
         "(`.venv/bin/python benchmarks/bench_X.py --help`).\n"
     )
 
@@ -352,6 +579,10 @@ def main() -> None:
         for f_ in findings:
             w(f"- {f_}")
         w("")
+
+    reattach, ack, crash = (load(d, n) for n in ("reattach", "ack", "crash"))
+    if reattach or ack or crash:
+        md.extend(durability(d, out, reattach, ack, crash))
 
     if start:
         w("## Session start\n")
