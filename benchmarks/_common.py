@@ -471,13 +471,16 @@ class Gateway:
         }
         self.log_path = Path(self._data) / "gateway.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.command: list[str] = ["-m", "kernelgw"]
+        """What follows the interpreter on the command line before ``serve --port N``
+        (a subclass may run the CLI under a ``-c`` wrapper that measures something)."""
 
     def start(self, timeout: float = 90) -> Gateway:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELGW_")}
         full_env.update(self.env)
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kernelgw", "serve", "--port", str(self.port)],
+            [sys.executable, *self.command, "serve", "--port", str(self.port)],
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -50,12 +52,41 @@ AFTER = "kernelgw WebSocket, this tree"
 GOAL_MS = 1.0
 
 
+# Runs the gateway's CLI; when its history store closes (the gateway stops), writes the
+# store's queue-to-commit times of the rows it wrote (``Store.write_latency_ms``, kept by
+# both trees) to $KGWB_STORE_LATENCY. Nothing else is changed.
+STORE_LATENCY_PROBE = r"""
+import json, os, sys
+import kernelgw.storage.store as _store
+_close = _store.Store.close
+async def close(self):
+    with open(os.environ["KGWB_STORE_LATENCY"], "w") as f:
+        json.dump(list(self.write_latency_ms), f)
+    await _close(self)
+_store.Store.close = close
+from kernelgw.cli.main import main
+main(args=sys.argv[1:], prog_name="kernelgw")
+"""
+
+
 class TreeGateway(Gateway):
     """A `Gateway` whose package comes from ``tree`` (its working directory)."""
 
     def __init__(self, name: str, tree: Path, image: str) -> None:
         super().__init__(name, image=image, env={"KERNELGW_ON_SHUTDOWN": "stop"})  # the older tree ignores it
         self.tree = tree
+        self.latency_file = Path(self._data) / "store_latency.json"
+        self.env["KGWB_STORE_LATENCY"] = str(self.latency_file)
+        self.command = ["-c", STORE_LATENCY_PROBE]
+        self.store_latency_ms: list[float] = []
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=180)
+        if self.latency_file.exists():
+            self.store_latency_ms = json.loads(self.latency_file.read_text())
+        super().stop()
 
     def start(self, timeout: float = 90) -> Gateway:
         saved, _common.REPO = _common.REPO, self.tree
@@ -126,6 +157,11 @@ def main() -> int:
         TreeGateway("acknew", _common.REPO, args.image) as after,
     ):
         out = asyncio.run(measure(before, after, args.rounds, args.warmup))
+    # stopped now: each store's queue-to-commit times (in the tree before, nobody waited for them)
+    store_rows = [
+        summary(f"history row queue -> commit, {label}", gw.store_latency_ms)
+        for label, gw in (("before", before), ("this tree", after))
+    ]
     rows = [summary(name, s) for name, s in out["samples"].items()]
     floor, after_row, before_row = rows[0], rows[2], rows[1]
     over = after_row["p50_ms"] - floor["p50_ms"]
@@ -141,6 +177,7 @@ def main() -> int:
         "rounds": args.rounds,
         "warmup": args.warmup,
         "loadavg_1min_during": out["loadavg_1min_during"],
+        "store_write_latency": store_rows,
         "goal_ms": GOAL_MS,
         "after_over_floor_p50_ms": over,
         "before_over_floor_p50_ms": before_row["p50_ms"] - floor["p50_ms"],
@@ -156,6 +193,7 @@ def main() -> int:
         f"this tree - before: p50 {result['after_over_before_p50_ms']:+.2f} ms, "
         f"p95 {result['after_over_before_p95_ms']:+.2f} ms"
     )
+    print_table("history rows, queue -> commit (ms; every row the gateway wrote, warm-up included)", store_rows)
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, cores {os.cpu_count()}")
     if args.json:
         _common.write_json(args.json, result)

@@ -2,15 +2,25 @@
 marked, containers leaked (the loop is tests/support/crash_loop.py).
 
 Each round starts ``kernelgw serve`` (own name, own data directory, SQLite),
-posts ``1+1`` cells over REST one after another and SIGKILLs the gateway a
-random delay after a random request was sent; the next round's gateway
-reattaches the session. A last gateway reads the history and stops with
-``on_shutdown=stop``. Goals over 100 rounds: lost 0, unmarked 0, leaked 0.
+posts cells over REST one after another and SIGKILLs the gateway a random
+delay after a random request was sent; the next round's gateway reattaches the
+session. A last gateway reads the history and stops with ``on_shutdown=stop``.
+Goals over 100 rounds: lost 0, unmarked 0, leaked 0.
 
-By default all rounds are one chain (one gateway name, one session carried
-over). ``--batch N`` splits them into chains of N rounds (each its own gateway
-name, data directory and final check), so that ``--max-minutes`` can stop
-starting chains after that long; the JSON then says how many rounds ran.
+The loop posts ``1+1`` and kills 0-20 ms after a request was sent. A cell's
+``running`` row lingers up to 20 ms in the writer (kernelgw.storage.writer
+LINGER_S) and is skipped when the cell ends first, so such a kill almost never
+finds a committed ``running`` row: "unmarked" is barely tested. A second
+variant (``--cells``) posts a cell that sleeps 0.3 s and announces each request
+to the loop ``--shift`` (0.1 s) after sending it, so the kill lands 100-120 ms
+into a running cell whose row is stored: the cut-off cells the next gateway
+must mark. The poster is the only change (subclassed here;
+tests/support/crash_loop.py is not edited).
+
+By default all rounds of a variant are one chain (one gateway name, one session
+carried over). ``--batch N`` splits them into chains of N rounds (each its own
+gateway name, data directory and final check), so that ``--max-minutes`` can
+stop starting chains after that long; the JSON then says how many rounds ran.
 
 Run:  .venv/bin/python benchmarks/bench_crash.py [--rounds 100] [--seed N]
 """
@@ -22,7 +32,9 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +42,73 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import httpx  # noqa: E402
 from _common import DEFAULT_IMAGE, DOCS_BENCH, machine_info, now_iso, other_activity, write_json  # noqa: E402
 
-from tests.support.crash_loop import crash_rounds  # noqa: E402
+from tests.support import crash_loop  # noqa: E402
 
 GOALS = {"lost": 0, "unmarked": 0, "leaked": 0}
 GOAL_ROUNDS = 100
+LOOP_CELL = "1+1"
+SLOW_CELL = "import time; time.sleep(0.3); 1+1"
+ORIGINAL_POSTER = crash_loop._Poster
+
+
+def poster_posting(code: str, shift_s: float) -> type[crash_loop._Poster]:
+    """The crash loop's poster, posting ``code`` instead of ``1+1`` and telling the loop
+    that a request was sent ``shift_s`` after sending it (the loop kills 0-20 ms after that)."""
+
+    class Poster(crash_loop._Poster):
+        def run(self) -> None:
+            with httpx.Client(base_url=self.url, timeout=60) as http:
+                while True:
+                    eid = uuid.uuid4().hex
+                    reply: dict[str, Any] = {}
+
+                    def post(eid: str = eid, reply: dict[str, Any] = reply) -> None:
+                        try:
+                            reply["resp"] = http.post(
+                                f"/v1/sessions/{self.sid}/execute", json={"code": code, "execution_id": eid}
+                            )
+                        except httpx.TransportError:
+                            pass
+
+                    sender = threading.Thread(target=post, daemon=True)
+                    sender.start()
+                    sender.join(shift_s)
+                    with self.sent_event:
+                        self.sent.append(eid)
+                        self.sent_event.notify_all()
+                    sender.join()
+                    resp = reply.get("resp")
+                    if resp is None or resp.status_code != 200:
+                        return
+                    self.acked[eid] = resp.json()["status"]
+
+    return Poster
+
+
+def totals(batches: list[dict[str, Any]]) -> dict[str, int]:
+    out = {k: sum(b[k] for b in batches) for k in ("rounds", "sent", "acknowledged", "cut_off")}
+    return out | {k: sum(len(b[k]) for b in batches) for k in ("lost", "unmarked", "leaked")}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=GOAL_ROUNDS)
+    parser.add_argument("--rounds", type=int, default=GOAL_ROUNDS, help="rounds per cell variant")
+    parser.add_argument(
+        "--cells",
+        nargs="+",
+        default=[LOOP_CELL, SLOW_CELL],
+        help=f"the cell of each variant (default: the loop's {LOOP_CELL!r}, then {SLOW_CELL!r})",
+    )
+    parser.add_argument(
+        "--shift", type=float, default=0.1, help="seconds from a request's send to its announcement (not for 1+1)"
+    )
     parser.add_argument(
         "--batch", type=int, default=None, help="rounds per gateway name and final history check (default: all)"
     )
-    parser.add_argument("--max-minutes", type=float, default=25.0, help="start no batch after this long")
+    parser.add_argument("--max-minutes", type=float, default=25.0, help="start no chain after this long")
     parser.add_argument("--seed", type=int, default=None, help="default: a random one, stored")
     parser.add_argument("--quick", action="store_true", help="--rounds 10")
     parser.add_argument("--image", default=DEFAULT_IMAGE)
@@ -57,76 +121,98 @@ def main() -> int:
     machine = machine_info(args.image)
     date = now_iso()
     started = time.monotonic()
-    batches: list[dict[str, Any]] = []
-    done = 0
+    variants: list[dict[str, Any]] = []
     stopped_early = None
-    while done < args.rounds:
-        minutes = (time.monotonic() - started) / 60
-        if minutes > args.max_minutes:
-            stopped_early = f"stopped after {minutes:.1f} min (--max-minutes {args.max_minutes:g})"
-            break
-        n = min(args.batch or args.rounds, args.rounds - done)
-        t = time.monotonic()
-        load = [round(x, 2) for x in os.getloadavg()]
-        with tempfile.TemporaryDirectory(prefix="kgw-crash-") as workdir:
-            c = crash_rounds(n, Path(workdir), args.image, seed + len(batches))
-        batch = {
-            "rounds": c.rounds,
-            "seed": seed + len(batches),
-            "sent": c.sent,
-            "acknowledged": c.acknowledged,
-            "lost": c.lost,
-            "cut_off": c.cut_off,
-            "unmarked": c.unmarked,
-            "leaked": c.leaked,
-            "seconds": round(time.monotonic() - t, 1),
-            "loadavg_start": load,
-        }
-        batches.append(batch)
-        done += c.rounds
-        print(
-            f"batch {len(batches)}: {c.rounds} rounds, {c.sent} sent, {c.acknowledged} acknowledged, "
-            f"{len(c.lost)} lost, {c.cut_off} cut off (marked), {len(c.unmarked)} unmarked, {len(c.leaked)} leaked, "
-            f"{batch['seconds']:.0f} s, load {load[0]:.2f}",
-            flush=True,
-        )
+    try:
+        for code in args.cells:
+            crash_loop._Poster = ORIGINAL_POSTER if code == LOOP_CELL else poster_posting(code, args.shift)  # type: ignore[misc]
+            batches: list[dict[str, Any]] = []
+            done = 0
+            while done < args.rounds and stopped_early is None:
+                minutes = (time.monotonic() - started) / 60
+                if minutes > args.max_minutes:
+                    stopped_early = f"stopped after {minutes:.1f} min (--max-minutes {args.max_minutes:g})"
+                    break
+                n = min(args.batch or args.rounds, args.rounds - done)
+                chain_seed = seed + 1000 * len(variants) + len(batches)
+                t = time.monotonic()
+                load = [round(x, 2) for x in os.getloadavg()]
+                with tempfile.TemporaryDirectory(prefix="kgw-crash-") as workdir:
+                    c = crash_loop.crash_rounds(n, Path(workdir), args.image, chain_seed)
+                batches.append(
+                    {
+                        "rounds": c.rounds,
+                        "seed": chain_seed,
+                        "sent": c.sent,
+                        "acknowledged": c.acknowledged,
+                        "lost": c.lost,
+                        "cut_off": c.cut_off,
+                        "unmarked": c.unmarked,
+                        "leaked": c.leaked,
+                        "seconds": round(time.monotonic() - t, 1),
+                        "loadavg_start": load,
+                    }
+                )
+                done += c.rounds
+                print(
+                    f"{code!r} chain {len(batches)}: {c.rounds} rounds, {c.sent} sent, {c.acknowledged} acknowledged, "
+                    f"{len(c.lost)} lost, {c.cut_off} cut off (marked), {len(c.unmarked)} unmarked, "
+                    f"{len(c.leaked)} leaked, {time.monotonic() - t:.0f} s, load {load[0]:.2f}",
+                    flush=True,
+                )
+            variants.append(
+                {
+                    "cell": code,
+                    "kill_after_send_s": [0.0, 0.02] if code == LOOP_CELL else [args.shift, args.shift + 0.02],
+                    "totals": totals(batches),
+                    "batches": batches,
+                }
+            )
+    finally:
+        crash_loop._Poster = ORIGINAL_POSTER  # type: ignore[misc]
     seconds = time.monotonic() - started
-    totals = {k: sum(b[k] for b in batches) for k in ("rounds", "sent", "acknowledged", "cut_off")} | {
-        k: sum(len(b[k]) for b in batches) for k in ("lost", "unmarked", "leaked")
-    }
-    met = totals["rounds"] >= GOAL_ROUNDS and all(totals[k] <= v for k, v in GOALS.items())
+    all_batches = [b for v in variants for b in v["batches"]]
+    total = totals(all_batches)
+    loop_rounds = sum(v["totals"]["rounds"] for v in variants if v["cell"] == LOOP_CELL)
+    met = loop_rounds >= GOAL_ROUNDS and all(total[k] <= v for k, v in GOALS.items())
     result = {
         "benchmark": "crash",
         "date": date,
         "machine": machine,
         "args": vars(args) | {"json": str(args.json), "chart": str(args.chart)},
         "seed": seed,
-        "rounds_asked": args.rounds,
+        "rounds_asked": args.rounds * len(args.cells),
         "stopped_early": stopped_early,
-        "totals": totals,
+        "loop_cell": LOOP_CELL,
+        "totals": total,
+        "variants": [{k: v[k] for k in ("cell", "kill_after_send_s", "totals")} for v in variants],
         "goals": GOALS,
         "goal_rounds": GOAL_ROUNDS,
         "met": met,
         "seconds": round(seconds, 1),
-        "seconds_per_round": round(seconds / max(1, totals["rounds"]), 2),
-        "batches": batches,
+        "seconds_per_round": round(seconds / max(1, total["rounds"]), 2),
+        "batches": [{"cell": v["cell"], **b} for v in variants for b in v["batches"]],
         "activity_end": other_activity(),
     }
+    print()
     print(
-        f"\nrounds            {totals['rounds']} of {args.rounds} asked"
-        + (f" ({stopped_early})" if stopped_early else "")
+        f"{'cell':<40} {'rounds':>6} {'sent':>5} {'acked':>5} {'lost':>4} {'cut off':>7} {'unmarked':>8} {'leaked':>6}"
     )
-    print(f"requests sent     {totals['sent']}")
-    print(f"acknowledged      {totals['acknowledged']}")
-    print(f"lost              {totals['lost']}")
-    print(f"cut off (marked)  {totals['cut_off']}")
-    print(f"left running      {totals['unmarked']}")
-    print(f"containers leaked {totals['leaked']}")
-    print(f"goals (0 / 0 / 0 over {GOAL_ROUNDS} rounds): {'MET' if met else 'MISSED'}")
-    print(f"load average      {' '.join(f'{x:.2f}' for x in os.getloadavg())}  ({seconds:.0f} s)")
+    for v in [*variants, {"cell": "all", "totals": total}]:
+        t = v["totals"]
+        print(
+            f"{v['cell']:<40} {t['rounds']:>6} {t['sent']:>5} {t['acknowledged']:>5} {t['lost']:>4} "
+            f"{t['cut_off']:>7} {t['unmarked']:>8} {t['leaked']:>6}"
+        )
+    if stopped_early:
+        print(f"{total['rounds']} of {result['rounds_asked']} rounds: {stopped_early}")
+    print(
+        f"goals (0 lost / 0 unmarked / 0 leaked, {GOAL_ROUNDS} rounds of {LOOP_CELL!r}): {'MET' if met else 'MISSED'}"
+    )
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}  ({seconds:.0f} s)")
     if args.json:
         write_json(args.json, result)
-    return 0 if not (totals["lost"] or totals["unmarked"] or totals["leaked"]) else 1
+    return 0 if not (total["lost"] or total["unmarked"] or total["leaked"]) else 1
 
 
 if __name__ == "__main__":
