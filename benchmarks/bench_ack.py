@@ -52,16 +52,32 @@ AFTER = "kernelgw WebSocket, this tree"
 GOAL_MS = 1.0
 
 
-# Runs the gateway's CLI; when its history store closes (the gateway stops), writes the
-# store's queue-to-commit times of the rows it wrote (``Store.write_latency_ms``, kept by
-# both trees) to $KGWB_STORE_LATENCY. Nothing else is changed.
+# Runs the gateway's CLI; when its history store closes (the gateway stops), writes to
+# $KGWB_STORE_LATENCY the store's queue-to-commit time of every row it wrote
+# (``Store.write_latency_ms``, kept by both trees) and, where the writer is its own
+# class (this tree), each row's kind and whether a caller waited for its commit (an
+# execution's end row is what the answer waits for). Nothing else is changed.
 STORE_LATENCY_PROBE = r"""
-import json, os, sys
+import json, os, re, sys, time
 import kernelgw.storage.store as _store
+_ops = []
+try:
+    import kernelgw.storage.writer as _writer
+except ImportError:
+    _writer = None
+if _writer is not None and hasattr(_writer, "Writer"):
+    _committed = _writer.Writer._committed
+    def committed(self, batch, results):
+        done = time.perf_counter()
+        for op in batch:
+            kind = " ".join(w for w in op.what.split() if not re.fullmatch(r"[0-9a-f-]{8,}", w))
+            _ops.append([kind, op.future is not None, (done - op.queued_at) * 1000])
+        return _committed(self, batch, results)
+    _writer.Writer._committed = committed
 _close = _store.Store.close
 async def close(self):
     with open(os.environ["KGWB_STORE_LATENCY"], "w") as f:
-        json.dump(list(self.write_latency_ms), f)
+        json.dump({"all_ms": list(self.write_latency_ms), "ops": _ops}, f)
     await _close(self)
 _store.Store.close = close
 from kernelgw.cli.main import main
@@ -78,14 +94,14 @@ class TreeGateway(Gateway):
         self.latency_file = Path(self._data) / "store_latency.json"
         self.env["KGWB_STORE_LATENCY"] = str(self.latency_file)
         self.command = ["-c", STORE_LATENCY_PROBE]
-        self.store_latency_ms: list[float] = []
+        self.store_latency: dict[str, Any] = {"all_ms": [], "ops": []}
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=180)
         if self.latency_file.exists():
-            self.store_latency_ms = json.loads(self.latency_file.read_text())
+            self.store_latency = json.loads(self.latency_file.read_text())
         super().stop()
 
     def start(self, timeout: float = 90) -> Gateway:
@@ -159,8 +175,15 @@ def main() -> int:
         out = asyncio.run(measure(before, after, args.rounds, args.warmup))
     # stopped now: each store's queue-to-commit times (in the tree before, nobody waited for them)
     store_rows = [
-        summary(f"history row queue -> commit, {label}", gw.store_latency_ms)
+        summary(f"{label}: all rows", gw.store_latency["all_ms"])
         for label, gw in (("before", before), ("this tree", after))
+    ]
+    kinds: dict[tuple[str, bool], list[float]] = {}
+    for kind, waited, ms in after.store_latency["ops"]:
+        kinds.setdefault((kind, waited), []).append(ms)
+    store_rows += [
+        summary(f"this tree: {kind} ({'answer waits' if waited else 'nobody waits'})", ms, kind=kind, waited=waited)
+        for (kind, waited), ms in sorted(kinds.items(), key=lambda kv: -len(kv[1]))
     ]
     rows = [summary(name, s) for name, s in out["samples"].items()]
     floor, after_row, before_row = rows[0], rows[2], rows[1]
@@ -193,7 +216,7 @@ def main() -> int:
         f"this tree - before: p50 {result['after_over_before_p50_ms']:+.2f} ms, "
         f"p95 {result['after_over_before_p95_ms']:+.2f} ms"
     )
-    print_table("history rows, queue -> commit (ms; every row the gateway wrote, warm-up included)", store_rows)
+    print_table("history rows, queue -> commit (ms; every row the gateways wrote, warm-up included)", store_rows)
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, cores {os.cpu_count()}")
     if args.json:
         _common.write_json(args.json, result)

@@ -432,6 +432,25 @@ def durability(d: Path, out: Path, reattach: Any, ack: Any, crash: Any) -> list[
             f"tree before was {ack['before_over_floor_p50_ms']:+.2f} ms over the same floor in the same rounds.\n"
         )
         w(f"![acknowledged means stored]({rel(d / 'ack.png', out)})\n")
+        store = ack.get("store_write_latency") or []
+        if store:
+            waited = next((r for r in store if r.get("waited") and r.get("kind") == "execution of session"), None)
+            w(
+                "History rows, time from queued to committed, as each gateway's store counted them (a `-c` wrapper "
+                "around the CLI writes them out when the store closes; warm-up rounds included). In this tree an "
+                "execution's end row is what the answer waits for; rows nobody waits on linger up to 20 ms to share "
+                "a commit. In the tree before, nothing waited for any row.\n"
+            )
+            w(table(store, None))
+            if waited and waited.get("n"):
+                w(
+                    f"\nThe commit the answer waits for took {waited['p50_ms']:.2f} ms at p50 "
+                    f"({waited['p95_ms']:.2f} ms at p95) from its queueing; the WebSocket `1+1` of this tree was "
+                    f"{ack['after_over_before_p50_ms']:+.2f} ms slower than the tree before at p50 (other changes "
+                    "between the trees are in that difference too).\n"
+                )
+            else:
+                w("")
 
     if crash:
         t = crash["totals"]
