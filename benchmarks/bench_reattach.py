@@ -66,6 +66,11 @@ ROUTES_TIMER = (
     SERVE_IMPORTS + "; import time; t = time.perf_counter(); " + APP_IMPORTS + "; print(time.perf_counter() - t)"
 )
 BLOCK_RFC3987 = "import sys; sys.modules['rfc3987_syntax'] = None; "
+# ... and nbformat (notebook export/import), which create_app imported until 2d70fd6
+NBFORMAT_TIMER = (
+    SERVE_IMPORTS
+    + "; import time; t = time.perf_counter(); import nbformat, nbformat.v4; print(time.perf_counter() - t)"
+)
 
 # Runs in the gateway's process instead of `python -m kernelgw serve`: times the
 # start-up steps by wrapping the gateway's own methods, then runs the same CLI.
@@ -352,13 +357,16 @@ def timed_run(argv: list[str]) -> float:
 def route_imports(times: int = 3) -> dict[str, list[float]]:
     """create_app's route imports, timed in fresh interpreters: as installed, and with
     rfc3987_syntax blocked (jsonschema then skips the formats that need it)."""
-    out: dict[str, list[float]] = {"as installed": [], "rfc3987_syntax blocked": []}
+    out: dict[str, list[float]] = {}
     for _ in range(times):
-        for label, prefix in (("as installed", ""), ("rfc3987_syntax blocked", BLOCK_RFC3987)):
-            proc = subprocess.run(
-                [sys.executable, "-c", prefix + ROUTES_TIMER], cwd=REPO, capture_output=True, text=True, check=True
-            )
-            out[label].append(round(float(proc.stdout.split()[-1]), 4))
+        for label, code in (
+            ("as installed", ROUTES_TIMER),
+            ("rfc3987_syntax blocked", BLOCK_RFC3987 + ROUTES_TIMER),
+            ("import nbformat, as installed", NBFORMAT_TIMER),
+            ("import nbformat, rfc3987_syntax blocked", BLOCK_RFC3987 + NBFORMAT_TIMER),
+        ):
+            proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+            out.setdefault(label, []).append(round(float(proc.stdout.split()[-1]), 4))
     return out
 
 

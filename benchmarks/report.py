@@ -392,17 +392,33 @@ def durability(d: Path, out: Path, reattach: Any, ack: Any, crash: Any) -> list[
             w(
                 f"- The route modules `create_app` imports (kernelgw.server.history, routes, ws, jupyter, files, "
                 f"packages, web), after serve's own imports: {inst:.2f} s as installed, {blk:.2f} s with "
-                f"`rfc3987_syntax` blocked (p50 of {len(ri['as installed'])} each)."
+                f"`rfc3987_syntax` blocked (p50 of {len(ri['as installed'])} fresh interpreters each)."
                 + (
-                    " The difference is `kernelgw.server.notebook`'s module-level `import nbformat`: nbformat imports "
-                    "its validator, which imports jsonschema, whose format checkers import `rfc3987_syntax` when it is "
-                    "installed (jsonschema's `format-nongpl` extra, which `jupyter-events` asks for: it comes with "
-                    "jupyter_server, in the test extra here, and with any JupyterLab in the same environment); that "
-                    "module compiles some 40 lark grammars at import."
+                    " The difference is `kernelgw.server.notebook`'s module-level `import nbformat` (see the next "
+                    "point)."
                     if inst - blk > 0.5
                     else ""
                 )
             )
+            nb_inst, nb_blk = ri.get("import nbformat, as installed"), ri.get("import nbformat, rfc3987_syntax blocked")
+            if nb_inst and nb_blk:
+                nb_i, nb_b = statistics.median(nb_inst), statistics.median(nb_blk)
+                w(
+                    f"- `import nbformat` after serve's imports: {nb_i:.2f} s as installed, {nb_b:.2f} s with "
+                    "`rfc3987_syntax` blocked."
+                    + (
+                        " nbformat imports its validator, which imports jsonschema, whose format checkers import "
+                        "`rfc3987_syntax` when it is installed (jsonschema's `format-nongpl` extra, which "
+                        "`jupyter-events` asks for: it comes with jupyter_server, in the test extra here, and with "
+                        "any JupyterLab in the same environment); that module compiles some 40 lark grammars at "
+                        "import. Until commit 2d70fd6 every gateway start paid it in `create_app`; since then "
+                        "`kernelgw.server.notebook` imports nbformat on first use, so the first notebook export "
+                        "(in a worker thread) or restore from a notebook (`read_notebook`, called on the event loop "
+                        "in `restore_plan`) after a start pays it instead."
+                        if nb_i - nb_b > 0.5
+                        else ""
+                    )
+                )
         it = reattach.get("importtime") or []
         if it:
             w(
