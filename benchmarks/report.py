@@ -275,7 +275,8 @@ def durability(d: Path, out: Path, reattach: Any, ack: Any, crash: Any) -> list[
         "A restarted gateway (SIGTERM with `on_shutdown=keep`, or kill -9) reattaches the kernel containers of its "
         "name; a cell is answered only after its history row is committed. Three scripts measure what that gives "
         "and costs; they run on the same 2-core machine as everything else, often beside other work, so each compares "
-        "with a floor measured in the same run and stores the load average.\n"
+        "with a floor measured in the same run and stores the load average. Each script's date and commit are given "
+        "below: they may come from another run than the sections above.\n"
     )
     lines = ["| goal | measured | verdict |", "|---|---|---|"]
     if reattach:
@@ -359,7 +360,20 @@ def durability(d: Path, out: Path, reattach: Any, ack: Any, crash: Any) -> list[
             w("|---|---:|---:|")
             for b in bd:
                 w(f"| {b['step']} | {b['p50_s']:.3f} | {b['max_s']:.3f} |")
-            w("")
+            before_first = [b for b in bd if not b["step"].startswith("the other sessions")]
+            top = sorted(before_first, key=lambda b: -b["p50_s"])[:3]
+            reattach_steps = sum(
+                b["p50_s"]
+                for b in bd
+                if b["step"].startswith(("open_sessions", "Docker list", "sessions reattach", "flush", "reap_except"))
+            )
+            w(
+                f"\nVerdict rule: every plain restart's first answer under {s.get('goal_s', REATTACH_GOAL_S):g} s "
+                f"with {s.get('goal_sessions', REATTACH_SESSIONS)} sessions. Largest steps before the first answer: "
+                + ", ".join(f"{b['step']} {b['p50_s']:.2f} s ({b['p50_s'] / first_p50:.0%})" for b in top)
+                + f"; everything the reattachment itself does (open_sessions, list_kernels, the sessions, flush, "
+                f"reap_except) {reattach_steps:.2f} s ({reattach_steps / first_p50:.0%}).\n"
+            )
             probed = [r["phases"] for r in rs if r["probed"] and "sessions" in r.get("phases", {})]
             if probed:
                 ss = [p["sessions"] for p in probed]
