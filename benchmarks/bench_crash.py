@@ -11,11 +11,10 @@ The loop posts ``1+1`` and kills 0-20 ms after a request was sent. A cell's
 ``running`` row lingers up to 20 ms in the writer (kernelgw.storage.writer
 LINGER_S) and is skipped when the cell ends first, so such a kill almost never
 finds a committed ``running`` row: "unmarked" is barely tested. A second
-variant (``--cells``) posts a cell that sleeps 0.3 s and announces each request
-to the loop ``--shift`` (0.1 s) after sending it, so the kill lands 100-120 ms
-into a running cell whose row is stored: the cut-off cells the next gateway
-must mark. The poster is the only change (subclassed here;
-tests/support/crash_loop.py is not edited).
+variant (``--cells``) posts a cell that sleeps 0.3 s and kills ``--shift``
+(0.1 s) to 20 ms later after a send, so the kill lands 100-120 ms into a
+running cell whose row is stored: the cut-off cells the next gateway must mark
+(crash_rounds' ``code`` and ``kill_after_send_s``).
 
 By default all rounds of a variant are one chain (one gateway name, one session
 carried over). ``--batch N`` splits them into chains of N rounds (each its own
@@ -32,9 +31,7 @@ import os
 import random
 import sys
 import tempfile
-import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +39,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import httpx  # noqa: E402
 from _common import DEFAULT_IMAGE, DOCS_BENCH, machine_info, now_iso, other_activity, write_json  # noqa: E402
 
 from tests.support import crash_loop  # noqa: E402
@@ -51,41 +47,6 @@ GOALS = {"lost": 0, "unmarked": 0, "leaked": 0}
 GOAL_ROUNDS = 100
 LOOP_CELL = "1+1"
 SLOW_CELL = "import time; time.sleep(0.3); 1+1"
-ORIGINAL_POSTER = crash_loop._Poster
-
-
-def poster_posting(code: str, shift_s: float) -> type[crash_loop._Poster]:
-    """The crash loop's poster, posting ``code`` instead of ``1+1`` and telling the loop
-    that a request was sent ``shift_s`` after sending it (the loop kills 0-20 ms after that)."""
-
-    class Poster(crash_loop._Poster):
-        def run(self) -> None:
-            with httpx.Client(base_url=self.url, timeout=60) as http:
-                while True:
-                    eid = uuid.uuid4().hex
-                    reply: dict[str, Any] = {}
-
-                    def post(eid: str = eid, reply: dict[str, Any] = reply) -> None:
-                        try:
-                            reply["resp"] = http.post(
-                                f"/v1/sessions/{self.sid}/execute", json={"code": code, "execution_id": eid}
-                            )
-                        except httpx.TransportError:
-                            pass
-
-                    sender = threading.Thread(target=post, daemon=True)
-                    sender.start()
-                    sender.join(shift_s)
-                    with self.sent_event:
-                        self.sent.append(eid)
-                        self.sent_event.notify_all()
-                    sender.join()
-                    resp = reply.get("resp")
-                    if resp is None or resp.status_code != 200:
-                        return
-                    self.acked[eid] = resp.json()["status"]
-
-    return Poster
 
 
 def totals(batches: list[dict[str, Any]]) -> dict[str, int]:
@@ -103,7 +64,10 @@ def main() -> int:
         help=f"the cell of each variant (default: the loop's {LOOP_CELL!r}, then {SLOW_CELL!r})",
     )
     parser.add_argument(
-        "--shift", type=float, default=0.1, help="seconds from a request's send to its announcement (not for 1+1)"
+        "--shift",
+        type=float,
+        default=0.1,
+        help="earliest kill after a request's send, for the slow cell (the kill lands up to 20 ms later)",
     )
     parser.add_argument(
         "--batch", type=int, default=None, help="rounds per gateway name and final history check (default: all)"
@@ -123,53 +87,52 @@ def main() -> int:
     started = time.monotonic()
     variants: list[dict[str, Any]] = []
     stopped_early = None
-    try:
-        for code in args.cells:
-            crash_loop._Poster = ORIGINAL_POSTER if code == LOOP_CELL else poster_posting(code, args.shift)  # type: ignore[misc]
-            batches: list[dict[str, Any]] = []
-            done = 0
-            while done < args.rounds and stopped_early is None:
-                minutes = (time.monotonic() - started) / 60
-                if minutes > args.max_minutes:
-                    stopped_early = f"stopped after {minutes:.1f} min (--max-minutes {args.max_minutes:g})"
-                    break
-                n = min(args.batch or args.rounds, args.rounds - done)
-                chain_seed = seed + 1000 * len(variants) + len(batches)
-                t = time.monotonic()
-                load = [round(x, 2) for x in os.getloadavg()]
-                with tempfile.TemporaryDirectory(prefix="kgw-crash-") as workdir:
-                    c = crash_loop.crash_rounds(n, Path(workdir), args.image, chain_seed)
-                batches.append(
-                    {
-                        "rounds": c.rounds,
-                        "seed": chain_seed,
-                        "sent": c.sent,
-                        "acknowledged": c.acknowledged,
-                        "lost": c.lost,
-                        "cut_off": c.cut_off,
-                        "unmarked": c.unmarked,
-                        "leaked": c.leaked,
-                        "seconds": round(time.monotonic() - t, 1),
-                        "loadavg_start": load,
-                    }
+    for code in args.cells:
+        kill_after = (0.0, 0.02) if code == LOOP_CELL else (args.shift, args.shift + 0.02)
+        batches: list[dict[str, Any]] = []
+        done = 0
+        while done < args.rounds and stopped_early is None:
+            minutes = (time.monotonic() - started) / 60
+            if minutes > args.max_minutes:
+                stopped_early = f"stopped after {minutes:.1f} min (--max-minutes {args.max_minutes:g})"
+                break
+            n = min(args.batch or args.rounds, args.rounds - done)
+            chain_seed = seed + 1000 * len(variants) + len(batches)
+            t = time.monotonic()
+            load = [round(x, 2) for x in os.getloadavg()]
+            with tempfile.TemporaryDirectory(prefix="kgw-crash-") as workdir:
+                c = crash_loop.crash_rounds(
+                    n, Path(workdir), args.image, chain_seed, code=code, kill_after_send_s=kill_after
                 )
-                done += c.rounds
-                print(
-                    f"{code!r} chain {len(batches)}: {c.rounds} rounds, {c.sent} sent, {c.acknowledged} acknowledged, "
-                    f"{len(c.lost)} lost, {c.cut_off} cut off (marked), {len(c.unmarked)} unmarked, "
-                    f"{len(c.leaked)} leaked, {time.monotonic() - t:.0f} s, load {load[0]:.2f}",
-                    flush=True,
-                )
-            variants.append(
+            batches.append(
                 {
-                    "cell": code,
-                    "kill_after_send_s": [0.0, 0.02] if code == LOOP_CELL else [args.shift, args.shift + 0.02],
-                    "totals": totals(batches),
-                    "batches": batches,
+                    "rounds": c.rounds,
+                    "seed": chain_seed,
+                    "sent": c.sent,
+                    "acknowledged": c.acknowledged,
+                    "lost": c.lost,
+                    "cut_off": c.cut_off,
+                    "unmarked": c.unmarked,
+                    "leaked": c.leaked,
+                    "seconds": round(time.monotonic() - t, 1),
+                    "loadavg_start": load,
                 }
             )
-    finally:
-        crash_loop._Poster = ORIGINAL_POSTER  # type: ignore[misc]
+            done += c.rounds
+            print(
+                f"{code!r} chain {len(batches)}: {c.rounds} rounds, {c.sent} sent, {c.acknowledged} acknowledged, "
+                f"{len(c.lost)} lost, {c.cut_off} cut off (marked), {len(c.unmarked)} unmarked, "
+                f"{len(c.leaked)} leaked, {time.monotonic() - t:.0f} s, load {load[0]:.2f}",
+                flush=True,
+            )
+        variants.append(
+            {
+                "cell": code,
+                "kill_after_send_s": list(kill_after),
+                "totals": totals(batches),
+                "batches": batches,
+            }
+        )
     seconds = time.monotonic() - started
     all_batches = [b for v in variants for b in v["batches"]]
     total = totals(all_batches)

@@ -20,6 +20,7 @@ from kernelgw.runtime.backends import Backend, create_backend
 from kernelgw.runtime.manager import SessionManager
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.ownership import InstanceLock
+from kernelgw.server import notebook
 from kernelgw.server.authenticator import Authenticator
 from kernelgw.server.availability import RETRY_AFTER_S
 from kernelgw.server.limits import BodySizeLimit
@@ -27,6 +28,7 @@ from kernelgw.server.policy import CodePolicy
 from kernelgw.server.ratelimit import ExecutionRateLimiter
 from kernelgw.server.state import GatewayState, install
 from kernelgw.storage import Store
+from kernelgw.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +101,12 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             await manager.start()
         except KernelGWError as exc:
             log.error("could not clean up after a previous gateway: %s", exc.message)
+        # after the sessions are back: the first notebook export need not import it
+        warming = asyncio.create_task(asyncio.to_thread(notebook.warm_up), name="nbformat-warm-up")
         try:
             yield
         finally:
+            await cancel_and_wait(warming)
             await manager.shutdown()
             await be.close()
             await store.close()

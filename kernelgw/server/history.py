@@ -160,7 +160,8 @@ async def restore_plan(body: CreateSession, request: Request) -> list[ReplayStep
     kernel starts: an invalid notebook is a 400, an unknown session a 404."""
     if body.notebook is not None:
         try:
-            steps = replay_plan(read_notebook(body.notebook))
+            # in a thread: parsing is CPU work, and nbformat's first import is slow
+            steps = replay_plan(await asyncio.to_thread(read_notebook, body.notebook))
         except InvalidNotebook as exc:
             raise BadRequest(f"notebook: {exc}") from None
     elif body.from_session is not None:

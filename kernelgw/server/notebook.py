@@ -54,6 +54,12 @@ def _nbformat() -> Any:
     return nbformat
 
 
+def warm_up() -> None:
+    """Import nbformat now (call it in a thread after start-up), so the first
+    export or restore does not pay for the import."""
+    _nbformat()
+
+
 # nbformat's functions carry no annotations, and strict mypy will not call an
 # unannotated function: the module reaches them through these typed wrappers.
 def _new_output(*args: Any, **kwargs: Any) -> NotebookNode:

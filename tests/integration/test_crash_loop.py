@@ -19,6 +19,7 @@ from tests.support.crash_loop import crash_rounds
 pytestmark = pytest.mark.integration
 
 ROUNDS = 10
+SLOW_ROUNDS = 5
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -42,4 +43,17 @@ def test_kill_9_at_random_moments_loses_no_acknowledged_cell(
     assert counts.acknowledged > 0
     assert counts.lost == [], (tmp_path / "gateway.log").read_text()[-3000:]
     assert counts.unmarked == []
+    assert counts.leaked == []
+
+
+def test_cells_running_at_a_kill_9_are_marked_cut_off(docker_client: docker.DockerClient, tmp_path: Path) -> None:
+    # a 0.3 s cell killed 100-150 ms in: its `running` row is stored, so the next
+    # gateway must mark it (dead, "the gateway stopped while this cell ran")
+    counts = crash_rounds(
+        SLOW_ROUNDS, tmp_path, IMAGE, code="import time; time.sleep(0.3); 1+1", kill_after_send_s=(0.1, 0.15)
+    )
+    assert counts.rounds == SLOW_ROUNDS
+    assert counts.lost == [], (tmp_path / "gateway.log").read_text()[-3000:]
+    assert counts.unmarked == []
+    assert counts.cut_off >= SLOW_ROUNDS // 2, counts
     assert counts.leaked == []

@@ -73,9 +73,9 @@ def gateway_process(
 class _Poster(threading.Thread):
     """Posts cells one after another until the gateway stops answering."""
 
-    def __init__(self, url: str, sid: str) -> None:
+    def __init__(self, url: str, sid: str, code: str = "1+1") -> None:
         super().__init__(daemon=True)
-        self.url, self.sid = url, sid
+        self.url, self.sid, self.code = url, sid, code
         self.sent: list[str] = []
         self.acked: dict[str, str] = {}
         self.sent_event = threading.Condition()
@@ -88,7 +88,7 @@ class _Poster(threading.Thread):
                     self.sent.append(eid)
                     self.sent_event.notify_all()
                 try:
-                    resp = http.post(f"/v1/sessions/{self.sid}/execute", json={"code": "1+1", "execution_id": eid})
+                    resp = http.post(f"/v1/sessions/{self.sid}/execute", json={"code": self.code, "execution_id": eid})
                 except httpx.TransportError:
                     return
                 if resp.status_code != 200:
@@ -111,10 +111,20 @@ def _session(http: httpx.Client, sid: str | None) -> str:
 
 
 def crash_rounds(
-    rounds: int, workdir: Path, image: str, seed: int | None = None, database_url: str | None = None
+    rounds: int,
+    workdir: Path,
+    image: str,
+    seed: int | None = None,
+    database_url: str | None = None,
+    code: str = "1+1",
+    kill_after_send_s: tuple[float, float] = (0.0, 0.02),
 ) -> CrashCounts:
     """Run ``rounds`` kill -9 rounds in ``workdir`` (history in SQLite there, or at
-    ``database_url``); returns the counts (never raises on a loss)."""
+    ``database_url``), posting ``code`` and killing a random time in
+    ``kill_after_send_s`` after a request was sent; returns the counts (never
+    raises on a loss). A cell's ``running`` row is committed about 20 ms after
+    it starts (the writer's linger), so only kills that land later in a longer
+    cell test the marking of cut-off cells."""
     rng = random.Random(seed)
     name = f"crash{uuid.uuid4().hex[:8]}"
     data_dir, log = workdir / "data", workdir / "gateway.log"
@@ -127,10 +137,10 @@ def crash_rounds(
             with gateway_process(name, data_dir, log, image, database_url) as (proc, url):
                 with httpx.Client(base_url=url, timeout=120) as http:
                     sid = _session(http, sid)
-                poster = _Poster(url, sid)
+                poster = _Poster(url, sid, code)
                 poster.start()
                 poster.wait_sent(rng.randint(1, 8))
-                time.sleep(rng.uniform(0, 0.02))  # the random moment of the kill, not a synchronisation
+                time.sleep(rng.uniform(*kill_after_send_s))  # the random moment of the kill, not a synchronisation
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
                 poster.join(60)
