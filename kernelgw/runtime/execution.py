@@ -40,6 +40,8 @@ class QueuedExecution:
     """A gateway-internal request: its iopub messages are not published."""
     idle_lost: bool = False
     recorded: bool = False
+    checkpointed: int = 1
+    """How many of ``published`` the running row holds (its ``queued`` event at start)."""
     ending: ev.Done | None = None
     """The ``done`` built when the cell ended, published once its record is stored."""
 

@@ -60,6 +60,10 @@ class SessionHooks(Protocol):
         """Record a cell as running (queued for the store; never waits)."""
         ...
 
+    def execution_progress(self, rec: QueuedExecution) -> None:
+        """Store a running cell's events so far (queued; never waits)."""
+        ...
+
     async def record_execution(self, rec: QueuedExecution, done: Published | None = None) -> bool:
         """Store an ended execution (``done``: its end, not yet published);
         False when the store could not commit it."""
@@ -275,6 +279,10 @@ class ExecutionQueue:
                 return "finished"
             except TimeoutError:
                 pass
+            if len(rec.published) > rec.checkpointed:
+                # what a gateway crash would keep of this cell: its output up to here
+                rec.checkpointed = len(rec.published)
+                self._hooks.execution_progress(rec)
             if (
                 rec.reply is not None
                 and time.monotonic() - self._link.last_iopub > IOPUB_QUIET_S

@@ -118,6 +118,11 @@ class Recorder(Protocol):
         wait; a later `execution_finished` of the same execution completes it."""
         ...
 
+    def execution_progress(self, session: RecordedSession, execution: RecordedExecution) -> None:
+        """A running cell's events so far (at most every `CHECKPOINT_S`): store
+        them in its running row, so a gateway crash keeps them. Queue, never wait."""
+        ...
+
     async def execution_finished(
         self, session: RecordedSession, execution: RecordedExecution, done: Published | None = None
     ) -> None:

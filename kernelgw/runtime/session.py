@@ -292,6 +292,15 @@ class KernelSession:
         except Exception:
             log.exception("recording the start of execution %s failed", rec.execution_id)
 
+    def execution_progress(self, rec: QueuedExecution) -> None:
+        """Tell the recorder a running cell's output so far (queued, never awaited)."""
+        if self.recorder is None:
+            return
+        try:
+            self.recorder.execution_progress(self, rec)
+        except Exception:
+            log.exception("recording the output so far of execution %s failed", rec.execution_id)
+
     async def record_execution(self, rec: QueuedExecution, done: Published | None = None) -> bool:
         """Store an ended execution, once, and wait for the commit.
 

@@ -14,7 +14,10 @@ log = logging.getLogger(__name__)
 
 RUNNING = "running"
 """The status of an execution's row from its start until its end is stored."""
-CUT_OFF_REASON = "the gateway stopped while this cell ran; its output and outcome were not recorded"
+CUT_OFF_REASON = (
+    "the gateway stopped while this cell ran; its outcome and its output of the last moments "
+    "(up to the state poll, 0.5 s by default) were not recorded"
+)
 PURGE_CHUNK = 500
 """Sessions deleted per transaction (short transactions: the writer is not held up)."""
 

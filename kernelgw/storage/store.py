@@ -69,6 +69,16 @@ def _now() -> datetime:
 # Constant statements (parameters passed apart) are compiled once: building and
 # compiling `insert(...).values(...)` per row cost more than the SQLite write.
 _INSERT_EXECUTION = insert(schema.executions)
+_CHECKPOINT_EXECUTION = (
+    update(schema.executions)
+    .where(
+        schema.executions.c.session_id == bindparam("k_session"),
+        schema.executions.c.position == bindparam("k_position"),
+        schema.executions.c.execution_id == bindparam("k_execution"),
+        schema.executions.c.status == RUNNING,
+    )
+    .values(events=bindparam("events"))
+)
 _END_EXECUTION = (
     update(schema.executions)
     .where(
@@ -255,6 +265,25 @@ class Store:
             start.inserted = True
 
         self.enqueue(f"start of execution {execution.execution_id} of session {session.id}", write)
+
+    def execution_progress(self, session: RecordedSession, execution: RecordedExecution) -> None:
+        """Queue the running row's events so far (not awaited): what a cell cut
+        off by a gateway crash keeps. Skipped when its start row is not written."""
+        start = self._started.get((session.id, execution.execution_id))
+        if start is None:
+            return
+        values = {
+            "k_session": session.id,
+            "k_position": start.position,
+            "k_execution": execution.execution_id,
+            "events": "[" + ",".join(p.json for p in execution.published) + "]",
+        }
+
+        async def write(conn: AsyncConnection) -> None:
+            if start.inserted and not start.superseded:
+                await conn.execute(_CHECKPOINT_EXECUTION, values)
+
+        self.enqueue(f"output so far of execution {execution.execution_id} of session {session.id}", write)
 
     async def execution_finished(
         self, session: RecordedSession, execution: RecordedExecution, done: Published | None = None

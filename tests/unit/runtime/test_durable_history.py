@@ -114,3 +114,33 @@ async def test_a_cell_cut_off_by_a_gateway_death_is_marked_dead_at_the_next_star
         go.touch()
         async with asyncio.timeout(WAIT_S):
             await rec.done
+
+
+async def test_a_running_cells_output_so_far_is_in_its_row(
+    new_session: SessionFactory, store: Store, tmp_path: Path
+) -> None:
+    """What a gateway crash keeps of a long cell: its running row is updated with
+    the output so far (within a state poll), not only its ``queued`` event."""
+    db = tmp_path / "history.db"
+    session = await recording(new_session, store)
+    go = tmp_path / "go"
+    code = (
+        "import pathlib, time\n"
+        "print('partial result', flush=True)\n"
+        f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.01)"
+    )
+    rec = session.submit(code)
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while True:
+                found = [r for r in rows(db, session.id) if r[0] == rec.execution_id and r[1] == "running"]
+                if found and "partial result" in found[0][3]:
+                    break
+                await asyncio.sleep(0.05)
+        assert not rec.done.done()
+    finally:
+        go.touch()
+        async with asyncio.timeout(WAIT_S):
+            await rec.done
+    [final] = [r for r in rows(db, session.id) if r[0] == rec.execution_id]
+    assert final[1] == "ok" and json.loads(final[3])[-1]["type"] == "done"
