@@ -31,11 +31,11 @@ import zmq
 import zmq.asyncio
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.connect import KernelConnectionInfo
-from zmq.utils.monitor import parse_monitor_message
 
 from kernelgw.errors import KernelStartFailed
 from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec, KernelState
 from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, QueuedExecution
+from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.tasks import cancel_and_wait
 
@@ -47,9 +47,6 @@ plus the kernel's 1000 send HWM) let a burst of small flushed prints overflow
 while the event loop was busy elsewhere: PUB/SUB then drops silently, output
 was lost and, when the dropped message was ``status: idle``, the execution
 never finished."""
-RETRY_GRACE_S = 0.5
-"""After a disconnect, how long to wait for ZMQ's own reconnect attempt before
-concluding it refused an oversized message (and will not retry)."""
 
 
 class LinkListener(Protocol):
@@ -368,50 +365,36 @@ class KernelLink:
             log.warning("session %s: dropped a malformed %s message", self.session_id, channel)
 
     async def _watch_oversized(self, channel: str, sock: zmq.asyncio.Socket, listener: LinkListener) -> None:
-        """A frame over ``max_message_bytes`` makes ZMQ drop the connection as a
-        protocol error, and then it does not reconnect by itself (after an
-        ordinary disconnect, a kernel restarting or dying, it schedules a retry
-        at once). So: a disconnect with no retry behind it means a message was
-        refused; reconnect, tell the running execution that output was lost,
-        and resubscribe iopub before the next one."""
-        endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
-        try:
-            while True:
-                if parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_DISCONNECTED:
-                    continue
-                execution = listener.current_execution()
-                self.disconnect_pending = True
-                try:
-                    async with asyncio.timeout(RETRY_GRACE_S):
-                        while (
-                            parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_CONNECT_RETRIED
-                        ):
-                            pass
-                    continue  # ZMQ reconnects by itself: not a refused message
-                except TimeoutError:
-                    pass
-                finally:
-                    self.disconnect_pending = False
-                log.warning(
-                    "session %s: the kernel sent a %s message over the size limit; dropped", self.session_id, channel
-                )
-                with contextlib.suppress(zmq.ZMQError):
-                    sock.disconnect(endpoint)
-                sock.connect(endpoint)
-                if channel == "iopub":
-                    self.iopub_stale = True
-                if execution is None or execution.silent or execution.finished.is_set():
-                    continue
-                if channel == "shell" and execution.reply is None:
-                    # the refused message was this execution's reply (the shell
-                    # carries nothing else while it runs): end it when idle comes
-                    execution.reply = {
-                        "status": "error",
-                        "ename": "ReplyTooLarge",
-                        "evalue": f"the kernel's reply was larger than {self.config.max_message_bytes} bytes",
-                    }
-                    execution.check_finished()
-                listener.on_message_refused(execution)
-        finally:
-            monitor.close(linger=0)
+        """After a message over ``max_message_bytes`` was refused (`runtime.refused`):
+        tell the execution that was running that output was lost, and resubscribe
+        iopub before the next one."""
+        at_disconnect: list[QueuedExecution | None] = [None]
+
+        def disconnected() -> None:
+            at_disconnect[0] = listener.current_execution()
+            self.disconnect_pending = True
+
+        def settled() -> None:
+            self.disconnect_pending = False
+
+        def refused() -> None:
+            log.warning(
+                "session %s: the kernel sent a %s message over the size limit; dropped", self.session_id, channel
+            )
+            if channel == "iopub":
+                self.iopub_stale = True
+            execution = at_disconnect[0]
+            if execution is None or execution.silent or execution.finished.is_set():
+                return
+            if channel == "shell" and execution.reply is None:
+                # the refused message was this execution's reply (the shell
+                # carries nothing else while it runs): end it when idle comes
+                execution.reply = {
+                    "status": "error",
+                    "ename": "ReplyTooLarge",
+                    "evalue": f"the kernel's reply was larger than {self.config.max_message_bytes} bytes",
+                }
+                execution.check_finished()
+            listener.on_message_refused(execution)
+
+        await watch_refused(sock, refused, disconnected, settled)

@@ -39,12 +39,12 @@ from fastapi import APIRouter, WebSocket
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.connect import KernelConnectionInfo
 from starlette.websockets import WebSocketDisconnect
-from zmq.utils.monitor import parse_monitor_message
 
 from kernelgw.errors import KernelGWError, Unauthorized
 from kernelgw.keys import Principal
 from kernelgw.runtime.backends.base import KernelHandle
-from kernelgw.runtime.kernel_link import RECEIVE_HWM, RETRY_GRACE_S
+from kernelgw.runtime.kernel_link import RECEIVE_HWM
+from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.admission import admit
 from kernelgw.server.auth import same_origin
@@ -250,38 +250,21 @@ class ChannelsConnection:
                 return
 
     async def _watch_oversized(self, sock: zmq.asyncio.Socket) -> None:
-        """ZMQ drops a connection that sent a frame over the size cap and does not
-        reconnect it (see `KernelLink._watch_oversized`): reconnect iopub, and tell
-        the client output was lost."""
-        endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
-        try:
-            while True:
-                if parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_DISCONNECTED:
-                    continue
-                try:
-                    async with asyncio.timeout(RETRY_GRACE_S):
-                        while (
-                            parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_CONNECT_RETRIED
-                        ):
-                            pass
-                    continue
-                except TimeoutError:
-                    pass
-                with contextlib.suppress(zmq.ZMQError):
-                    sock.disconnect(endpoint)
-                sock.connect(endpoint)
-                limit = self.session.config.max_message_bytes
-                self._send_kernel(
-                    "iopub",
-                    caps.truncation_note(
-                        self._last_parent,
-                        f"the kernel sent a message larger than {limit} bytes; it was dropped, and output "
-                        "until the connection recovered may be missing (the code kept running)",
-                    ),
-                )
-        finally:
-            monitor.close(linger=0)
+        """After a message over the size cap was refused and iopub reconnected
+        (`runtime.refused`): tell the client output was lost."""
+
+        def refused() -> None:
+            limit = self.session.config.max_message_bytes
+            self._send_kernel(
+                "iopub",
+                caps.truncation_note(
+                    self._last_parent,
+                    f"the kernel sent a message larger than {limit} bytes; it was dropped, and output "
+                    "until the connection recovered may be missing (the code kept running)",
+                ),
+            )
+
+        await watch_refused(sock, refused)
 
     # ------------------------------------------------------------ kernel -> client
     async def _read(self, channel: str, get: Callable[[], Awaitable[Any]]) -> None:
