@@ -8,12 +8,15 @@ message says how to start one.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -23,6 +26,8 @@ import uvicorn
 
 from kernelgw.config import Settings
 from kernelgw.server import create_app
+from kernelgw.storage import Store
+from kernelgw.storage.keys import KeyStore
 from tests.support.http import http_fixture
 
 IMAGE = os.environ.get("KERNELGW_IMAGE", "kernelgw/python:latest")
@@ -91,6 +96,31 @@ def start_gateway(settings: Settings) -> RunningGateway:
             raise RuntimeError("the test gateway did not start")
         time.sleep(0.02)
     return RunningGateway(f"http://127.0.0.1:{port}", settings, server, thread)
+
+
+@contextmanager
+def gateway_with_key(
+    docker_client: docker.DockerClient, data_dir: Path, name: str
+) -> Iterator[tuple[RunningGateway, str]]:
+    """A gateway that requires API keys, and one key's text; afterwards no
+    container of its name may be left."""
+
+    async def make_key() -> str:
+        store = Store.from_settings(gateway_settings(data_dir=data_dir))
+        await store.start()
+        try:
+            return (await KeyStore(store).create(name))[1]
+        finally:
+            await store.close()
+
+    key = asyncio.run(make_key())
+    gw = start_gateway(gateway_settings(gateway_name=name, data_dir=data_dir, auth="required"))
+    try:
+        yield gw, key
+    finally:
+        gw.stop()
+    left = docker_client.containers.list(all=True, filters={"label": f"kernelgw.gateway={name}"})
+    assert not left, f"containers left behind: {[c.name for c in left]}"
 
 
 @pytest.fixture(scope="session")

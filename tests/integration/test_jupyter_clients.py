@@ -31,9 +31,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from kernelgw.storage import Store
-from kernelgw.storage.keys import KeyStore
-from tests.integration.conftest import RunningGateway, gateway_settings, start_gateway
+from tests.integration.conftest import RunningGateway, gateway_with_key
 
 pytestmark = [
     pytest.mark.integration,
@@ -44,26 +42,12 @@ pytestmark = [
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-async def _make_key(data_dir: Path) -> str:
-    store = Store.from_settings(gateway_settings(data_dir=data_dir))
-    await store.start()
-    try:
-        return (await KeyStore(store).create("jupyter-clients"))[1]
-    finally:
-        await store.close()
-
-
 @pytest.fixture(scope="module")
 def keyed_gateway(
     docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[RunningGateway, str]]:
-    data_dir = tmp_path_factory.mktemp("jupyter-clients-gw")
-    key = asyncio.run(_make_key(data_dir))
-    gw = start_gateway(gateway_settings(gateway_name=f"tjc{os.getpid()}", data_dir=data_dir, auth="required"))
-    yield gw, key
-    gw.stop()
-    left = docker_client.containers.list(all=True, filters={"label": f"kernelgw.gateway={gw.settings.gateway_name}"})
-    assert not left, f"containers left behind: {[c.name for c in left]}"
+    with gateway_with_key(docker_client, tmp_path_factory.mktemp("jupyter-clients-gw"), f"tjc{os.getpid()}") as pair:
+        yield pair
 
 
 def _containers(docker_client: docker.DockerClient, gw: RunningGateway) -> list[str]:

@@ -15,32 +15,16 @@ import docker
 import httpx
 import pytest
 
-from kernelgw.storage import Store
-from kernelgw.storage.keys import KeyStore
-from tests.integration.conftest import RunningGateway, gateway_settings, start_gateway
+from tests.integration.conftest import RunningGateway, gateway_with_key
 from tests.unit.server.jupyter.jupyter_server_client import drive, jupyter_server
-
-
-async def _make_key(data_dir: Path) -> str:
-    store = Store.from_settings(gateway_settings(data_dir=data_dir))
-    await store.start()
-    try:
-        return (await KeyStore(store).create("jupyter"))[1]
-    finally:
-        await store.close()
 
 
 @pytest.fixture(scope="module")
 def keyed_gateway(
     docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[RunningGateway, str]]:
-    data_dir = tmp_path_factory.mktemp("jupyter-gw")
-    key = asyncio.run(_make_key(data_dir))
-    gw = start_gateway(gateway_settings(gateway_name=f"tj{os.getpid()}", data_dir=data_dir, auth="required"))
-    yield gw, key
-    gw.stop()
-    left = docker_client.containers.list(all=True, filters={"label": f"kernelgw.gateway={gw.settings.gateway_name}"})
-    assert not left, f"containers left behind: {[c.name for c in left]}"
+    with gateway_with_key(docker_client, tmp_path_factory.mktemp("jupyter-gw"), f"tj{os.getpid()}") as pair:
+        yield pair
 
 
 def test_jupyter_server_drives_kernelgw(keyed_gateway: tuple[RunningGateway, str], tmp_path: Path) -> None:

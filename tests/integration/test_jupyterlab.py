@@ -12,7 +12,6 @@ A screenshot of the notebook goes to ``<output_dir>/jupyterlab/notebook.png``
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +21,7 @@ import httpx
 import pytest
 from playwright.sync_api import Locator, Page, expect, sync_playwright
 
-from kernelgw.storage import Store
-from kernelgw.storage.keys import KeyStore
-from tests.integration.conftest import RunningGateway, gateway_settings, start_gateway
+from tests.integration.conftest import RunningGateway, gateway_with_key
 from tests.support.jupyter_lab import jupyter_lab
 
 pytestmark = pytest.mark.integration
@@ -44,26 +41,12 @@ CHROMIUM_ARGS = [
 WAIT_MS = 120_000
 
 
-async def _make_key(data_dir: Path) -> str:
-    store = Store.from_settings(gateway_settings(data_dir=data_dir))
-    await store.start()
-    try:
-        return (await KeyStore(store).create("jupyterlab"))[1]
-    finally:
-        await store.close()
-
-
 @pytest.fixture(scope="module")
 def keyed_gateway(
     docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[RunningGateway, str]]:
-    data_dir = tmp_path_factory.mktemp("jupyterlab-gw")
-    key = asyncio.run(_make_key(data_dir))
-    gw = start_gateway(gateway_settings(gateway_name=f"tjl{os.getpid()}", data_dir=data_dir, auth="required"))
-    yield gw, key
-    gw.stop()
-    left = docker_client.containers.list(all=True, filters={"label": f"kernelgw.gateway={gw.settings.gateway_name}"})
-    assert not left, f"containers left behind: {[c.name for c in left]}"
+    with gateway_with_key(docker_client, tmp_path_factory.mktemp("jupyterlab-gw"), f"tjl{os.getpid()}") as pair:
+        yield pair
 
 
 def _run_cell(page: Page, index: int, code: str) -> Locator:
