@@ -37,8 +37,11 @@ KINDS = (
 class AuditStore(Protocol):
     """What the audit log needs of the history store (`kernelgw.storage.Store`)."""
 
-    def enqueue(self, what: str, write: Callable[[AsyncConnection], Awaitable[Any]]) -> None:
-        """Queue a write for the writer task; never waits."""
+    def enqueue(
+        self, what: str, write: Callable[[AsyncConnection], Awaitable[Any]], *, deferrable: bool = False
+    ) -> None:
+        """Queue a write for the writer task; never waits (``deferrable``: it may
+        commit after rows an answer waits for)."""
         ...
 
     async def read_engine(self) -> AsyncEngine:
@@ -78,7 +81,7 @@ def record(store: AuditStore, row: AuditRecord) -> None:
     async def write(conn: AsyncConnection) -> None:
         await conn.execute(insert(schema.audit), values)  # parameters apart: compiled once
 
-    store.enqueue(f"audit {row.kind}", write)
+    store.enqueue(f"audit {row.kind}", write, deferrable=True)
 
 
 async def query(

@@ -198,9 +198,12 @@ class Store:
         self._purger = None
         await self._db.close()
 
-    def enqueue(self, what: str, write: Write, future: asyncio.Future[Any] | None = None) -> None:
-        """Queue a write for the writer task; never waits (a full queue drops it, loudly)."""
-        self._writer.enqueue(what, write, future)
+    def enqueue(
+        self, what: str, write: Write, future: asyncio.Future[Any] | None = None, *, deferrable: bool = False
+    ) -> None:
+        """Queue a write for the writer task; never waits (a full queue drops it, loudly).
+        ``deferrable``: see `Writer.enqueue`."""
+        self._writer.enqueue(what, write, future, deferrable=deferrable)
 
     async def flush(self) -> None:
         """Wait until every row queued so far is committed (or dropped)."""
@@ -264,7 +267,7 @@ class Store:
             await conn.execute(_INSERT_EXECUTION, values)
             start.inserted = True
 
-        self.enqueue(f"start of execution {execution.execution_id} of session {session.id}", write)
+        self.enqueue(f"start of execution {execution.execution_id} of session {session.id}", write, deferrable=True)
 
     def execution_progress(self, session: RecordedSession, execution: RecordedExecution) -> None:
         """Queue the running row's events so far (not awaited): what a cell cut
@@ -283,7 +286,9 @@ class Store:
             if start.inserted and not start.superseded:
                 await conn.execute(_CHECKPOINT_EXECUTION, values)
 
-        self.enqueue(f"output so far of execution {execution.execution_id} of session {session.id}", write)
+        self.enqueue(
+            f"output so far of execution {execution.execution_id} of session {session.id}", write, deferrable=True
+        )
 
     async def execution_finished(
         self, session: RecordedSession, execution: RecordedExecution, done: Published | None = None

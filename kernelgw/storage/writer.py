@@ -81,6 +81,8 @@ class _Op:
     what: str
     write: Write
     future: asyncio.Future[Any] | None = None
+    deferrable: bool = False
+    """May commit after the other rows of its batch (see `Writer._write`)."""
     queued_at: float = field(default_factory=time.perf_counter)
 
 
@@ -124,10 +126,14 @@ class Writer:
         self._thread.shutdown(wait=False)  # its thread ends; a fresh one if started again
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="history-writer")
 
-    def enqueue(self, what: str, write: Write, future: asyncio.Future[Any] | None = None) -> None:
-        """Queue a write for the writer task; never waits (a full queue drops it, loudly)."""
+    def enqueue(
+        self, what: str, write: Write, future: asyncio.Future[Any] | None = None, *, deferrable: bool = False
+    ) -> None:
+        """Queue a write for the writer task; never waits (a full queue drops it, loudly).
+        ``deferrable``: nothing acknowledged depends on it (an audit row, a cell's
+        running row or its output so far), so it may commit after an answer's row."""
         try:
-            self._queue.put_nowait(_Op(what, write, future))
+            self._queue.put_nowait(_Op(what, write, future, deferrable))
         except asyncio.QueueFull:
             log.error("history storage is %d rows behind; dropped %s", self._queue.maxsize, what)
             if future is not None and not future.done():
@@ -197,6 +203,14 @@ class Writer:
         """Commit ``batch``; a row the database refuses is dropped, a database that
         cannot write holds the batch back for the next try (and fails its futures:
         nobody is told a row is stored before it is)."""
+        if any(op.future is not None for op in batch) and any(op.deferrable for op in batch):
+            # what answers wait for commits first, without the deferrable rows, which
+            # follow at once off the answers' path. Safe to reorder: a cell's running
+            # row is skipped once its end row is queued, a checkpoint only updates a
+            # row still running, and audit rows are read by time, not by position.
+            await self._write([op for op in batch if not op.deferrable])
+            await self._write([op for op in batch if op.deferrable])
+            return
         db = self.db
         if not await db.ensure_ready():
             self._hold(batch, "the database does not answer")
