@@ -101,7 +101,7 @@ class Tab:
         self.page.click("#new-session")
         expect(self.page.locator("#conn-state")).to_have_text("live")
         sid = self.page.locator("#session-id").inner_text()
-        assert re.fullmatch(r"[0-9a-f]+", sid), sid
+        assert re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", sid), sid  # a dashed UUID
         assert self.page.url.endswith(f"/?session={sid}")
         return sid
 
