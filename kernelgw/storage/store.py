@@ -225,7 +225,10 @@ class Store:
         async def write(conn: AsyncConnection) -> None:
             await conn.execute(insert(schema.sessions).values(**values))
 
-        self.enqueue(f"session {session.id}", write)
+        # a session is acknowledged (201) once its row is stored, as a cell is
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.enqueue(f"session {session.id}", write, future)
+        await future
         spec = session.spec
         self._audit(
             "session_created",
