@@ -12,7 +12,7 @@ import re
 import uuid
 import weakref
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import HTTPConnection
 
@@ -21,9 +21,6 @@ from kernelgw.errors import SessionNotFound
 from kernelgw.keys import Principal, parse_key
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.state import GatewayState, gateway_state
-
-if TYPE_CHECKING:
-    from kernelgw.server.jupyter.channels import ChannelsConnection
 
 DEFAULT_KERNEL = "python3"
 """The default image's kernelspec name: what clients (AutoGen) ask for by default."""
@@ -78,11 +75,12 @@ def find(state: GatewayState, principal: Principal, kid: str) -> KernelSession:
 
 
 # ---------------------------------------------------------------- live clients
-_connections: weakref.WeakKeyDictionary[KernelSession, set[ChannelsConnection]] = weakref.WeakKeyDictionary()
+_connections: weakref.WeakKeyDictionary[KernelSession, set[object]] = weakref.WeakKeyDictionary()
+"""Each session's open channels connections (counted for the kernel model's ``connections``)."""
 _last_status: weakref.WeakKeyDictionary[KernelSession, str] = weakref.WeakKeyDictionary()
 
 
-def connections(session: KernelSession) -> set[ChannelsConnection]:
+def connections(session: KernelSession) -> set[object]:
     return _connections.setdefault(session, set())
 
 
