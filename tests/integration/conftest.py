@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -29,17 +28,12 @@ from kernelgw.server import create_app
 from kernelgw.storage import Store
 from kernelgw.storage.keys import KeyStore
 from tests.support.http import http_fixture
+from tests.support.processes import free_port
 
 IMAGE = os.environ.get("KERNELGW_IMAGE", "kernelgw/python:latest")
 # The container runtime of every test gateway: runc (default) or runsc (gVisor);
 # scripts/test.sh runs the suite a second time with KERNELGW_TEST_RUNTIME=runsc.
 RUNTIME = os.environ.get("KERNELGW_TEST_RUNTIME", "runc")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def gateway_settings(**overrides: Any) -> Settings:

@@ -22,21 +22,11 @@ import pytest
 from playwright.sync_api import Locator, Page, expect, sync_playwright
 
 from tests.integration.conftest import RunningGateway, gateway_with_key
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 from tests.support.jupyter_lab import jupyter_lab
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = os.environ.get("KERNELGW_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-]
 # the first cell waits for a container to start behind JupyterLab's kernel start
 WAIT_MS = 120_000
 

@@ -39,20 +39,10 @@ from tests.integration.conftest import (
     run,
     start_gateway,
 )
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = os.environ.get("KERNELGW_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-]
 FINISHED = re.compile(r"^(ok|error|timeout|interrupted|dead|refused)$")
 
 expect.set_options(timeout=30_000)

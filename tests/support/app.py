@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 from collections.abc import AsyncIterator
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
 from fastapi import FastAPI
 
 from kernelgw.config import Settings
@@ -46,3 +48,22 @@ async def serve(
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers, timeout=60) as client:
             yield app, client
+
+
+@asynccontextmanager
+async def serve_tcp(settings: Settings, backend: LocalBackend) -> AsyncIterator[str]:
+    """The app behind a real uvicorn on 127.0.0.1 (an ephemeral port); yields host:port."""
+    app = create_app(settings, backend=backend)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(30):
+            while not server.started:
+                assert not task.done(), "uvicorn stopped before it started"
+                await asyncio.sleep(0.01)
+        (sock,) = server.servers[0].sockets
+        host, port = sock.getsockname()[:2]
+        yield f"{host}:{port}"
+    finally:
+        server.should_exit = True
+        await task

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -20,13 +19,9 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.processes import free_port
+
 JUPYTER_LAB = Path(sys.executable).with_name("jupyter-lab")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -46,7 +41,7 @@ class JupyterLab:
 
 @contextmanager
 def jupyter_lab(gateway_url: str, key: str, workdir: Path, start_timeout_s: float = 120) -> Iterator[JupyterLab]:
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     dirs = {sub: workdir / sub for sub in ("config", "data", "runtime", "root", "settings", "workspaces")}
     for path in dirs.values():
         path.mkdir(parents=True, exist_ok=True)

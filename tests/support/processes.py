@@ -31,7 +31,7 @@ def gateway_process(
     """Start ``kernelgw serve`` (history in SQLite in ``data_dir`` unless
     ``database_url``), wait until ``/healthz`` answers 200, yield the process and
     its URL; kill it at the end if it still runs. Its output goes to ``log``."""
-    port = _free_port()
+    port = free_port()
     full_env = {
         **os.environ,
         "KERNELGW_GATEWAY_NAME": name,
@@ -72,7 +72,8 @@ def gateway_process(
             proc.wait()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

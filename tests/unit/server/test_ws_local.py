@@ -8,45 +8,23 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from kernelgw.server import create_app
-from tests.support.app import local_settings
+from tests.support.app import local_settings, serve_tcp
 from tests.support.local_backend import LocalBackend
 
 RECEIVE_TIMEOUT_S = 60  # a kernel subprocess on a loaded 2-core machine
 
 
-@asynccontextmanager
-async def serve_tcp(tmp_path: Path, backend: LocalBackend) -> AsyncIterator[str]:
-    """The app behind uvicorn on 127.0.0.1 (an ephemeral port); yields host:port."""
-    app = create_app(local_settings(tmp_path), backend=backend)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(30):
-            while not server.started:
-                assert not task.done(), "uvicorn stopped before it started"
-                await asyncio.sleep(0.01)
-        (sock,) = server.servers[0].sockets
-        host, port = sock.getsockname()[:2]
-        yield f"{host}:{port}"
-    finally:
-        server.should_exit = True
-        await task
-
-
 @pytest.fixture
 async def gw(local_backend: LocalBackend, tmp_path: Path) -> AsyncIterator[str]:
-    async with serve_tcp(tmp_path, local_backend) as address:
+    async with serve_tcp(local_settings(tmp_path), local_backend) as address:
         yield address
 
 

@@ -13,14 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from websockets.asyncio.client import ClientConnection
 
 from kernelgw.config import Settings
-from kernelgw.server import create_app
 from kernelgw.storage import Store
 from kernelgw.storage.keys import KeyStore
-from tests.support.app import local_settings
+from tests.support.app import local_settings, serve_tcp
 from tests.support.local_backend import LocalBackend
 
 RECEIVE_TIMEOUT_S = 60  # a kernel subprocess on a loaded 2-core machine
@@ -53,24 +51,6 @@ async def make_keys(data_dir: Path, *names: str) -> list[str]:
         return [(await KeyStore(store).create(name))[1] for name in names]
     finally:
         await store.close()
-
-
-@asynccontextmanager
-async def serve_tcp(settings: Settings, backend: LocalBackend) -> AsyncIterator[str]:
-    app = create_app(settings, backend=backend)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(30):
-            while not server.started:
-                assert not task.done(), "uvicorn stopped before it started"
-                await asyncio.sleep(0.01)
-        (sock,) = server.servers[0].sockets
-        host, port = sock.getsockname()[:2]
-        yield f"{host}:{port}"
-    finally:
-        server.should_exit = True
-        await task
 
 
 @asynccontextmanager

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -23,14 +22,10 @@ from typing import Any
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
+from tests.support.processes import free_port
+
 JUPYTER_SERVER = Path(sys.executable).with_name("jupyter-server")
 RECEIVE_TIMEOUT_S = 90
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -54,7 +49,7 @@ class JupyterServer:
 async def jupyter_server(gateway_url: str, key: str, workdir: Path) -> AsyncIterator[JupyterServer]:
     """``jupyter-server`` in a subprocess with ``--gateway-url`` and the key as its
     gateway token (sent as ``Authorization: token <key>``)."""
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     for sub in ("config", "data", "runtime", "root"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
     env = {
