@@ -53,6 +53,18 @@ ensure_debootstrap() {
     fi
 }
 
+# A pid file is stale unless the pid it names is a live process called $2.
+clear_stale_pid_file() {
+    local file="$1" name="$2" pid
+    [ -f "$file" ] || return 0
+    pid="$(cat "$file" 2>/dev/null || true)"
+    if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null || true)" = "$name" ]; then
+        return 0
+    fi
+    say "removing stale $file (pid ${pid:-?} is not a running $name)"
+    rm -f "$file"
+}
+
 # ------------------------------------------------------------------ main ---
 
 if engine_answers; then
@@ -83,10 +95,12 @@ else
             log="${TMPDIR:-/tmp}/kernelgw-dockerd.log"
         fi
     fi
-    # A stale pid file from an engine that died would stop dockerd starting.
-    if [ -f /var/run/docker.pid ] && ! kill -0 "$(cat /var/run/docker.pid 2>/dev/null)" 2>/dev/null; then
-        rm -f /var/run/docker.pid
-    fi
+    # No dockerd is running, so any pid file is stale: left by an engine that
+    # died with the machine (a snapshot, a reboot). Its pid may since have been
+    # reused by an unrelated process (even this script), so "is that pid alive"
+    # is the wrong test: dockerd refuses to start while the file exists.
+    clear_stale_pid_file /var/run/docker.pid dockerd
+    clear_stale_pid_file /var/run/docker/containerd/containerd.pid containerd
     say "starting dockerd in the background (log: $log)"
     # setsid + nohup: the engine must outlive this script and its session.
     setsid nohup dockerd >>"$log" 2>&1 </dev/null &
