@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kernelgw import events as ev
 from kernelgw.runtime.fanout import Published
@@ -16,6 +16,29 @@ from kernelgw.runtime.fanout import Published
 ARTIFACTS_EXPRESSION = "__import__('kernelgw_kernel').artifacts()"
 """Evaluated by the kernel after a cell (a user_expression: no extra round trip).
 ``kernelgw_kernel`` ships in the image; its text/plain is a JSON list of artifacts."""
+
+
+class ClientRequest(Protocol):
+    """An ``execute_request`` a Jupyter client sent on the channels WebSocket,
+    run as a cell of the session's queue: its own header goes to the kernel (so
+    the client's iopub and reply match it), and the client is told how it ends."""
+
+    message: dict[str, Any]
+    """The request as jupyter_client's ``Session.send`` takes it."""
+
+    def should_abort(self) -> bool:
+        """An earlier request of the same client failed with ``stop_on_error``:
+        this one is answered ``aborted`` instead of run (as ipykernel would)."""
+        ...
+
+    def on_stdin(self, msg: dict[str, Any]) -> None:
+        """The kernel asks for input (``input_request``)."""
+        ...
+
+    def ended(self, execution: QueuedExecution) -> None:
+        """The cell is over and its record stored: answer the client (the kernel's
+        ``execute_reply`` in ``execution.reply_msg``, or an error if it never came)."""
+        ...
 
 
 @dataclass
@@ -44,6 +67,10 @@ class QueuedExecution:
     """How many of ``published`` the running row holds (its ``queued`` event at start)."""
     ending: ev.Done | None = None
     """The ``done`` built when the cell ended, published once its record is stored."""
+    client: ClientRequest | None = None
+    """Set for a Jupyter client's request (the channels WebSocket)."""
+    reply_msg: dict[str, Any] | None = None
+    """The kernel's whole ``execute_reply`` message (kept for a Jupyter client)."""
 
     def check_finished(self) -> None:
         """The kernel is done with a request once both its reply and its idle are in."""

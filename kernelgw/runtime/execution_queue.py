@@ -27,7 +27,7 @@ from kernelgw import events as ev
 from kernelgw.errors import BadRequest
 from kernelgw.runtime.backends.base import KernelState
 from kernelgw.runtime.cell_output import CellOutput
-from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, QueuedExecution, parse_artifacts
+from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, ClientRequest, QueuedExecution, parse_artifacts
 from kernelgw.runtime.fanout import EventFanout, Published
 from kernelgw.runtime.iopub import cut_text
 from kernelgw.runtime.kernel_link import KernelLink
@@ -45,6 +45,7 @@ request means the idle was lost: finish anyway instead of hanging."""
 RECENT_IDS = 10000
 """How many execution ids a session remembers to refuse reuse."""
 NOT_STORED = "the history storage failed, so this execution's record was not stored"
+ABORTED = "aborted: an earlier cell from the same Jupyter client failed and asked to stop on error"
 
 
 class SessionHooks(Protocol):
@@ -139,7 +140,13 @@ class ExecutionQueue:
     def length(self) -> int:
         return self._queue.qsize() + (1 if self.current is not None else 0)
 
-    def submit(self, code: str, execution_id: str | None = None, timeout: float | None = None) -> QueuedExecution:
+    def submit(
+        self,
+        code: str,
+        execution_id: str | None = None,
+        timeout: float | None = None,
+        client: ClientRequest | None = None,
+    ) -> QueuedExecution:
         if self._status.state == "closed":
             raise BadRequest("The session is being deleted.")
         if timeout is None:
@@ -152,7 +159,7 @@ class ExecutionQueue:
         self._recent_ids[execution_id] = None
         while len(self._recent_ids) > RECENT_IDS:
             self._recent_ids.popitem(last=False)
-        rec = QueuedExecution(execution_id=execution_id, code=code, timeout=timeout)
+        rec = QueuedExecution(execution_id=execution_id, code=code, timeout=timeout, client=client)
         self.publish(ev.Queued(execution_id=execution_id, code=code, position=self.length), rec)
         self._queue.put_nowait(rec)
         return rec
@@ -242,6 +249,9 @@ class ExecutionQueue:
             return
         if status.state == "dead" or not self._link.connected:
             self._finish(rec, "dead", status.dead_reason or "the kernel is not running; restart the session")
+            return
+        if rec.client is not None and rec.client.should_abort():
+            self._finish(rec, "error", ABORTED)
             return
         await self._link.resync_if_stale()
         status.state = "busy"
@@ -401,3 +411,8 @@ class ExecutionQueue:
                 self.metrics.execution_done(pub.event, rec.output_bytes, oom_killed=oom)
         for event, owner in held:
             self.publish(event, owner)
+        if rec.client is not None:
+            try:
+                rec.client.ended(rec)
+            except Exception:
+                log.exception("answering the Jupyter client of execution %s failed", rec.execution_id)

@@ -134,7 +134,8 @@ class KernelLink:
             context.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
             kc = AsyncKernelClient(context=context)
             kc.load_connection_info(cast(KernelConnectionInfo, handle.connection))
-            kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
+            # stdin: a Jupyter client's cell may call input() (see `send_stdin`)
+            kc.start_channels(shell=True, iopub=True, stdin=True, hb=False, control=True)
             self._kc = kc
             self.kernel_info = await self._wait_ready(kc, handle, timeout, channel)
             if seal:
@@ -145,6 +146,7 @@ class KernelLink:
         self._readers = [
             asyncio.create_task(self._read_iopub(kc, listener), name=f"iopub-{self.session_id}"),
             asyncio.create_task(self._read_shell(kc), name=f"shell-{self.session_id}"),
+            asyncio.create_task(self._read_stdin(kc), name=f"stdin-{self.session_id}"),
             asyncio.create_task(
                 self._watch_oversized("iopub", kc.iopub_channel.socket, listener),
                 name=f"iopub-monitor-{self.session_id}",
@@ -233,7 +235,13 @@ class KernelLink:
         when there is no kernel to send it to."""
         if self._kc is None:
             return False
-        if execution.silent:
+        if execution.client is not None:
+            # a Jupyter client's own request: its header, so what the kernel
+            # sends back matches what that client waits for
+            message = execution.client.message
+            self._kc.shell_channel.send(message)
+            msg_id = str(message["header"]["msg_id"])
+        elif execution.silent:
             msg_id = self._kc.execute(
                 execution.code,
                 silent=True,
@@ -252,6 +260,14 @@ class KernelLink:
             )
         execution.msg_id = msg_id
         self._pending[msg_id] = execution
+        return True
+
+    def send_stdin(self, msg: dict[str, Any]) -> bool:
+        """Answer the running cell's ``input_request`` (a Jupyter client's
+        ``input_reply``): it must come back on the socket the request went to."""
+        if self._kc is None:
+            return False
+        self._kc.stdin_channel.send(msg)
         return True
 
     def forget(self, execution: QueuedExecution) -> None:
@@ -347,7 +363,17 @@ class KernelLink:
             if execution is None or msg["header"]["msg_type"] != "execute_reply":
                 continue
             execution.reply = msg.get("content") or {}
+            execution.reply_msg = msg
             execution.check_finished()
+
+    async def _read_stdin(self, kc: AsyncKernelClient) -> None:
+        while True:
+            msg = await self._next(kc.get_stdin_msg, "stdin")
+            parent = (msg.get("parent_header") or {}).get("msg_id")
+            execution = self._pending.get(parent) if parent else None
+            if execution is None or execution.client is None or msg["header"]["msg_type"] != "input_request":
+                continue  # /v1 cells never allow stdin; nothing else may ask
+            execution.client.on_stdin(msg)
 
     async def _next(self, get: Callable[[], Awaitable[Any]], channel: str) -> dict[str, Any]:
         """The next well-formed, correctly signed message. A malformed or forged one

@@ -21,7 +21,7 @@ from typing import Any
 from kernelgw import events as ev
 from kernelgw.errors import KernelStartFailed
 from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec
-from kernelgw.runtime.execution import QueuedExecution, parse_artifacts
+from kernelgw.runtime.execution import ClientRequest, QueuedExecution, parse_artifacts
 from kernelgw.runtime.execution_queue import ExecutionQueue
 from kernelgw.runtime.fanout import EventFanout, Published, Subscription
 from kernelgw.runtime.kernel_link import KernelLink
@@ -331,11 +331,29 @@ class KernelSession:
     def queue_length(self) -> int:
         return self._executions.length
 
-    def submit(self, code: str, execution_id: str | None = None, timeout: float | None = None) -> QueuedExecution:
-        """Queue a cell; returns at once. Await ``execution.done`` for the end."""
-        rec = self._executions.submit(code, execution_id, timeout)
+    def submit(
+        self,
+        code: str,
+        execution_id: str | None = None,
+        timeout: float | None = None,
+        client: ClientRequest | None = None,
+    ) -> QueuedExecution:
+        """Queue a cell; returns at once. Await ``execution.done`` for the end.
+
+        ``client``: a Jupyter client's request (the channels WebSocket). Both
+        faces share one queue, so a cell's timeout starts when the kernel gets
+        it, and every cell is in the history, the event stream and the notebook."""
+        rec = self._executions.submit(code, execution_id, timeout, client)
         self.touch()
         return rec
+
+    def send_stdin(self, msg: dict[str, Any]) -> bool:
+        """A Jupyter client's ``input_reply`` for the running cell's ``input_request``."""
+        return self._link.send_stdin(msg)
+
+    @property
+    def current_execution(self) -> QueuedExecution | None:
+        return self._executions.current
 
     async def interrupt(self) -> bool:
         """SIGINT to the kernel if a cell is running; True if one was."""

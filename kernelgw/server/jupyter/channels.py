@@ -15,9 +15,12 @@ same admission as /v1 (code size, code policy, the key's rate): a refused one
 gets an ``error`` and an ``execute_reply`` with status ``error``. What the
 kernel sends is untrusted: the /v1 output caps apply (`caps`).
 
-The /v1 session's own connection ignores messages that answer these requests
-(it routes by its own ``msg_id``s), so /v1 executions and Jupyter ones share
-the kernel, which runs one shell request at a time.
+An ``execute_request`` (not silent) is a cell of the session's queue
+(`cells`): the session's kernel link sends it when its turn comes, after any
+/v1 cell ahead of it, and it is recorded, streamed to /v1 watchers and
+exported like theirs. Its reply and final ``idle`` reach the client once its
+record is stored. Other requests (completion, inspection, comms, silent code)
+go straight to the kernel on the connection's own sockets.
 
 A restart (from either face, or after a timeout) replaces the kernel's
 container: the connection notices the new kernel and reconnects to it; the
@@ -48,7 +51,7 @@ from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.admission import admit
 from kernelgw.server.auth import same_origin
-from kernelgw.server.jupyter import caps, kernels, wire
+from kernelgw.server.jupyter import caps, cells, kernels, wire
 from kernelgw.server.state import GatewayState, gateway_state
 from kernelgw.tasks import cancel_and_wait
 
@@ -115,7 +118,8 @@ class ChannelsConnection:
         self.client_session = client_session
         config = session.config
         self.caps = caps.OutputCaps(config.max_output_bytes, config.max_image_bytes)
-        self._outbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
+        self._outbox: asyncio.Queue[str | bytes | cells.Gate | None] = asyncio.Queue()
+        self._cells = cells.ClientCells(self)
         self._outbox_bytes = 0
         self._max_outbox_bytes = state.settings.subscriber_max_bytes
         self._kc: AsyncKernelClient | None = None
@@ -223,13 +227,13 @@ class ChannelsConnection:
                 # may go to the old kernel, and the new one is joined once it answers
                 if self._kc is not None:
                     await self._disconnect()
-                    self._send_kernel("iopub", caps.gateway_message("status", {}, {"execution_state": "restarting"}))
+                    self.send_kernel("iopub", caps.gateway_message("status", {}, {"execution_state": "restarting"}))
                 self._handle = None
                 if handle is not None and self.session.state in ("idle", "busy"):
                     await self._connect(handle)
             if self.session.state == "dead" and not self._dead_sent:
                 self._dead_sent = True
-                self._send_kernel("iopub", caps.gateway_message("status", {}, {"execution_state": "dead"}))
+                self.send_kernel("iopub", caps.gateway_message("status", {}, {"execution_state": "dead"}))
             await asyncio.sleep(WATCH_INTERVAL_S)
 
     async def _watch_session(self, sub: Any) -> None:
@@ -255,7 +259,7 @@ class ChannelsConnection:
 
         def refused() -> None:
             limit = self.session.config.max_message_bytes
-            self._send_kernel(
+            self.send_kernel(
                 "iopub",
                 caps.truncation_note(
                     self._last_parent,
@@ -294,16 +298,24 @@ class ChannelsConnection:
                     state = (msg.get("content") or {}).get("execution_state")
                     if isinstance(state, str):
                         kernels.status_seen(self.session, state)
+                    if state == "idle" and isinstance(parent.get("msg_id"), str):
+                        # the end of one of our cells waits for its record (and its reply)
+                        self._cells.idle(parent["msg_id"])
                 for out in self.caps.apply(msg):
-                    self._send_kernel(channel, out)
+                    self.send_kernel(channel, out)
             else:
-                self._send_kernel(channel, msg)
+                self.send_kernel(channel, msg)
 
-    def _send_kernel(self, channel: str, msg: dict[str, Any]) -> None:
+    def _encode(self, channel: str, msg: dict[str, Any]) -> str | bytes | None:
         try:
-            frame = wire.to_v1_frame(channel, msg) if self.v1 else wire.to_json_frame(channel, msg)
+            return wire.to_v1_frame(channel, msg) if self.v1 else wire.to_json_frame(channel, msg)
         except (TypeError, ValueError) as exc:
             log.warning("session %s: a %s message could not be encoded (%s)", self.session.id, channel, exc)
+            return None
+
+    def send_kernel(self, channel: str, msg: dict[str, Any]) -> None:
+        frame = self._encode(channel, msg)
+        if frame is None:
             return
         self._outbox_bytes += len(frame)
         if self._outbox_bytes > self._max_outbox_bytes:
@@ -313,16 +325,28 @@ class ChannelsConnection:
             return
         self._outbox.put_nowait(frame)
 
+    def hold(self, gate: cells.Gate) -> None:
+        self._outbox.put_nowait(gate)
+
     async def _send_loop(self) -> None:
         while True:
             frame = await self._outbox.get()
             if frame is None:
                 return
+            if isinstance(frame, cells.Gate):
+                for channel, msg in await frame.opened:
+                    encoded = self._encode(channel, msg)
+                    if encoded is not None:
+                        await self._send_frame(encoded)
+                continue
             self._outbox_bytes -= len(frame)
-            if isinstance(frame, str):
-                await self.websocket.send_text(frame)
-            else:
-                await self.websocket.send_bytes(frame)
+            await self._send_frame(frame)
+
+    async def _send_frame(self, frame: str | bytes) -> None:
+        if isinstance(frame, str):
+            await self.websocket.send_text(frame)
+        else:
+            await self.websocket.send_bytes(frame)
 
     # ------------------------------------------------------------ client -> kernel
     async def _receive_loop(self) -> None:
@@ -352,6 +376,7 @@ class ChannelsConnection:
             await self._forward(msg)
 
     async def _forward(self, msg: wire.ClientMessage) -> None:
+        cell = msg.msg_type == "execute_request" and not msg.content.get("silent")
         if msg.msg_type == "execute_request":
             code = msg.content.get("code")
             if not isinstance(code, str):
@@ -364,11 +389,19 @@ class ChannelsConnection:
                 return
         deadline = time.monotonic() + self.state.settings.kernel_start_timeout_s
         while not (self._ready.is_set() and self._handle is self.session.handle):
-            # (re)connecting: the message waits for the kernel it is meant for
+            # (re)connecting: the message waits for the kernel it is meant for (a
+            # cell also for our iopub socket, so none of its output is missed)
             if time.monotonic() > deadline or self.session.state == "closed":
                 log.warning("session %s: no kernel to send a %s to; dropped", self.session.id, msg.msg_type)
                 return
             await asyncio.sleep(WATCH_INTERVAL_S / 2)
+        if cell:
+            self._submit(msg)
+            return
+        if msg.msg_type == "input_reply" and self._cells.owns(self.session.current_execution):
+            # our cell's input_request came through the session's own socket
+            self.session.send_stdin(msg.to_zmq())
+            return
         kc = self._kc
         if kc is None:
             return
@@ -380,13 +413,27 @@ class ChannelsConnection:
             return
         self.session.touch()
 
+    def _submit(self, msg: wire.ClientMessage) -> None:
+        """Queue an execute_request as a cell of the session (`cells`)."""
+        cell = self._cells.new(msg)
+        try:
+            self.session.submit(
+                str(msg.content["code"]),
+                cell.execution_id,
+                self.session.config.max_exec_timeout_s,
+                client=cell,
+            )
+        except KernelGWError as exc:
+            self._cells.drop(cell)
+            self._refuse(msg, type(exc).__name__, exc.message)
+
     def _refuse(self, msg: wire.ClientMessage, ename: str, evalue: str) -> None:
         """An execution the gateway refused: what a kernel's error would look like,
         to this client only."""
         parent = msg.header
         error = {"ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
-        self._send_kernel("iopub", caps.gateway_message("status", parent, {"execution_state": "busy"}))
-        self._send_kernel("iopub", caps.gateway_message("error", parent, error))
+        self.send_kernel("iopub", caps.gateway_message("status", parent, {"execution_state": "busy"}))
+        self.send_kernel("iopub", caps.gateway_message("error", parent, error))
         reply = {"status": "error", "execution_count": None, **error}
-        self._send_kernel("shell", caps.gateway_message("execute_reply", parent, reply))
-        self._send_kernel("iopub", caps.gateway_message("status", parent, {"execution_state": "idle"}))
+        self.send_kernel("shell", caps.gateway_message("execute_reply", parent, reply))
+        self.send_kernel("iopub", caps.gateway_message("status", parent, {"execution_state": "idle"}))

@@ -112,7 +112,9 @@ async def interrupt_kernel(
     handle = session.handle
     if handle is None:
         raise JupyterHTTPError(409, "The kernel is not running (it is starting, restarting or gone).")
-    await state.backend.signal(handle, signal.SIGINT)
+    # through the session when a cell runs, so its end says "interrupted"
+    if not await session.interrupt():
+        await state.backend.signal(handle, signal.SIGINT)
     session.touch()
     return Response(status_code=204)
 

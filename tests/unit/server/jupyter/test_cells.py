@@ -1,0 +1,144 @@
+"""One session, two faces: a Jupyter client's cells run through the session's
+queue, so they are in its history, event stream and notebook, they take turns
+with /v1 cells, and their end reaches the client only once it is stored."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+
+from kernelgw.storage.store import Store
+from tests.unit.server.jupyter.conftest import (
+    RECEIVE_TIMEOUT_S,
+    Gateway,
+    collect,
+    execute_request,
+    of_type,
+    receive_json,
+)
+from tests.unit.server.jupyter.test_channels import channels_url, run, stdout
+
+
+async def history(gw: Gateway, kernel: str) -> list[dict[str, Any]]:
+    async with gw.client(gw.alice, scheme="Bearer") as http:
+        resp = await http.get(f"/v1/sessions/{kernel}/history")
+        assert resp.status_code == 200, resp.text
+        executions: list[dict[str, Any]] = resp.json()["executions"]
+        return executions
+
+
+async def test_a_jupyter_cell_is_in_the_history_and_the_v1_stream(gw: Gateway, kernel: str) -> None:
+    async with (
+        gw.client(gw.alice, scheme="Bearer") as http,
+        connect(
+            f"{gw.ws_url}/v1/sessions/{kernel}/ws", additional_headers={"Authorization": f"Bearer {gw.alice}"}
+        ) as watcher,
+        connect(channels_url(gw, kernel, gw.alice)) as ws,
+    ):
+        msgs = await run(ws, "x = 20\nprint('from jupyter'); x + 1")
+        (reply,) = of_type(msgs, "execute_reply")
+        assert reply["content"]["status"] == "ok"
+        assert "artifacts" not in reply["content"]["user_expressions"], "the gateway's own expression is not shown"
+        msg_id = reply["parent_header"]["msg_id"]
+
+        # the /v1 watcher saw it as a cell: queued, its output, done
+        events: list[dict[str, Any]] = []
+        while not (events and events[-1]["type"] == "done"):
+            async with asyncio.timeout(RECEIVE_TIMEOUT_S):
+                events.append(json.loads(await watcher.recv()))
+        assert {e["execution_id"] for e in events if "execution_id" in e} == {msg_id}
+        assert [e["text"] for e in events if e["type"] == "stream"] == ["from jupyter\n"]
+        assert events[-1]["status"] == "ok" and events[-1]["execution_count"] == reply["content"]["execution_count"]
+
+        # stored by the time the client got the reply and the idle
+        (cell,) = await history(gw, kernel)
+        assert cell["execution_id"] == msg_id and cell["code"].startswith("x = 20") and cell["status"] == "ok"
+
+        # the same kernel from /v1: the variable and the execution count go on
+        resp = await http.post(f"/v1/sessions/{kernel}/execute", json={"code": "x * 2"})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["execution_count"] == reply["content"]["execution_count"] + 1
+        notebook = (await http.get(f"/v1/sessions/{kernel}/notebook")).json()
+        assert ["".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code"] == [
+            "x = 20\nprint('from jupyter'); x + 1",
+            "x * 2",
+        ]
+
+
+async def test_the_reply_and_idle_wait_for_the_record(
+    gw: Gateway, kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Open WebUI and AutoGen stop at the idle: by then the cell must be stored
+    (each commit is held back here, so an idle sent before it would be caught)."""
+    commit = Store.execution_finished
+
+    async def slow_commit(self: Store, *args: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(0.3)
+        await commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "execution_finished", slow_commit)
+    async with connect(channels_url(gw, kernel, gw.alice)) as ws:
+        msg = execute_request("print('x')")
+        await ws.send(json.dumps(msg))
+        msgs = await collect(ws, msg["header"]["msg_id"])
+        assert [m["msg_type"] for m in msgs][-2:] in (["execute_reply", "status"], ["status", "execute_reply"])
+        assert [(c["code"], c["status"]) for c in await history(gw, kernel)] == [("print('x')", "ok")]
+        for i in range(3):
+            msg = execute_request(f"print({i})")
+            await ws.send(json.dumps(msg))
+            await collect(ws, msg["header"]["msg_id"], reply=False)
+            stored = await history(gw, kernel)
+            assert [(c["code"], c["status"]) for c in stored][1:] == [(f"print({n})", "ok") for n in range(i + 1)]
+
+
+async def test_a_v1_cell_waits_its_turn_without_its_timeout_running(gw: Gateway, kernel: str) -> None:
+    """Before, a /v1 cell sent while a Jupyter cell ran timed out behind it."""
+    async with connect(channels_url(gw, kernel, gw.alice)) as ws, gw.client(gw.alice, scheme="Bearer") as http:
+        slow = execute_request("import time; time.sleep(3); print('slow done')")
+        await ws.send(json.dumps(slow))
+        while (await receive_json(ws))["msg_type"] != "execute_input":
+            pass  # the kernel runs it
+        resp = await http.post(f"/v1/sessions/{kernel}/execute", json={"code": "1 + 1", "timeout": 2})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["status"] == "ok", resp.json()
+        assert stdout(await collect(ws, slow["header"]["msg_id"])) == "slow done\n"
+        assert [c["status"] for c in await history(gw, kernel)] == ["ok", "ok"]
+
+
+async def test_stop_on_error_aborts_the_clients_queued_cells(gw: Gateway, kernel: str) -> None:
+    async with connect(channels_url(gw, kernel, gw.alice)) as ws:
+        first = execute_request("import time; time.sleep(0.5); 1 / 0")
+        second = execute_request("print('second')")
+        third = execute_request("print('third')", stop_on_error=False)
+        for msg in (first, second, third):
+            await ws.send(json.dumps(msg))
+        msgs = await collect(ws, first["header"]["msg_id"])
+        assert of_type(msgs, "execute_reply")[0]["content"]["status"] == "error"
+        msgs = await collect(ws, second["header"]["msg_id"])
+        assert of_type(msgs, "execute_reply")[0]["content"]["status"] == "aborted"
+        assert stdout(msgs) == ""
+        msgs = await collect(ws, third["header"]["msg_id"])
+        assert of_type(msgs, "execute_reply")[0]["content"]["status"] == "aborted"
+        # what comes after the failure runs again
+        assert stdout(await run(ws, "print('after')")) == "after\n"
+        assert stdout(await run(ws, "1/0", stop_on_error=False)) == ""
+        assert stdout(await run(ws, "print('runs')")) == "runs\n"
+    statuses = [(c["code"], c["status"], c["reason"] or "") for c in await history(gw, kernel)]
+    assert statuses[1][1] == "error" and statuses[1][2].startswith("aborted"), statuses
+
+
+async def test_interrupt_over_rest_ends_a_jupyter_cell_as_interrupted(gw: Gateway, kernel: str) -> None:
+    async with connect(channels_url(gw, kernel, gw.alice)) as ws, gw.client(gw.alice) as http:
+        msg = execute_request("import time\nfor _ in range(600): time.sleep(0.1)")
+        await ws.send(json.dumps(msg))
+        while (await receive_json(ws))["msg_type"] != "execute_input":
+            pass
+        assert (await http.post(f"/api/kernels/{kernel}/interrupt")).status_code == 204
+        msgs = await collect(ws, msg["header"]["msg_id"])
+        assert of_type(msgs, "error")[0]["content"]["ename"] == "KeyboardInterrupt"
+    (cell,) = await history(gw, kernel)
+    assert cell["status"] == "interrupted"
