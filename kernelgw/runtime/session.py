@@ -370,6 +370,10 @@ class KernelSession:
         self._fanout.unsubscribe(sub)
         self.touch()
 
+    def events_since(self, seq: int) -> list[tuple[int, str]]:
+        """(seq, JSON) of the events after ``seq`` the replay buffer still holds."""
+        return [(n, text) for n, text in self._fanout.replay if n > seq]
+
     @property
     def subscriber_count(self) -> int:
         return self._fanout.subscriber_count

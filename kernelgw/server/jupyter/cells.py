@@ -15,17 +15,27 @@ Open WebUI and AutoGen wait for): acknowledged means stored, on both faces.
 ``stop_on_error`` (on by default in the protocol): when a cell fails, the
 client's cells queued behind it are answered ``aborted`` without running, as
 ipykernel does with the requests waiting in its own queue.
+
+A client that loses its connection keeps its cells: they run on, and when it
+reconnects with the same ``session_id`` (JupyterLab does) it is sent what its
+cells produced meanwhile, rebuilt from the session's event stream, and their
+replies (`Orphans`). Within this gateway process only: after a gateway
+restart the cells a client was waiting for were cut off anyway.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, QueuedExecution
+from kernelgw.runtime.session import KernelSession
 from kernelgw.server.jupyter import caps, wire
 
 ARTIFACTS_KEY = "artifacts"
@@ -56,14 +66,21 @@ class CellOwner(Protocol):
 
 
 class ClientCells:
-    """One connection's cells in the session's queue, oldest first."""
+    """One client's cells in the session's queue, oldest first."""
 
     def __init__(self, owner: CellOwner) -> None:
-        self.owner = owner
+        self.owner: CellOwner | None = owner
+        """The connection answers go to; None while the client is away."""
         self.pending: dict[str, JupyterCell] = {}
         self.submitted = 0
         self.aborted_through = 0
         """Cells numbered up to this are aborted (a failed cell asked to stop on error)."""
+        self.missed: list[tuple[JupyterCell, list[Message]]] = []
+        """Cells that ended while the client was away, with their answers."""
+
+    def send(self, channel: str, msg: dict[str, Any]) -> None:
+        if self.owner is not None:
+            self.owner.send_kernel(channel, msg)
 
     def new(self, msg: wire.ClientMessage) -> JupyterCell:
         self.submitted += 1
@@ -79,7 +96,7 @@ class ClientCells:
         """The kernel's ``status: idle`` for ``msg_id`` reached the connection:
         True when it must wait behind a gate for the cell's record."""
         cell = self.pending.get(msg_id)
-        if cell is None or cell.gate is not None:
+        if cell is None or cell.gate is not None or self.owner is None:
             return False
         cell.gate = Gate()
         self.owner.hold(cell.gate)
@@ -97,6 +114,8 @@ class JupyterCell:
         self.number = number
         self.header = msg.header
         self.msg_id = msg.msg_id
+        self.execution_id = self.msg_id if _EXECUTION_ID.fullmatch(self.msg_id) else uuid.uuid4().hex
+        """The /v1 execution id: the client's msg_id when it can serve as one."""
         self.stop_on_error = msg.content.get("stop_on_error", True) is not False
         content = dict(msg.content)
         expressions = content.get("user_expressions")
@@ -107,12 +126,9 @@ class JupyterCell:
         content["user_expressions"] = expressions
         self.message = {**msg.to_zmq(), "content": content}
         self.aborted = False
+        self.adopted = False
+        """The client reconnected while this cell was queued or running."""
         self.gate: Gate | None = None
-
-    @property
-    def execution_id(self) -> str:
-        """The /v1 execution id: the client's msg_id when it can serve as one."""
-        return self.msg_id if _EXECUTION_ID.fullmatch(self.msg_id) else uuid.uuid4().hex
 
     # ------------------------------------------------------------ ClientRequest
     def should_abort(self) -> bool:
@@ -120,7 +136,7 @@ class JupyterCell:
         return self.aborted
 
     def on_stdin(self, msg: dict[str, Any]) -> None:
-        self.cells.owner.send_kernel("stdin", msg)
+        self.cells.send("stdin", msg)
 
     def ended(self, execution: QueuedExecution) -> None:
         cells = self.cells
@@ -132,12 +148,15 @@ class JupyterCell:
         if self.gate is not None:
             self.gate.opened.set_result(answer)
             return
+        if execution.reply_msg is None or self.adopted or cells.owner is None:
+            # no idle of the kernel's reaches the client: the kernel never ran it
+            # (aborted, dead kernel, deleted session), or the client was away
+            answer.append(("iopub", caps.gateway_message("status", self.header, {"execution_state": "idle"})))
+        if cells.owner is None:
+            cells.missed.append((self, answer))
+            return
         for channel, msg in answer:
-            cells.owner.send_kernel(channel, msg)
-        if execution.reply_msg is None:
-            # the kernel never ran it (aborted, dead kernel, deleted session): no
-            # idle of the kernel's will come
-            cells.owner.send_kernel("iopub", caps.gateway_message("status", self.header, {"execution_state": "idle"}))
+            cells.send(channel, msg)
 
     def _answer(self, execution: QueuedExecution) -> list[Message]:
         """The messages that end the cell for the client."""
@@ -164,3 +183,96 @@ class JupyterCell:
             ("iopub", caps.gateway_message("error", self.header, error)),
             ("shell", caps.gateway_message("execute_reply", self.header, reply_content)),
         ]
+
+
+# ------------------------------------------------------------------ reconnecting clients
+ORPHAN_TTL_S = 600.0
+"""How long a client's cells wait for it to reconnect (jupyter_server keeps its
+buffer for a disconnected client until another client connects)."""
+MAX_ORPHANS = 16
+"""Disconnected clients remembered per session (the oldest are forgotten)."""
+
+
+@dataclass
+class Orphan:
+    cells: ClientCells
+    since_seq: int
+    """The session's last event when the client went away: later ones are missed."""
+    left_at: float = field(default_factory=time.monotonic)
+
+
+_orphans: weakref.WeakKeyDictionary[KernelSession, dict[str, Orphan]] = weakref.WeakKeyDictionary()
+
+
+def leave(session: KernelSession, client_session: str | None, cells: ClientCells) -> None:
+    """A connection closed: keep its cells for the client's return, if it has any."""
+    cells.owner = None
+    if not client_session or not (cells.pending or cells.missed):
+        return
+    for cell in cells.pending.values():
+        cell.gate = None  # its gate went with the old connection's outbox
+    kept = _orphans.setdefault(session, {})
+    kept[client_session] = Orphan(cells, session.last_seq)
+    now = time.monotonic()
+    for key in [k for k, o in kept.items() if now - o.left_at > ORPHAN_TTL_S]:
+        del kept[key]
+    while len(kept) > MAX_ORPHANS:
+        del kept[next(iter(kept))]
+
+
+def rejoin(session: KernelSession, client_session: str | None, owner: CellOwner) -> ClientCells | None:
+    """The client is back (same ``session_id``): its cells, after sending what it
+    missed; None if it left nothing behind."""
+    orphan = _orphans.get(session, {}).pop(client_session or "", None)
+    if orphan is None or time.monotonic() - orphan.left_at > ORPHAN_TTL_S:
+        return None
+    cells = orphan.cells
+    by_id = {cell.execution_id: cell for cell in cells.pending.values()}
+    by_id.update({cell.execution_id: cell for cell, _ in cells.missed})
+    for seq, text in session.events_since(orphan.since_seq):
+        event = json.loads(text)
+        cell = by_id.get(event.get("execution_id") or "")
+        if cell is not None and seq > orphan.since_seq:
+            for channel, msg in to_messages(event, cell.header):
+                owner.send_kernel(channel, msg)
+    for _cell, answer in cells.missed:
+        for channel, msg in answer:
+            owner.send_kernel(channel, msg)
+    cells.missed = []
+    for cell in cells.pending.values():
+        cell.adopted = True
+    cells.owner = owner
+    return cells
+
+
+def to_messages(event: dict[str, Any], parent: dict[str, Any]) -> list[Message]:
+    """The iopub messages a /v1 event stands for (none for ``queued`` and ``done``:
+    the execute_input is not kept, and the reply is the cell's answer)."""
+    kind = event.get("type")
+    content: dict[str, Any]
+    if kind == "status":
+        msg_type, content = "status", {"execution_state": event["state"]}
+    elif kind == "stream":
+        msg_type, content = "stream", {"name": event["name"], "text": event["text"]}
+    elif kind in ("display", "update_display"):
+        msg_type = "display_data" if kind == "display" else "update_display_data"
+        content = {"data": event["data"], "metadata": event.get("metadata") or {}, "transient": {}}
+        if event.get("display_id"):
+            content["transient"] = {"display_id": event["display_id"]}
+    elif kind == "result":
+        msg_type = "execute_result"
+        content = {
+            "execution_count": event.get("execution_count"),
+            "data": event["data"],
+            "metadata": event.get("metadata") or {},
+        }
+    elif kind == "clear_output":
+        msg_type, content = "clear_output", {"wait": bool(event.get("wait"))}
+    elif kind == "error":
+        msg_type = "error"
+        content = {"ename": event["ename"], "evalue": event["evalue"], "traceback": event["traceback"]}
+    elif kind == "truncated":
+        return [("iopub", caps.truncation_note(parent, str(event.get("message", ""))))]
+    else:
+        return []
+    return [("iopub", caps.gateway_message(msg_type, parent, content))]

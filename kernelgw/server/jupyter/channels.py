@@ -120,6 +120,7 @@ class ChannelsConnection:
         self.caps = caps.OutputCaps(config.max_output_bytes, config.max_image_bytes)
         self._outbox: asyncio.Queue[str | bytes | cells.Gate | None] = asyncio.Queue()
         self._cells = cells.ClientCells(self)
+        self._rejoined = False
         self._outbox_bytes = 0
         self._max_outbox_bytes = state.settings.subscriber_max_bytes
         self._kc: AsyncKernelClient | None = None
@@ -152,6 +153,7 @@ class ChannelsConnection:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
             clients.discard(self)
+            cells.leave(self.session, self.client_session, self._cells)
             self.session.unsubscribe(sub)
             await cancel_and_wait(*tasks)
             await self._disconnect()
@@ -177,6 +179,12 @@ class ChannelsConnection:
             asyncio.create_task(self._watch_oversized(kc.iopub_channel.socket)),
         ]
         await self._nudge(kc)
+        if not self._rejoined:
+            # our iopub socket has joined: what the client missed while away, then live
+            self._rejoined = True
+            left = cells.rejoin(self.session, self.client_session, self)
+            if left is not None:
+                self._cells = left
         self._ready.set()
 
     async def _disconnect(self) -> None:

@@ -19,6 +19,7 @@ from tests.unit.server.jupyter.conftest import (
     execute_request,
     of_type,
     receive_json,
+    request,
 )
 from tests.unit.server.jupyter.test_channels import channels_url, run, stdout
 
@@ -142,3 +143,49 @@ async def test_interrupt_over_rest_ends_a_jupyter_cell_as_interrupted(gw: Gatewa
         assert of_type(msgs, "error")[0]["content"]["ename"] == "KeyboardInterrupt"
     (cell,) = await history(gw, kernel)
     assert cell["status"] == "interrupted"
+
+
+def finished(msgs: list[dict[str, Any]]) -> bool:
+    idle = [m for m in of_type(msgs, "status") if m["content"]["execution_state"] == "idle"]
+    return bool(idle and of_type(msgs, "execute_reply"))
+
+
+async def collect_all(ws: Any, *msg_ids: str) -> dict[str, list[dict[str, Any]]]:
+    """Messages by parent until each of ``msg_ids`` has had its reply and its idle."""
+    got: dict[str, list[dict[str, Any]]] = {m: [] for m in msg_ids}
+    while not all(finished(msgs) for msgs in got.values()):
+        msg = await receive_json(ws)
+        parent = msg["parent_header"].get("msg_id")
+        if parent in got:
+            got[parent].append(msg)
+    return got
+
+
+async def test_a_client_that_reconnects_gets_what_its_cells_sent_meanwhile(gw: Gateway, kernel: str) -> None:
+    """JupyterLab reconnects with the same session_id: its cells' output while it was
+    away, rebuilt from the session's events, then the rest live, then the reply."""
+    url = channels_url(gw, kernel, gw.alice)  # session_id=abc
+    ended = execute_request("import time\nprint('a'); time.sleep(1); print('b'); 6 * 7")
+    running = execute_request("print('c'); time.sleep(1); print('d'); time.sleep(2); print('e')")
+    async with connect(url) as ws:
+        await ws.send(json.dumps(ended))
+        await ws.send(json.dumps(running))
+        while not ((m := await receive_json(ws))["msg_type"] == "stream" and m["content"]["text"] == "a\n"):
+            pass
+    async with connect(url.replace("session_id=abc", "session_id=other")) as stranger:
+        # another client of the same kernel is not sent them (its own iopub aside)
+        await asyncio.sleep(2.2)  # the first cell ends and the second prints 'c' and 'd' meanwhile
+        probe = request("kernel_info_request", {})
+        await stranger.send(json.dumps(probe))
+        got = await collect(stranger, probe["header"]["msg_id"])
+        assert of_type(got, "kernel_info_reply")
+        assert not of_type(got, "execute_reply")
+    async with connect(url) as ws:
+        got = await collect_all(ws, ended["header"]["msg_id"], running["header"]["msg_id"])
+    msgs = got[ended["header"]["msg_id"]]
+    assert stdout(msgs) == "b\n"
+    assert of_type(msgs, "execute_result")[0]["content"]["data"]["text/plain"] == "42"
+    assert of_type(msgs, "execute_reply")[0]["content"]["status"] == "ok"
+    msgs = got[running["header"]["msg_id"]]
+    assert stdout(msgs) == "c\nd\ne\n"
+    assert of_type(msgs, "execute_reply")[0]["content"]["status"] == "ok"
