@@ -24,6 +24,8 @@ from kernelgw.server.state import GatewayState, gateway_state
 
 DEFAULT_KERNEL = "python3"
 """The default image's kernelspec name: what clients (AutoGen) ask for by default."""
+SPEC_RESOURCES = ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg")
+"""Files every kernelspec offers (ipykernel's logos, in ``resources/``)."""
 LAST_ACTIVITY_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 """jupyter_server's gateway client parses exactly this (anything else is a 500 there)."""
 _HEX_ID = re.compile(r"[0-9a-f]{32}")
@@ -152,5 +154,5 @@ def spec_model(name: str, image: str, default_image: str) -> dict[str, Any]:
             "env": {},
             "metadata": {"kernelgw": {"image": image, "sandboxed": True}},
         },
-        "resources": {},
+        "resources": {file: f"/kernelspecs/{name}/{file}" for file in SPEC_RESOURCES},
     }

@@ -10,6 +10,7 @@ same limits, quotas, ownership (another key's kernel is a 404) and history.
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -24,6 +25,9 @@ from kernelgw.server.jupyter.errors import JupyterHTTPError, JupyterRoute
 from kernelgw.server.jupyter.models import StartKernel
 from kernelgw.server.state import gateway_state
 
+RESOURCES = Path(__file__).parent / "resources"
+_RESOURCE_BYTES = {name: (RESOURCES / name).read_bytes() for name in kernels.SPEC_RESOURCES}
+"""13 kB, read at import rather than on the event loop."""
 JUPYTER_SERVER_API = "2.14.0"
 """The Jupyter Server REST API this face follows (``GET /api``'s ``version``)."""
 
@@ -56,6 +60,18 @@ async def get_kernelspec(name: str, request: Request) -> dict[str, Any]:
     if image is None:
         raise JupyterHTTPError(404, f"Kernel spec {name!r} not found")
     return kernels.spec_model(name, image, settings.image)
+
+
+@router.get("/kernelspecs/{name}/{resource}")
+async def get_kernelspec_resource(name: str, resource: str, request: Request) -> Response:
+    """A kernelspec's logo, where jupyter_server's gateway client asks for it
+    (``/kernelspecs``, not under ``/api``, as in Jupyter Server)."""
+    if name not in kernels.specs(gateway_state(request).settings):
+        raise JupyterHTTPError(404, f"Kernel spec {name!r} not found")
+    if resource not in kernels.SPEC_RESOURCES:
+        raise JupyterHTTPError(404, f"Kernel spec {name!r} has no resource {resource!r}")
+    media_type = "image/svg+xml" if resource.endswith(".svg") else "image/png"
+    return Response(_RESOURCE_BYTES[resource], media_type=media_type, headers={"Cache-Control": "max-age=86400"})
 
 
 # ---------------------------------------------------------------- kernels

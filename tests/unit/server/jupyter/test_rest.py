@@ -29,12 +29,28 @@ async def test_kernelspecs_have_the_shape_jupyter_server_reads(gw: Gateway) -> N
     assert specs["default"] == "python3"
     spec = specs["kernelspecs"]["python3"]
     assert spec["name"] == "python3"
-    assert spec["resources"] == {}
+    assert set(spec["resources"]) == {"logo-32x32.png", "logo-64x64.png", "logo-svg.svg"}
     assert spec["spec"]["language"] == "python"
     assert "kernelgw" in spec["spec"]["display_name"]
     assert one.status_code == 200 and one.json() == spec
     assert missing.status_code == 404
     assert set(missing.json()) == {"message", "reason"} and missing.json()["reason"] == "Not Found"
+
+
+async def test_kernelspec_logos_are_served_where_the_spec_points(gw: Gateway) -> None:
+    async with gw.client(gw.alice) as http:
+        resources = (await http.get("/api/kernelspecs/python3")).json()["resources"]
+        png = await http.get(resources["logo-64x64.png"])
+        svg = await http.get(resources["logo-svg.svg"])
+        unknown = await http.get("/kernelspecs/python3/../../etc/passwd")
+        other_spec = await http.get("/kernelspecs/nope/logo-64x64.png")
+    async with gw.client() as anonymous:
+        refused = await anonymous.get(resources["logo-64x64.png"])
+    assert png.status_code == 200 and png.headers["content-type"] == "image/png"
+    assert png.content.startswith(b"\x89PNG")
+    assert svg.status_code == 200 and b"<svg" in svg.content
+    assert unknown.status_code == 404 and other_spec.status_code == 404
+    assert refused.status_code == 401
 
 
 async def test_kernel_lifecycle_with_kernel_gateway_status_codes(gw: Gateway) -> None:
