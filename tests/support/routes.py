@@ -34,6 +34,7 @@ SAMPLE_PARAMS = {
     "path": "a.txt",
     "key_id": "0123456789ab",
     "name": "app.js",
+    "resource": "logo-64x64.png",
 }
 
 
