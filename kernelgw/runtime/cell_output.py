@@ -37,6 +37,8 @@ class CellOutput:
             return
         if isinstance(event, ev.Status):
             if event.state == "idle":
+                if rec.idle_seen:
+                    rec.anomaly("more than one status: idle")
                 rec.idle_seen = True
                 rec.check_finished()
             # forward busy only; idle is implied by done

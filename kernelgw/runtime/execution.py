@@ -72,10 +72,25 @@ class QueuedExecution:
     reply_msg: dict[str, Any] | None = None
     """The kernel's whole ``execute_reply`` message (kept for a Jupyter client)."""
 
+    end_probe: str | None = None
+    """The msg_id of the request sent behind this one to learn when it really ended."""
+    end_confirmed: bool = False
+    """The end probe was answered: the kernel is through with this request."""
+    replies: int = 0
+    counted: bool = False
+    """The gateway's execution count was advanced for it."""
+    anomalies: list[str] = field(default_factory=list)
+    """What the kernel sent that a kernel does not send on its own (forged messages)."""
+
     def check_finished(self) -> None:
-        """The kernel is done with a request once both its reply and its idle are in."""
-        if self.reply is not None and self.idle_seen:
+        """The kernel is done with a request once its reply and its idle are in and,
+        for a cell, the request sent behind it was answered (`KernelLink` docstring)."""
+        if self.reply is not None and self.idle_seen and (self.silent or self.end_confirmed):
             self.finished.set()
+
+    def anomaly(self, what: str) -> None:
+        if what not in self.anomalies and len(self.anomalies) < 10:
+            self.anomalies.append(what)
 
     def abort(self, reason: str) -> None:
         """End the wait for the kernel (a restart or deletion): the queue reports ``reason``."""

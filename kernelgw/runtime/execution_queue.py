@@ -48,6 +48,15 @@ NOT_STORED = "the history storage failed, so this execution's record was not sto
 ABORTED = "aborted: an earlier cell from the same Jupyter client failed and asked to stop on error"
 
 
+def stores_history(rec: QueuedExecution) -> bool:
+    """Whether the kernel counts the cell (/v1 cells always; a Jupyter client's
+    unless it asked for ``store_history: false``)."""
+    if rec.client is None:
+        return True
+    content = rec.client.message.get("content") or {}
+    return content.get("store_history", True) is not False and not content.get("silent")
+
+
 class SessionHooks(Protocol):
     """What the queue asks of the session around it."""
 
@@ -134,6 +143,15 @@ class ExecutionQueue:
 
     def on_message_refused(self, execution: QueuedExecution) -> None:
         self._output.message_refused(execution)
+
+    def on_anomaly(self, execution: QueuedExecution, what: str) -> None:
+        if execution.ending is None:
+            execution.anomaly(what)
+            return
+        # too late for its record: the audit log says it (once per cell)
+        if what not in execution.anomalies and len(execution.anomalies) < 10:
+            execution.anomalies.append(what)
+            self._hooks.kernel_event("kernel_anomaly", f"execution {execution.execution_id}: {what}")
 
     # ------------------------------------------------------------- the queue
     @property
@@ -295,6 +313,7 @@ class ExecutionQueue:
                 self._hooks.execution_progress(rec)
             if (
                 rec.reply is not None
+                and rec.end_confirmed
                 and time.monotonic() - self._link.last_iopub > IOPUB_QUIET_S
                 and not self._link.disconnect_pending
             ):
@@ -315,11 +334,13 @@ class ExecutionQueue:
         await self._link.interrupt()
         outcome = await self._wait(rec, self._config.interrupt_grace_s)
         if outcome == "finished" and rec.abort_reason is None:
+            count = self._count(rec)
             self._finish(
                 rec,
                 "timeout",
                 f"the execution exceeded its timeout of {rec.timeout:g}s and was interrupted; "
                 "variables defined before are kept",
+                execution_count=count,
             )
             return
         if isinstance(outcome, KernelState):
@@ -355,11 +376,31 @@ class ExecutionQueue:
         rec.artifacts = parse_artifacts(reply)
 
     # ------------------------------------------------------------- done
+    def _count(self, rec: QueuedExecution) -> int | None:
+        """The cell's execution count, by the gateway's own counting: one per cell
+        the kernel ran with ``store_history`` (as IPython counts), whatever number
+        the kernel's reply claims."""
+        reply = rec.reply or {}
+        if rec.counted:
+            return self._status.execution_count
+        if rec.silent or reply.get("status") not in ("ok", "error") or not stores_history(rec):
+            return None
+        rec.counted = True
+        self._status.execution_count += 1
+        claimed = reply.get("execution_count")
+        if claimed != self._status.execution_count:
+            log.debug(
+                "session %s: the kernel numbered %s as %r; the gateway counts %d",
+                self.session_id,
+                rec.execution_id,
+                claimed,
+                self._status.execution_count,
+            )
+        return self._status.execution_count
+
     def _finish_from_reply(self, rec: QueuedExecution) -> None:
         reply = rec.reply or {}
-        count = reply.get("execution_count")
-        if isinstance(count, int):
-            self._status.execution_count = count
+        count = self._count(rec)
         status = reply.get("status")
         if status == "ok":
             lost = "the kernel's end-of-cell status message was lost; output may be incomplete"
@@ -383,6 +424,14 @@ class ExecutionQueue:
     ) -> None:
         if rec.done.done() or rec.ending is not None:
             return
+        if rec.anomalies:
+            what = "; ".join(rec.anomalies)
+            note = (
+                f"the kernel sent messages a kernel does not send on its own ({what}): this cell's code may "
+                "have forged them; the gateway waited for the cell's real end"
+            )
+            reason = f"{reason}; {note}" if reason else note
+            self._hooks.kernel_event("kernel_anomaly", f"execution {rec.execution_id}: {what}")
         started = rec.started or time.monotonic()
         rec.ending = ev.Done(
             execution_id=rec.execution_id,

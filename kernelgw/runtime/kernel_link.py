@@ -7,6 +7,15 @@ msg_id to the request this link sent: the kernel holds the HMAC key, so a
 valid signature proves nothing about honesty, and anything else is dropped.
 What an execution's messages mean is the `LinkListener`'s business.
 
+The kernel's word does not end a cell. It holds its HMAC key, so user code can
+send an ``execute_reply`` and a ``status: idle`` of its own for the running
+request. When a cell's reply arrives, the link sends a cheap request behind it
+on the shell (``kernel_info``: its msg_id is new, and the kernel reads it only
+when its main thread is free): the cell ends once that is answered, so output
+after a forged end is still the cell's, and a second reply or idle is noted as
+an anomaly. (User code that reads the shell socket itself could forge that
+answer too; the cell's timeout and the container's state stay the gateway's.)
+
 One shell request at a time: the link never sends the kernel a request while
 an earlier one is unanswered. ipykernel 7 can strand a request that arrives
 while it is sending a reply on the same socket (ipython/ipykernel#1529,
@@ -19,6 +28,7 @@ before sending the next.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import queue
@@ -41,6 +51,12 @@ from kernelgw.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
+ENDED_REMEMBERED = 64
+"""Ended cells whose late messages are still recognised (and reported)."""
+LATE_OUTPUT = frozenset({"stream", "display_data", "update_display_data", "execute_result", "error"})
+"""Messages that must not come for a cell after its end (a status may: an idle
+the gateway stopped waiting for)."""
+
 RECEIVE_HWM = 100_000
 """Messages ZMQ may queue on our side of a kernel's sockets. The default (1000,
 plus the kernel's 1000 send HWM) let a burst of small flushed prints overflow
@@ -62,6 +78,10 @@ class LinkListener(Protocol):
 
     def on_message_refused(self, execution: QueuedExecution) -> None:
         """A message over the size limit was dropped while ``execution`` ran."""
+        ...
+
+    def on_anomaly(self, execution: QueuedExecution, what: str) -> None:
+        """The kernel sent something for ``execution`` after it had ended."""
         ...
 
 
@@ -89,6 +109,9 @@ class KernelLink:
         self._pending: dict[str, QueuedExecution] = {}
         self._iopub_probes: dict[str, asyncio.Event] = {}
         self._shell_probes: dict[str, asyncio.Event] = {}
+        self._end_probes: dict[str, QueuedExecution] = {}
+        self._ended: collections.OrderedDict[str, QueuedExecution] = collections.OrderedDict()
+        """Recently ended cells by msg_id: what arrives for them later is an anomaly."""
         self._listener: LinkListener | None = None
 
     def attach(self, listener: LinkListener) -> None:
@@ -222,6 +245,8 @@ class KernelLink:
                     channel.socket.disable_monitor()
         await cancel_and_wait(*self._readers)
         self._readers = []
+        self._end_probes.clear()
+        self._ended.clear()
         if self._kc is not None:
             self._kc.stop_channels()
             self._kc = None
@@ -271,9 +296,25 @@ class KernelLink:
         return True
 
     def forget(self, execution: QueuedExecution) -> None:
-        """Stop routing messages to ``execution``: what comes later is dropped."""
+        """Stop routing messages to ``execution``: what comes later is dropped
+        (output or a reply is reported to the listener as an anomaly)."""
         if execution.msg_id is not None:
             self._pending.pop(execution.msg_id, None)
+            if not execution.silent:
+                self._ended[execution.msg_id] = execution
+                while len(self._ended) > ENDED_REMEMBERED:
+                    self._ended.popitem(last=False)
+        if execution.end_probe is not None:
+            self._end_probes.pop(execution.end_probe, None)
+
+    def _probe_end(self, execution: QueuedExecution) -> None:
+        """Send the request that tells when the kernel is really through with
+        ``execution`` (see the module's docstring); once per cell."""
+        if execution.silent or execution.end_probe is not None or self._kc is None:
+            return
+        probe = self._kc.kernel_info()
+        execution.end_probe = probe
+        self._end_probes[probe] = execution
 
     async def silent_request(
         self, code: str, user_expressions: dict[str, str] | None = None, timeout: float = 5.0
@@ -349,7 +390,11 @@ class KernelLink:
                 continue
             execution = self._pending.get(parent) if parent else None
             if execution is None or execution.silent or execution.finished.is_set():
-                continue  # not a request we sent, an internal one, or already over
+                # not a request we sent, an internal one, or one that is over
+                ended = self._ended.get(parent) if parent else None
+                if ended is not None and msg["header"]["msg_type"] in LATE_OUTPUT:
+                    listener.on_anomaly(ended, f"a {msg['header']['msg_type']} message after the cell had ended")
+                continue
             listener.on_output(execution, msg)
 
     async def _read_shell(self, kc: AsyncKernelClient) -> None:
@@ -359,11 +404,24 @@ class KernelLink:
             if parent and (probe := self._shell_probes.get(parent)) is not None:
                 probe.set()
                 continue
-            execution = self._pending.get(parent) if parent else None
-            if execution is None or msg["header"]["msg_type"] != "execute_reply":
+            if parent and (probed := self._end_probes.pop(parent, None)) is not None:
+                probed.end_confirmed = True
+                probed.check_finished()
                 continue
+            execution = self._pending.get(parent) if parent else None
+            if msg["header"]["msg_type"] != "execute_reply":
+                continue
+            if execution is None:
+                ended = self._ended.get(parent) if parent else None
+                if ended is not None and self._listener is not None:
+                    self._listener.on_anomaly(ended, "an execute_reply after the cell had ended")
+                continue
+            execution.replies += 1
+            if execution.replies > 1 and not execution.silent:
+                execution.anomaly("more than one execute_reply")
             execution.reply = msg.get("content") or {}
             execution.reply_msg = msg
+            self._probe_end(execution)
             execution.check_finished()
 
     async def _read_stdin(self, kc: AsyncKernelClient) -> None:
@@ -420,6 +478,7 @@ class KernelLink:
                     "ename": "ReplyTooLarge",
                     "evalue": f"the kernel's reply was larger than {self.config.max_message_bytes} bytes",
                 }
+                self._probe_end(execution)
                 execution.check_finished()
             listener.on_message_refused(execution)
 

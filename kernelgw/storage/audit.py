@@ -29,6 +29,7 @@ KINDS = (
     "session_ended",
     "kernel_died",
     "kernel_restarted",
+    "kernel_anomaly",
     "key_created",
     "key_revoked",
 )
