@@ -386,8 +386,11 @@ class ExecutionQueue:
         if rec.silent or reply.get("status") not in ("ok", "error") or not stores_history(rec):
             return None
         rec.counted = True
-        self._status.execution_count += 1
         claimed = reply.get("execution_count")
+        if self._status.count_unknown and isinstance(claimed, int) and claimed > self._status.execution_count:
+            self._status.execution_count = claimed - 1
+        self._status.count_unknown = False
+        self._status.execution_count += 1
         if claimed != self._status.execution_count:
             log.debug(
                 "session %s: the kernel numbered %s as %r; the gateway counts %d",

@@ -195,6 +195,7 @@ class KernelSession:
             await self._link.reattach(stored.handle, timeout)
             self.state = "idle"
             self.execution_count = stored.execution_count
+            self._status.count_unknown = True
             self._fanout.seed(
                 (
                     (event.seq, event.model_dump_json())

@@ -17,4 +17,7 @@ class SessionStatus:
     state: SessionState = "starting"
     dead_reason: str | None = None
     execution_count: int = 0
-    """The kernel's count after the last cell, as its reply said (0 after a restart)."""
+    """The count of the last cell, by the gateway's own counting (0 after a restart)."""
+    count_unknown: bool = False
+    """Reattached after a crash: a cell cut off then may or may not have been
+    counted by the kernel, so the next reply's count is taken once as the base."""
