@@ -74,18 +74,25 @@ class QueuedExecution:
 
     end_probe: str | None = None
     """The msg_id of the request sent behind this one to learn when it really ended."""
-    end_confirmed: bool = False
-    """The end probe was answered: the kernel is through with this request."""
+    end_replied: bool = False
+    """The end probe's reply came (on the shell, after this request's real reply)."""
+    end_idle: bool = False
+    """The end probe's idle came (on iopub, after all of this request's real output)."""
     replies: int = 0
     counted: bool = False
     """The gateway's execution count was advanced for it."""
     anomalies: list[str] = field(default_factory=list)
     """What the kernel sent that a kernel does not send on its own (forged messages)."""
 
+    @property
+    def end_confirmed(self) -> bool:
+        return self.end_replied and self.end_idle
+
     def check_finished(self) -> None:
-        """The kernel is done with a request once its reply and its idle are in and,
-        for a cell, the request sent behind it was answered (`KernelLink` docstring)."""
-        if self.reply is not None and self.idle_seen and (self.silent or self.end_confirmed):
+        """The kernel is done with a request once its reply and its idle are in; for
+        a cell, once the request sent behind it was answered on both channels (its
+        reply and idle come after everything this one really sent: `KernelLink`)."""
+        if self.reply is not None and (self.end_confirmed if not self.silent else self.idle_seen):
             self.finished.set()
 
     def anomaly(self, what: str) -> None:

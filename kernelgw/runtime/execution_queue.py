@@ -313,7 +313,7 @@ class ExecutionQueue:
                 self._hooks.execution_progress(rec)
             if (
                 rec.reply is not None
-                and rec.end_confirmed
+                and rec.end_replied
                 and time.monotonic() - self._link.last_iopub > IOPUB_QUIET_S
                 and not self._link.disconnect_pending
             ):

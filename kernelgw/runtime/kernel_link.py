@@ -11,9 +11,10 @@ The kernel's word does not end a cell. It holds its HMAC key, so user code can
 send an ``execute_reply`` and a ``status: idle`` of its own for the running
 request. When a cell's reply arrives, the link sends a cheap request behind it
 on the shell (``kernel_info``: its msg_id is new, and the kernel reads it only
-when its main thread is free): the cell ends once that is answered, so output
-after a forged end is still the cell's, and a second reply or idle is noted as
-an anomaly. (User code that reads the shell socket itself could forge that
+when its main thread is free). The cell ends once that request's reply (on the
+shell, after the cell's real reply) and its idle (on iopub, after all of the
+cell's real output) are in, so output after a forged end is still the cell's,
+and a second reply or idle is noted as an anomaly. (User code that reads the shell socket itself could forge that
 answer too; the cell's timeout and the container's state stay the gateway's.)
 
 One shell request at a time: the link never sends the kernel a request while
@@ -307,6 +308,11 @@ class KernelLink:
         if execution.end_probe is not None:
             self._end_probes.pop(execution.end_probe, None)
 
+    def _probe_answered(self, execution: QueuedExecution) -> None:
+        if execution.end_confirmed and execution.end_probe is not None:
+            self._end_probes.pop(execution.end_probe, None)
+        execution.check_finished()
+
     def _probe_end(self, execution: QueuedExecution) -> None:
         """Send the request that tells when the kernel is really through with
         ``execution`` (see the module's docstring); once per cell."""
@@ -388,6 +394,11 @@ class KernelLink:
             if probe is not None:
                 probe.set()
                 continue
+            if parent and (probed := self._end_probes.get(parent)) is not None:
+                if (msg.get("content") or {}).get("execution_state") == "idle":
+                    probed.end_idle = True
+                    self._probe_answered(probed)
+                continue
             execution = self._pending.get(parent) if parent else None
             if execution is None or execution.silent or execution.finished.is_set():
                 # not a request we sent, an internal one, or one that is over
@@ -404,9 +415,9 @@ class KernelLink:
             if parent and (probe := self._shell_probes.get(parent)) is not None:
                 probe.set()
                 continue
-            if parent and (probed := self._end_probes.pop(parent, None)) is not None:
-                probed.end_confirmed = True
-                probed.check_finished()
+            if parent and (probed := self._end_probes.get(parent)) is not None:
+                probed.end_replied = True
+                self._probe_answered(probed)
                 continue
             execution = self._pending.get(parent) if parent else None
             if msg["header"]["msg_type"] != "execute_reply":
