@@ -37,10 +37,7 @@ class CellOutput:
             return
         if isinstance(event, ev.Status):
             if event.state == "idle":
-                if rec.idle_seen:
-                    rec.anomaly("more than one status: idle")
-                rec.idle_seen = True
-                rec.check_finished()
+                rec.note_idle(msg)
             # forward busy only; idle is implied by done
             if event.state == "busy":
                 self._publish(event, rec)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,6 +17,28 @@ from kernelgw.runtime.fanout import Published
 ARTIFACTS_EXPRESSION = "__import__('kernelgw_kernel').artifacts()"
 """Evaluated by the kernel after a cell (a user_expression: no extra round trip).
 ``kernelgw_kernel`` ships in the image; its text/plain is a JSON list of artifacts."""
+ARTIFACTS_KEY = "artifacts"
+END_KEY = "kernelgw_end"
+"""A user_expression whose value is the cell's nonce: a reply that carries it
+answered the request (`KernelLink`)."""
+
+
+def message_order(msg: dict[str, Any]) -> int | None:
+    """Where the kernel made ``msg`` among all it sent: jupyter_client numbers
+    a session's messages (``<session>_<pid>_<n>``) as it creates them, across
+    its sockets; None for a kernel that names them otherwise."""
+    msg_id = (msg.get("header") or {}).get("msg_id")
+    if not isinstance(msg_id, str):
+        return None
+    _, _, tail = msg_id.rpartition("_")
+    return int(tail) if tail.isdigit() and len(tail) < 19 else None
+
+
+def answers(reply: dict[str, Any], nonce: str) -> bool:
+    """The reply carries the cell's nonce, evaluated by the kernel after the
+    cell's code (IPython skips user_expressions when a cell fails)."""
+    result = (reply.get("user_expressions") or {}).get(END_KEY) or {}
+    return isinstance(result, dict) and (result.get("data") or {}).get("text/plain") == repr(nonce)
 
 
 class ClientRequest(Protocol):
@@ -72,27 +95,49 @@ class QueuedExecution:
     reply_msg: dict[str, Any] | None = None
     """The kernel's whole ``execute_reply`` message (kept for a Jupyter client)."""
 
+    nonce: str = field(default_factory=lambda: secrets.token_hex(8))
+    injected: tuple[str, ...] = ()
+    """The user_expressions the gateway added to a Jupyter client's request."""
+    reply_verified: bool = False
+    """The reply carries the nonce: it answered this request."""
+    reply_order: int | None = None
+    idle_order: int = -1
+    """The latest idle's place among the kernel's messages (`message_order`)."""
     end_probe: str | None = None
-    """The msg_id of the request sent behind this one to learn when it really ended."""
+    """For a reply that cannot prove itself (a failed cell's, or a forgery): a
+    silent request sent behind it, whose reply and idle come after everything
+    the cell really sent. It also reads the failed cell's artifacts."""
     end_replied: bool = False
-    """The end probe's reply came (on the shell, after this request's real reply)."""
     end_idle: bool = False
-    """The end probe's idle came (on iopub, after all of this request's real output)."""
+    probe_reply: dict[str, Any] | None = None
     replies: int = 0
     counted: bool = False
     """The gateway's execution count was advanced for it."""
     anomalies: list[str] = field(default_factory=list)
     """What the kernel sent that a kernel does not send on its own (forged messages)."""
 
-    @property
-    def end_confirmed(self) -> bool:
-        return self.end_replied and self.end_idle
+    def note_idle(self, msg: dict[str, Any]) -> None:
+        if self.idle_seen:
+            self.anomaly("more than one status: idle")
+        self.idle_seen = True
+        order = message_order(msg)
+        if order is not None:
+            self.idle_order = max(self.idle_order, order)
+        self.check_finished()
 
     def check_finished(self) -> None:
-        """The kernel is done with a request once its reply and its idle are in; for
-        a cell, once the request sent behind it was answered on both channels (its
-        reply and idle come after everything this one really sent: `KernelLink`)."""
-        if self.reply is not None and (self.end_confirmed if not self.silent else self.idle_seen):
+        """The kernel is through with a request once its reply and an idle made
+        after that reply are in (iopub keeps order, so its output is in too); a
+        reply without the nonce waits for its end probe instead (`KernelLink`)."""
+        if self.reply is None:
+            return
+        if self.silent:
+            done = self.idle_seen
+        elif self.reply_verified:
+            done = self.idle_order > self.reply_order if self.reply_order is not None else self.idle_seen
+        else:
+            done = self.end_replied and self.end_idle
+        if done:
             self.finished.set()
 
     def anomaly(self, what: str) -> None:

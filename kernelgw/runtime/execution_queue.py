@@ -313,7 +313,7 @@ class ExecutionQueue:
                 self._hooks.execution_progress(rec)
             if (
                 rec.reply is not None
-                and rec.end_replied
+                and (rec.reply_verified or rec.end_replied)
                 and time.monotonic() - self._link.last_iopub > IOPUB_QUIET_S
                 and not self._link.disconnect_pending
             ):
@@ -372,7 +372,8 @@ class ExecutionQueue:
         the exception still count)."""
         reply = rec.reply or {}
         if reply.get("status") != "ok":
-            reply = await self._link.silent_request("", {"artifacts": ARTIFACTS_EXPRESSION}) or {}
+            # the end probe asked already (`KernelLink`); else ask now
+            reply = rec.probe_reply or await self._link.silent_request("", {"artifacts": ARTIFACTS_EXPRESSION}) or {}
         rec.artifacts = parse_artifacts(reply)
 
     # ------------------------------------------------------------- done

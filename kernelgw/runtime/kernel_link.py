@@ -9,21 +9,31 @@ What an execution's messages mean is the `LinkListener`'s business.
 
 The kernel's word does not end a cell. It holds its HMAC key, so user code can
 send an ``execute_reply`` and a ``status: idle`` of its own for the running
-request. When a cell's reply arrives, the link sends a cheap request behind it
-on the shell (``kernel_info``: its msg_id is new, and the kernel reads it only
-when its main thread is free). The cell ends once that request's reply (on the
-shell, after the cell's real reply) and its idle (on iopub, after all of the
-cell's real output) are in, so output after a forged end is still the cell's,
-and a second reply or idle is noted as an anomaly. (User code that reads the shell socket itself could forge that
-answer too; the cell's timeout and the container's state stay the gateway's.)
+request. Two checks that cost no extra message tell the real end:
+
+* the request carries a nonce as a user_expression, which the kernel evaluates
+  after the cell's code: a reply without it did not answer the request;
+* jupyter_client numbers a session's messages as it makes them, across its
+  sockets (`message_order`): the real idle is made after the real reply, an
+  idle sent from the cell's code before it.
+
+So a cell ends on the reply with its nonce and an idle made after it. IPython
+skips user_expressions when a cell fails, so a reply without the nonce (a
+failed cell's, or a forgery) gets an end probe: a silent request sent behind
+it (the one that reads a failed cell's artifacts anyway), whose reply and idle
+come after everything the cell really sent. Anything else (another reply, a
+second idle, output for an ended cell) is an anomaly the listener records.
+Code that reads the request's nonce and numbers its forgeries right can still
+fool this; the cell's timeout and the container's state stay the gateway's.
 
 One shell request at a time: the link never sends the kernel a request while
-an earlier one is unanswered. ipykernel 7 can strand a request that arrives
-while it is sending a reply on the same socket (ipython/ipykernel#1529,
-#1554): the request then sits unread until something else wakes the kernel
-(here, a timeout's SIGINT a minute later). The execution queue sends a cell
-after the previous one's reply, and the readiness probes wait for each reply
-before sending the next.
+an earlier one is unanswered. ipykernel 7 before 7.4 can strand a request
+that arrives while it is sending a reply on the same socket
+(ipython/ipykernel#1529, #1554): the request then sits unread until something
+else wakes the kernel (here, a timeout's SIGINT a minute later). The
+execution queue sends a cell after the previous one has ended, an end probe
+goes out after the reply it checks, and the readiness probes wait for each
+reply before sending the next.
 """
 
 from __future__ import annotations
@@ -45,7 +55,14 @@ from jupyter_client.connect import KernelConnectionInfo
 
 from kernelgw.errors import KernelStartFailed
 from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec, KernelState
-from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, QueuedExecution
+from kernelgw.runtime.execution import (
+    ARTIFACTS_EXPRESSION,
+    ARTIFACTS_KEY,
+    END_KEY,
+    QueuedExecution,
+    answers,
+    message_order,
+)
 from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.tasks import cancel_and_wait
@@ -261,11 +278,18 @@ class KernelLink:
         when there is no kernel to send it to."""
         if self._kc is None:
             return False
+        checks = {ARTIFACTS_KEY: ARTIFACTS_EXPRESSION, END_KEY: repr(execution.nonce)}
         if execution.client is not None:
             # a Jupyter client's own request: its header, so what the kernel
-            # sends back matches what that client waits for
+            # sends back matches what that client waits for; the gateway's
+            # expressions are added (and taken out of the reply it is shown)
             message = execution.client.message
-            self._kc.shell_channel.send(message)
+            content = dict(message.get("content") or {})
+            expressions = content.get("user_expressions")
+            expressions = dict(expressions) if isinstance(expressions, dict) else {}
+            execution.injected = tuple(k for k in checks if k not in expressions)
+            content["user_expressions"] = {**expressions, **{k: checks[k] for k in execution.injected}}
+            self._kc.shell_channel.send({**message, "content": content})
             msg_id = str(message["header"]["msg_id"])
         elif execution.silent:
             msg_id = self._kc.execute(
@@ -282,7 +306,7 @@ class KernelLink:
                 store_history=True,
                 allow_stdin=False,
                 stop_on_error=False,
-                user_expressions={"artifacts": ARTIFACTS_EXPRESSION},
+                user_expressions=checks,
             )
         execution.msg_id = msg_id
         self._pending[msg_id] = execution
@@ -308,17 +332,18 @@ class KernelLink:
         if execution.end_probe is not None:
             self._end_probes.pop(execution.end_probe, None)
 
-    def _probe_answered(self, execution: QueuedExecution) -> None:
-        if execution.end_confirmed and execution.end_probe is not None:
-            self._end_probes.pop(execution.end_probe, None)
-        execution.check_finished()
-
     def _probe_end(self, execution: QueuedExecution) -> None:
-        """Send the request that tells when the kernel is really through with
-        ``execution`` (see the module's docstring); once per cell."""
+        """Send the end probe for a reply that cannot prove itself (the module's
+        docstring); once per cell."""
         if execution.silent or execution.end_probe is not None or self._kc is None:
             return
-        probe = self._kc.kernel_info()
+        probe = self._kc.execute(
+            "",
+            silent=True,
+            store_history=False,
+            allow_stdin=False,
+            user_expressions={ARTIFACTS_KEY: ARTIFACTS_EXPRESSION},
+        )
         execution.end_probe = probe
         self._end_probes[probe] = execution
 
@@ -397,7 +422,7 @@ class KernelLink:
             if parent and (probed := self._end_probes.get(parent)) is not None:
                 if (msg.get("content") or {}).get("execution_state") == "idle":
                     probed.end_idle = True
-                    self._probe_answered(probed)
+                    probed.check_finished()
                 continue
             execution = self._pending.get(parent) if parent else None
             if execution is None or execution.silent or execution.finished.is_set():
@@ -416,8 +441,10 @@ class KernelLink:
                 probe.set()
                 continue
             if parent and (probed := self._end_probes.get(parent)) is not None:
-                probed.end_replied = True
-                self._probe_answered(probed)
+                if msg["header"]["msg_type"] == "execute_reply":
+                    probed.probe_reply = msg.get("content") or {}
+                    probed.end_replied = True
+                    probed.check_finished()
                 continue
             execution = self._pending.get(parent) if parent else None
             if msg["header"]["msg_type"] != "execute_reply":
@@ -427,13 +454,33 @@ class KernelLink:
                 if ended is not None and self._listener is not None:
                     self._listener.on_anomaly(ended, "an execute_reply after the cell had ended")
                 continue
-            execution.replies += 1
-            if execution.replies > 1 and not execution.silent:
-                execution.anomaly("more than one execute_reply")
-            execution.reply = msg.get("content") or {}
-            execution.reply_msg = msg
-            self._probe_end(execution)
+            self._on_reply(execution, msg)
+
+    def _on_reply(self, execution: QueuedExecution, msg: dict[str, Any]) -> None:
+        """An execute_reply for ``execution``: take it if it proves itself (its
+        nonce), else keep it provisionally and let the end probe tell the end."""
+        content = msg.get("content") or {}
+        execution.replies += 1
+        if execution.silent:
+            execution.reply, execution.reply_msg = content, msg
             execution.check_finished()
+            return
+        if execution.reply_verified:
+            execution.anomaly("an execute_reply after the request's own")
+            return
+        if answers(content, execution.nonce):
+            if execution.replies > 1:
+                execution.anomaly("an execute_reply that did not answer the request")
+            execution.reply, execution.reply_msg = content, msg
+            execution.reply_verified = True
+            execution.reply_order = message_order(msg)
+        else:
+            if execution.replies > 1 or content.get("status") == "ok":
+                # an ok reply always carries the nonce: this one did not answer the request
+                execution.anomaly("an execute_reply that did not answer the request")
+            execution.reply, execution.reply_msg = content, msg
+            self._probe_end(execution)
+        execution.check_finished()
 
     async def _read_stdin(self, kc: AsyncKernelClient) -> None:
         while True:

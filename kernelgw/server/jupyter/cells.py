@@ -34,12 +34,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, QueuedExecution
+from kernelgw.runtime.execution import QueuedExecution
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.jupyter import caps, wire
 
-ARTIFACTS_KEY = "artifacts"
-"""The user_expression the gateway adds to read the files a cell wrote (`runtime.execution`)."""
 _EXECUTION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 """What /v1 accepts as an execution id (`models.ExecuteRequest`)."""
 
@@ -117,14 +115,7 @@ class JupyterCell:
         self.execution_id = self.msg_id if _EXECUTION_ID.fullmatch(self.msg_id) else uuid.uuid4().hex
         """The /v1 execution id: the client's msg_id when it can serve as one."""
         self.stop_on_error = msg.content.get("stop_on_error", True) is not False
-        content = dict(msg.content)
-        expressions = content.get("user_expressions")
-        expressions = dict(expressions) if isinstance(expressions, dict) else {}
-        self.injected = ARTIFACTS_KEY not in expressions
-        if self.injected:
-            expressions[ARTIFACTS_KEY] = ARTIFACTS_EXPRESSION
-        content["user_expressions"] = expressions
-        self.message = {**msg.to_zmq(), "content": content}
+        self.message = msg.to_zmq()
         self.aborted = False
         self.adopted = False
         """The client reconnected while this cell was queued or running."""
@@ -162,11 +153,11 @@ class JupyterCell:
         """The messages that end the cell for the client."""
         if execution.reply_msg is not None:
             reply = execution.reply_msg
-            if self.injected:
-                content = dict(reply.get("content") or {})
-                expressions = content.get("user_expressions")
-                if isinstance(expressions, dict) and ARTIFACTS_KEY in expressions:
-                    content["user_expressions"] = {k: v for k, v in expressions.items() if k != ARTIFACTS_KEY}
+            content = dict(reply.get("content") or {})
+            expressions = content.get("user_expressions")
+            if isinstance(expressions, dict) and execution.injected:
+                # the gateway's own expressions are not the client's business
+                content["user_expressions"] = {k: v for k, v in expressions.items() if k not in execution.injected}
                 reply = {**reply, "content": content}
             return [("shell", reply)]
         busy = ("iopub", caps.gateway_message("status", self.header, {"execution_state": "busy"}))

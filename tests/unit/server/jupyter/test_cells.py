@@ -43,7 +43,7 @@ async def test_a_jupyter_cell_is_in_the_history_and_the_v1_stream(gw: Gateway, k
         msgs = await run(ws, "x = 20\nprint('from jupyter'); x + 1")
         (reply,) = of_type(msgs, "execute_reply")
         assert reply["content"]["status"] == "ok"
-        assert "artifacts" not in reply["content"]["user_expressions"], "the gateway's own expression is not shown"
+        assert reply["content"]["user_expressions"] == {}, "the gateway's own expressions are not shown"
         msg_id = reply["parent_header"]["msg_id"]
 
         # the /v1 watcher saw it as a cell: queued, its output, done
