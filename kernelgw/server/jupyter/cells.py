@@ -7,10 +7,14 @@ the session's history, event stream, notebook and web page.
 
 The client's own header goes to the kernel, so the iopub messages the
 connection reads on its own socket carry the parent the client waits for. The
-``execute_reply`` reaches the queue (through the session's kernel link) and is
-handed to the client only once the cell's record is stored, and so is the
-kernel's ``status: idle`` that ends the cell on the client's side (what
-Open WebUI and AutoGen wait for): acknowledged means stored, on both faces.
+``execute_reply`` reaches the queue (through the session's kernel link), which
+decides when the cell really ended (the kernel's messages are untrusted: see
+`runtime.kernel_link`). The client gets the reply and a ``status: idle`` of
+the gateway's only then, once the cell's record is stored, and only after the
+connection has read the kernel's own idle made after that reply (so every
+output of the cell came first). The kernel's idles for the cell are not
+forwarded: one forged by the cell's code would end it early for clients that
+stop at the idle (Open WebUI, AutoGen). Acknowledged means stored, on both faces.
 
 ``stop_on_error`` (on by default in the protocol): when a cell fails, the
 client's cells queued behind it are answered ``aborted`` without running, as
@@ -34,7 +38,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kernelgw.runtime.execution import QueuedExecution
+from kernelgw.runtime.execution import QueuedExecution, message_order
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.jupyter import caps, wire
 
@@ -45,22 +49,15 @@ Message = tuple[str, dict[str, Any]]
 """A message for a client and the channel it goes on."""
 
 
-@dataclass
-class Gate:
-    """A place in a connection's outbox that waits for a cell's record: what
-    follows it is sent after the cell's answer."""
-
-    opened: asyncio.Future[list[Message]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+IDLE_WAIT_S = 1.0
+"""How long an ended cell's answer waits for the kernel's idle on the
+connection's own socket (it may have been dropped) before it is sent anyway."""
 
 
 class CellOwner(Protocol):
     """The channels connection a cell came from."""
 
     def send_kernel(self, channel: str, msg: dict[str, Any]) -> None: ...
-
-    def hold(self, gate: Gate) -> None:
-        """Put ``gate`` in the outbox: nothing after it is sent until it opens."""
-        ...
 
 
 class ClientCells:
@@ -75,6 +72,8 @@ class ClientCells:
         """Cells numbered up to this are aborted (a failed cell asked to stop on error)."""
         self.missed: list[tuple[JupyterCell, list[Message]]] = []
         """Cells that ended while the client was away, with their answers."""
+        self.waiting: dict[str, JupyterCell] = {}
+        """Ended cells whose answer waits for the kernel's idle on this connection."""
 
     def send(self, channel: str, msg: dict[str, Any]) -> None:
         if self.owner is not None:
@@ -90,14 +89,17 @@ class ClientCells:
         """The queue refused it: it was never queued."""
         self.pending.pop(cell.msg_id, None)
 
-    def idle(self, msg_id: str) -> bool:
+    def idle(self, msg_id: str, msg: dict[str, Any]) -> bool:
         """The kernel's ``status: idle`` for ``msg_id`` reached the connection:
-        True when it must wait behind a gate for the cell's record."""
-        cell = self.pending.get(msg_id)
-        if cell is None or cell.gate is not None or self.owner is None:
+        True when it is one of our cells' (it is not forwarded; the cell's answer
+        may now go out)."""
+        cell = self.pending.get(msg_id) or self.waiting.get(msg_id)
+        if cell is None:
             return False
-        cell.gate = Gate()
-        self.owner.hold(cell.gate)
+        order = message_order(msg)
+        cell.idle_order = max(cell.idle_order, order if order is not None else -1)
+        if msg_id in self.waiting and (cell.after is None or cell.idle_order > cell.after):
+            cell.release()
         return True
 
     def owns(self, execution: QueuedExecution | None) -> bool:
@@ -119,7 +121,11 @@ class JupyterCell:
         self.aborted = False
         self.adopted = False
         """The client reconnected while this cell was queued or running."""
-        self.gate: Gate | None = None
+        self.idle_order = -1
+        """The latest kernel idle for this cell the connection read (`message_order`)."""
+        self.after: int | None = None
+        """Where the reply the cell ended on sits among the kernel's messages."""
+        self.answer: list[Message] | None = None
 
     # ------------------------------------------------------------ ClientRequest
     def should_abort(self) -> bool:
@@ -132,22 +138,30 @@ class JupyterCell:
     def ended(self, execution: QueuedExecution) -> None:
         cells = self.cells
         cells.pending.pop(self.msg_id, None)
-        answer = self._answer(execution)
         status = (execution.reply or {}).get("status") if execution.reply_msg is not None else None
         if self.stop_on_error and not self.aborted and status != "ok":
             cells.aborted_through = cells.submitted
-        if self.gate is not None:
-            self.gate.opened.set_result(answer)
-            return
-        if execution.reply_msg is None or self.adopted or cells.owner is None:
-            # no idle of the kernel's reaches the client: the kernel never ran it
-            # (aborted, dead kernel, deleted session), or the client was away
-            answer.append(("iopub", caps.gateway_message("status", self.header, {"execution_state": "idle"})))
+        idle = caps.gateway_message("status", self.header, {"execution_state": "idle"})
+        self.answer = [*self._answer(execution), ("iopub", idle)]
         if cells.owner is None:
-            cells.missed.append((self, answer))
+            cells.missed.append((self, self.answer))
+            self.answer = None
             return
-        for channel, msg in answer:
-            cells.send(channel, msg)
+        reply = execution.reply_msg
+        self.after = execution.reply_order if execution.reply_verified else (message_order(reply) if reply else None)
+        if reply is None or self.after is None or self.idle_order > self.after:
+            # never ran, no order to go by, or the kernel's idle is in: all output came first
+            self.release()
+            return
+        cells.waiting[self.msg_id] = self
+        asyncio.get_running_loop().call_later(IDLE_WAIT_S, self.release)
+
+    def release(self) -> None:
+        """Send the cell's answer (once)."""
+        answer, self.answer = self.answer, None
+        self.cells.waiting.pop(self.msg_id, None)
+        for channel, msg in answer or ():
+            self.cells.send(channel, msg)
 
     def _answer(self, execution: QueuedExecution) -> list[Message]:
         """The messages that end the cell for the client."""
@@ -200,8 +214,10 @@ def leave(session: KernelSession, client_session: str | None, cells: ClientCells
     cells.owner = None
     if not client_session or not (cells.pending or cells.missed):
         return
-    for cell in cells.pending.values():
-        cell.gate = None  # its gate went with the old connection's outbox
+    for cell in list(cells.waiting.values()):
+        cells.missed.append((cell, cell.answer or []))
+        cell.answer = None
+    cells.waiting.clear()
     kept = _orphans.setdefault(session, {})
     kept[client_session] = Orphan(cells, session.last_seq)
     now = time.monotonic()

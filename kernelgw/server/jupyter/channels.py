@@ -118,7 +118,7 @@ class ChannelsConnection:
         self.client_session = client_session
         config = session.config
         self.caps = caps.OutputCaps(config.max_output_bytes, config.max_image_bytes)
-        self._outbox: asyncio.Queue[str | bytes | cells.Gate | None] = asyncio.Queue()
+        self._outbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
         self._cells = cells.ClientCells(self)
         self._rejoined = False
         self._outbox_bytes = 0
@@ -306,9 +306,12 @@ class ChannelsConnection:
                     state = (msg.get("content") or {}).get("execution_state")
                     if isinstance(state, str):
                         kernels.status_seen(self.session, state)
-                    if state == "idle" and isinstance(parent.get("msg_id"), str):
-                        # the end of one of our cells waits for its record (and its reply)
-                        self._cells.idle(parent["msg_id"])
+                    if (
+                        state == "idle"
+                        and isinstance(parent.get("msg_id"), str)
+                        and self._cells.idle(parent["msg_id"], msg)
+                    ):
+                        continue  # our cell's end is the gateway's to tell (`cells`)
                 for out in self.caps.apply(msg):
                     self.send_kernel(channel, out)
             else:
@@ -333,20 +336,11 @@ class ChannelsConnection:
             return
         self._outbox.put_nowait(frame)
 
-    def hold(self, gate: cells.Gate) -> None:
-        self._outbox.put_nowait(gate)
-
     async def _send_loop(self) -> None:
         while True:
             frame = await self._outbox.get()
             if frame is None:
                 return
-            if isinstance(frame, cells.Gate):
-                for channel, msg in await frame.opened:
-                    encoded = self._encode(channel, msg)
-                    if encoded is not None:
-                        await self._send_frame(encoded)
-                continue
             self._outbox_bytes -= len(frame)
             await self._send_frame(frame)
 

@@ -189,3 +189,18 @@ async def test_a_client_that_reconnects_gets_what_its_cells_sent_meanwhile(gw: G
     msgs = got[running["header"]["msg_id"]]
     assert stdout(msgs) == "c\nd\ne\n"
     assert of_type(msgs, "execute_reply")[0]["content"]["status"] == "ok"
+
+
+async def test_a_forged_idle_does_not_end_a_jupyter_cell(gw: Gateway, kernel: str) -> None:
+    """Clients that stop at the idle (Open WebUI, AutoGen) get all the real output first."""
+    from tests.unit.runtime.test_untrusted_kernel import FORGE
+
+    async with connect(channels_url(gw, kernel, gw.alice)) as ws:
+        msg = execute_request(FORGE)
+        await ws.send(json.dumps(msg))
+        msgs = await collect(ws, msg["header"]["msg_id"], reply=False)  # up to the first idle
+        assert stdout(msgs) == "real output after the forged end\n"
+        assert [m["content"]["ename"] for m in of_type(msgs, "error")] == ["ZeroDivisionError"]
+        msgs += await collect(ws, msg["header"]["msg_id"]) if not of_type(msgs, "execute_reply") else []
+        (reply,) = [m for m in of_type(msgs, "execute_reply") if m["content"]["status"] == "error"]
+        assert reply["content"]["ename"] == "ZeroDivisionError"
