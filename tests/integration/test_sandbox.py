@@ -122,7 +122,11 @@ def test_container_configuration(
     assert host["NanoCpus"] == int(gateway.settings.cpus * 1e9)
     assert host["Init"] is True
     assert all("size=" in opts for opts in host["Tmpfs"].values())
-    assert container.attrs["Config"]["User"] == "1000:1000"
+    # PID 1 (docker-init) is root with four capabilities; it starts the kernel as 1000:1000
+    assert container.attrs["Config"]["User"] == "0:0"
+    assert sorted(host["CapAdd"]) == ["KILL", "SETGID", "SETPCAP", "SETUID"]
+    command = container.attrs["Config"]["Cmd"]
+    assert command[:2] == ["setpriv", "--reuid=1000"] and "--bounding-set=-all" in command
     assert container.labels["kernelgw.gateway"] == gateway.settings.gateway_name
     # the connection directory is private and only this kernel's sockets are in it
     (mount,) = container.attrs["Mounts"]

@@ -2,7 +2,7 @@
 capabilities, another process's memory, mounts, new namespaces, chroot.
 
 Covered elsewhere (test_sandbox.py, moving here from tests/integration): the kernel runs as uid 1000
-with CapEff 0. Here: every process in the container, setuid binaries, ptrace,
+with CapEff 0; test_init.py: PID 1 is out of the kernel's reach. Here: every process in the container, setuid binaries, ptrace,
 mount, unshare and chroot. Under gVisor (runsc) a user namespace can be made
 inside the sandbox's own kernel; that is accepted only if it still grants
 nothing over the container's files.
@@ -19,6 +19,8 @@ pytestmark = pytest.mark.integration
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
+# CAP_KILL (5), CAP_SETGID (6), CAP_SETUID (7), CAP_SETPCAP (8): all PID 1 may hold
+INIT_CAPS = 0x1E0
 
 
 def test_no_process_in_the_container_is_privileged(http: httpx.Client, session_id: str) -> None:
@@ -36,6 +38,15 @@ def test_no_process_in_the_container_is_privileged(http: httpx.Client, session_i
     )
     procs = run_json(http, session_id, code)
     assert len(procs) >= 2, procs  # docker-init and the kernel at least
+    init = procs.pop("1")
+    # PID 1 is root (another uid than the kernel's, so the kernel can neither signal
+    # nor patch it) holding only what it needs to start the kernel and forward signals
+    assert init["Name"] == ["docker-init"] and init["Uid"] == ["0"] * 4, init
+    for cap in ("CapInh", "CapAmb"):
+        assert int(init.get(cap, ["0"])[0], 16) == 0, (cap, init)
+    for cap in ("CapPrm", "CapEff", "CapBnd"):
+        assert int(init.get(cap, ["0"])[0], 16) & ~INIT_CAPS == 0, (cap, init)
+    assert init.get("NoNewPrivs", ["1"]) == ["1"], init
     for pid, status in procs.items():
         name = (pid, status["Name"])
         assert status["Uid"] == ["1000"] * 4 and status["Gid"] == ["1000"] * 4, (name, status)

@@ -3,6 +3,9 @@
 One container per kernel: no network, read-only root, explicit tmpfs sizes, no
 capabilities, no new privileges, a non-root user, pids/memory/CPU limits, and
 Docker's init (tini) as PID 1 so signals reach the kernel and zombies are reaped.
+The init runs as root with only the capabilities to drop root, empty the
+kernel's capability bounding set and forward signals (the kernel runs under it as its own uid), so code in the kernel cannot
+stop or patch it and hide its own death.
 The kernel's ZMQ sockets are unix sockets in a per-kernel directory bind-mounted
 at ``/conn``; that directory is the only thing the host shares with it.
 
@@ -161,6 +164,37 @@ class DockerBackend:
             os.chown(conn_dir, self.uid, self.gid)
         return conn_dir
 
+    def _init_apart(self) -> bool:
+        """PID 1 runs as root (without capabilities but SETUID/SETGID to drop root,
+        SETPCAP to empty the kernel's bounding set, KILL to forward signals to
+        another uid) and the kernel under it as ``uid``: code in the kernel can then
+        neither signal nor patch its init (``/proc/1/mem``), so the container
+        ends when the kernel does and the engine says so at once. Not when the
+        kernel itself is configured to run as root (there is nothing to keep apart)."""
+        return self.uid != 0
+
+    def _identity(self) -> dict[str, Any]:
+        if self._init_apart():
+            return {"user": "0:0", "cap_drop": ["ALL"], "cap_add": ["SETUID", "SETGID", "SETPCAP", "KILL"]}
+        return {"user": f"{self.uid}:{self.gid}", "cap_drop": ["ALL"]}
+
+    def _command(self) -> list[str]:
+        if not self._init_apart():
+            return KERNEL_COMMAND
+        # setpriv (util-linux, in every Debian base) gives up root for the kernel's
+        # uid: changing the uid from 0 clears the effective and permitted sets, the
+        # bounding and inheritable sets are emptied, no-new-privileges does the rest
+        drop = [
+            "setpriv",
+            f"--reuid={self.uid}",
+            f"--regid={self.gid}",
+            "--clear-groups",
+            "--bounding-set=-all",
+            "--inh-caps=-all",
+            "--",
+        ]
+        return [*drop, *KERNEL_COMMAND]
+
     # ---------------------------------------------------------------- protocol
     async def start(self, spec: KernelSpec) -> KernelHandle:
         return await self._run(self._start_sync, spec)
@@ -173,7 +207,7 @@ class DockerBackend:
         try:
             container = client.containers.run(
                 spec.image,
-                command=KERNEL_COMMAND,
+                command=self._command(),
                 name=f"kernelgw-{self.gateway_name}-{kernel_id}",
                 detach=True,
                 labels=self._labels(spec, kernel_id),
@@ -191,8 +225,7 @@ class DockerBackend:
                 shm_size=f"{spec.shm_size_mb}m",
                 volumes={str(conn_dir): {"bind": CONTAINER_CONN_DIR, "mode": "rw"}},
                 working_dir=CONTAINER_WORKDIR,
-                user=f"{self.uid}:{self.gid}",
-                cap_drop=["ALL"],
+                **self._identity(),
                 security_opt=["no-new-privileges", "seccomp=" + seccomp_profile()],
                 **process_limits(spec),
                 mem_limit=f"{spec.memory_mb}m",
