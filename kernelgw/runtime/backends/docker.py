@@ -86,14 +86,24 @@ def seccomp_profile() -> str:
     compact JSON text: the Docker API takes the profile's content, not a path.
 
     It is Docker's own default profile (moby/moby ``profiles/seccomp/default.json``
-    at v20.10.24, the engine here) with ``ptrace``, ``process_vm_readv`` and
-    ``process_vm_writev`` taken out of every allow rule, so they fall to the
-    default action (EPERM); nothing else differs. Why: the default allows ptrace
-    on kernels >= 4.8 (and, from 23.0, process_vm_readv/writev too), and
-    docker-init, PID 1, runs as the kernel's own uid: code could PTRACE_ATTACH
-    to it and, by exiting without detaching, leave it stopped, so the container
-    would keep "running" after the kernel died. gVisor (runsc) ignores OCI
-    seccomp; ptrace of PID 1 already fails there.
+    at v20.10.24, the engine here) with six calls taken out of the allow rules;
+    they fall to the default action, ``SCMP_ACT_ERRNO`` without
+    ``defaultErrnoRet``: the call fails with EPERM, the process lives on.
+    Nothing else differs.
+
+    * ``ptrace``, ``process_vm_readv``, ``process_vm_writev``: the default
+      allows ptrace on kernels >= 4.8 (and, from 23.0, process_vm_readv/writev
+      too). Code could PTRACE_ATTACH to docker-init (PID 1) and, by exiting
+      without detaching, leave it stopped, so the container would keep
+      "running" after the kernel died, or read and write the memory of any
+      process in the container.
+    * ``io_uring_setup``, ``io_uring_enter``, ``io_uring_register``: a large
+      host-kernel attack surface with a record of container escapes, whose
+      operations (open, connect, ...) seccomp never sees; no kernel needs it,
+      and Docker's own default blocks it from 25.0 (moby/moby#46762).
+
+    gVisor (runsc) applies OCI seccomp only with ``--oci-seccomp``; without it
+    the Sentry answers these calls itself (tests/security/test_seccomp_edges.py).
     """
     text = importlib.resources.files("kernelgw.runtime.backends").joinpath("seccomp.json").read_text(encoding="utf-8")
     return json.dumps(json.loads(text), separators=(",", ":"))
