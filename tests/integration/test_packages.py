@@ -7,6 +7,7 @@ session's package directory through the engine; the kernel never has network.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,11 +17,11 @@ import pytest
 
 from kernelgw.client import Client
 from kernelgw.errors import ClientError
-from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway, stdout
+from tests.integration.conftest import RUNTIME, RunningGateway, gateway_settings, run, start_gateway, stdout
 
 pytestmark = pytest.mark.integration
 
-ALLOWLIST = ["sympy", "tabulate", "numpy", "kernelgw-test-no-such-package-x7q"]
+ALLOWLIST = ["sympy", "tabulate", "numpy", "ujson", "kernelgw-test-no-such-package-x7q"]
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,61 @@ def test_allowlisted_package_installs_into_a_networkless_kernel_without_restart(
     sources = {p["name"]: p["source"] for p in again["already_present"]}
     assert sources == {"sympy": "session", "numpy": "image"}
     assert not any(name.startswith("numpy") for name in session_packages_dir(pkg_http, sid))
+
+
+@pytest.mark.timeout(600)
+def test_package_with_a_native_extension_imports_from_the_package_mount(pkg_http: httpx.Client, sid: str) -> None:
+    # ujson is one C extension module and nothing else (no pure-Python fallback),
+    # not in the image: its import maps a shared object from the package tmpfs,
+    # which fails ("failed to map segment from shared object") if it is noexec
+    resp = install(pkg_http, sid, "ujson")
+    assert resp.status_code == 200, resp.text
+    assert [p["name"] for p in resp.json()["installed"]] == ["ujson"]
+    code = "import ujson\nprint(ujson.__file__)\nprint(ujson.dumps({'a': [1, 2.5, None]}))"
+    result = run(pkg_http, sid, code)
+    assert result["status"] == "ok", [e.get("traceback_text") for e in result["events"] if e["type"] == "error"]
+    path, dumped = stdout(result).split()
+    assert path.startswith("/opt/kernelgw/packages/") and path.endswith(".so"), path
+    assert dumped == '{"a":[1,2.5,null]}'
+
+
+# What the kernel's uid can write and then execute, per mount (docs/security.md,
+# "Mounts: exec and noexec"): a copy of /bin/true, run from each.
+EXEC_FROM_MOUNTS = """\
+import errno, json, os, shutil, subprocess
+result = {}
+for d in ('/opt/kernelgw/packages', '/tmp', '/workspace', '/dev/shm'):
+    path = os.path.join(d, 'kgw-true')
+    shutil.copy('/bin/true', path)
+    os.chmod(path, 0o755)
+    try:
+        result[d] = 'ok' if subprocess.run([path]).returncode == 0 else 'failed'
+    except OSError as exc:
+        result[d] = errno.errorcode.get(exc.errno, str(exc.errno))
+    os.unlink(path)
+flags = {'nosuid': os.ST_NOSUID, 'nodev': os.ST_NODEV, 'noexec': os.ST_NOEXEC}
+options = {d: sorted(k for k, f in flags.items() if os.statvfs(d).f_flag & f) for d in result}
+print(json.dumps({'exec': result, 'options': options}))
+"""
+
+
+def test_mounts_are_exec_or_noexec_as_documented(pkg_http: httpx.Client, sid: str) -> None:
+    result = run(pkg_http, sid, EXEC_FROM_MOUNTS)
+    assert result["status"] == "ok", result["events"][-2:]
+    found = json.loads(stdout(result))
+    assert found["exec"] == {
+        "/opt/kernelgw/packages": "ok",
+        "/tmp": "ok",
+        "/workspace": "ok",
+        "/dev/shm": "EACCES",
+    }, found
+    if RUNTIME == "runc":  # gVisor 20221219 reports no mount flags (statvfs, mountinfo)
+        assert found["options"] == {
+            "/opt/kernelgw/packages": ["nodev", "nosuid"],
+            "/tmp": ["nodev", "nosuid"],
+            "/workspace": ["nodev", "nosuid"],
+            "/dev/shm": ["nodev", "noexec", "nosuid"],
+        }, found
 
 
 def test_not_allowlisted_package_is_refused_and_nothing_changes(pkg_http: httpx.Client, sid: str) -> None:

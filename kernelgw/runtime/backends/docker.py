@@ -223,13 +223,15 @@ class DockerBackend:
                 labels=self._labels(spec, kernel_id),
                 network_mode="none",
                 read_only=True,
+                # exec on all three (Docker's default is noexec): native extensions load from
+                # the packages mount; why the others too, and /dev/shm not: docs/security.md
                 tmpfs={
-                    "/tmp": f"rw,nosuid,nodev,size={spec.tmp_size_mb}m,mode=1777",
+                    "/tmp": f"rw,exec,nosuid,nodev,size={spec.tmp_size_mb}m,mode=1777",
                     CONTAINER_WORKDIR: (
-                        f"rw,nosuid,nodev,size={spec.workspace_size_mb}m,uid={self.uid},gid={self.gid},mode=0700"
+                        f"rw,exec,nosuid,nodev,size={spec.workspace_size_mb}m,uid={self.uid},gid={self.gid},mode=0700"
                     ),
                     CONTAINER_PACKAGES_DIR: (
-                        f"rw,nosuid,nodev,size={spec.packages_size_mb}m,uid={self.uid},gid={self.gid},mode=0755"
+                        f"rw,exec,nosuid,nodev,size={spec.packages_size_mb}m,uid={self.uid},gid={self.gid},mode=0755"
                     ),
                 },
                 shm_size=f"{spec.shm_size_mb}m",
