@@ -51,8 +51,15 @@ class Settings(BaseSettings):
     unless this is set (``kernelgw serve --insecure-allow-remote``)."""
     allowed_origins: list[str] = Field(default_factory=list)
     """Web origins (``https://chat.example.com``) besides the gateway's own whose pages
-    may open session WebSockets; ``"*"`` allows any. Clients that send no Origin
-    (SDKs, agents) are not affected."""
+    may call the gateway and open its WebSockets; ``"*"`` allows any. Clients that
+    send no Origin (SDKs, agents) are not affected."""
+    allowed_hosts: list[str] | None = None
+    """Names the gateway answers to in the ``Host`` header, against DNS rebinding (a
+    web page whose own name resolves to this address). IP addresses are always
+    accepted; ``*.example.com`` matches subdomains; ``"*"`` turns the check off.
+    None: ``localhost`` (and ``*.localhost``), this machine's host name, and the
+    listen address when it is a name. Behind a load balancer or under a DNS name,
+    list the names clients use."""
     auth_cache_s: float = Field(2.0, ge=0)
     """How long a looked-up key is trusted before the database is asked again: a
     key revoked from the CLI stops working within this time."""

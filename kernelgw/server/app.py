@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,14 +14,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kernelgw import __version__
 from kernelgw.config import Settings
-from kernelgw.errors import GatewayNameInUse, KernelGWError, RateLimited, Unauthorized
+from kernelgw.errors import GatewayNameInUse, KernelGWError, Unauthorized
 from kernelgw.runtime.backends import Backend, create_backend
 from kernelgw.runtime.manager import SessionManager
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.ownership import InstanceLock
 from kernelgw.server import notebook
 from kernelgw.server.authenticator import Authenticator
-from kernelgw.server.availability import RETRY_AFTER_S
+from kernelgw.server.availability import retry_after_s
+from kernelgw.server.hosts import PageGuard
 from kernelgw.server.limits import BodySizeLimit
 from kernelgw.server.policy import CodePolicy
 from kernelgw.server.ratelimit import ExecutionRateLimiter
@@ -116,14 +116,16 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         version=__version__,
         description="Stateful, sandboxed IPython kernels for AI agents.",
         lifespan=lifespan,
+        # served by kernelgw.server.docs instead, behind the key when keys exist
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
     )
 
     @app.exception_handler(KernelGWError)
     async def _gw_error(request: Request, exc: KernelGWError) -> JSONResponse:
         response = error_response(exc.status_code, exc.code, exc.message)
-        if isinstance(exc, RateLimited):
-            response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
-        elif (retry_after := RETRY_AFTER_S.get(type(exc))) is not None:
+        if (retry_after := retry_after_s(exc)) is not None:
             response.headers["Retry-After"] = str(retry_after)
         elif isinstance(exc, Unauthorized):
             response.headers["WWW-Authenticate"] = 'Bearer realm="kernelgw"'
@@ -140,14 +142,16 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         return error_response(exc.status_code, code, str(exc.detail))
 
     from kernelgw.server import auth as auth_routes
-    from kernelgw.server import history, routes, ws
+    from kernelgw.server import docs, history, routes, ws
 
     app.add_middleware(BodySizeLimit)
+    app.add_middleware(PageGuard)  # outermost: before routing, for every route and WebSocket
     app.include_router(routes.public)
     app.include_router(auth_routes.router)
     app.include_router(routes.router)
     app.include_router(ws.router)
     app.include_router(history.router)
+    app.include_router(docs.router)
     # --- Jupyter's kernels API (/api/kernelspecs, /api/kernels, channels) on the same sessions
     from kernelgw.server.jupyter import channels as jupyter_channels
     from kernelgw.server.jupyter import rest as jupyter_rest

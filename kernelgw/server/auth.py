@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Request, Response
 
@@ -57,17 +56,6 @@ async def require_admin(principal: Principal = Depends(authenticate)) -> Princip
     if not principal.is_admin:
         raise Forbidden("This endpoint needs an admin API key.")
     return principal
-
-
-def same_origin(origin: str | None, host: str | None, allowed: list[str]) -> bool:
-    """A browser page from another site must not drive a session (cross-site
-    WebSocket hijacking): the Origin must be this gateway or an allowed one.
-    Non-browser clients send no Origin and pass."""
-    if not origin:
-        return True
-    if origin in allowed or "*" in allowed:
-        return True
-    return bool(host) and urlsplit(origin).netloc.lower() == (host or "").lower()
 
 
 # ---------------------------------------------------------------- routes

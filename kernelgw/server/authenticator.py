@@ -122,7 +122,9 @@ class Authenticator:
                 return self._principal(key)
         raise Unauthorized()
 
-    async def from_websocket(self, authorization: str | None, token: str | None) -> Principal:
+    async def from_key_or_token(self, authorization: str | None, token: str | None) -> Principal:
+        """A key in the header, or a browser token (``?token=``) where a browser
+        cannot set headers: WebSockets, and pages it opens itself (/docs)."""
         if not await self.enabled():
             return ANONYMOUS
         if token and not authorization:

@@ -7,11 +7,28 @@ refused with 503 and ``Retry-After`` instead, and ``/readyz`` says why.
 
 from __future__ import annotations
 
-from kernelgw.errors import GatewayDraining, StorageUnavailable
+import math
+
+from kernelgw.errors import GatewayDraining, KernelGWError, RateLimited, StorageUnavailable
 from kernelgw.server.state import GatewayState
 
-RETRY_AFTER_S = {GatewayDraining: 2, StorageUnavailable: 5}
+RETRY_AFTER_S: dict[type[KernelGWError], int] = {GatewayDraining: 2, StorageUnavailable: 5}
 """The ``Retry-After`` seconds of the refusals."""
+DEFAULT_RETRY_AFTER_S = 5
+"""Every other 429 and 503 (session limit, engine or image missing): a client that
+backs off by the header alone never hammers the gateway."""
+
+
+def retry_after_s(exc: KernelGWError) -> int | None:
+    """The ``Retry-After`` of an error's answer: on every 429 and 503, on nothing else."""
+    if isinstance(exc, RateLimited):
+        return max(1, math.ceil(exc.retry_after_s))
+    if exc.status_code not in (429, 503):
+        return None
+    for kind, seconds in RETRY_AFTER_S.items():
+        if isinstance(exc, kind):
+            return seconds
+    return DEFAULT_RETRY_AFTER_S
 
 
 def check_available(state: GatewayState) -> None:

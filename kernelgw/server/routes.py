@@ -22,7 +22,7 @@ from kernelgw.runtime.manager import SessionManager, SessionOptions
 from kernelgw.server import history
 from kernelgw.server.admission import admit
 from kernelgw.server.auth import authenticate, principal_of, require_admin, session_for
-from kernelgw.server.availability import check_available, unready_reasons
+from kernelgw.server.availability import DEFAULT_RETRY_AFTER_S, check_available, unready_reasons
 from kernelgw.server.state import gateway_state
 
 _errors: dict[int | str, dict[str, Any]] = {
@@ -65,7 +65,7 @@ async def healthz(request: Request) -> Response:
     A storage fault is ``degraded`` with 200 (restarting the process does not
     free a disk), and a drain is 200 too (the process is finishing cells)."""
     body, kernels = await _health(request)
-    return JSONResponse(body.model_dump(), status_code=200 if kernels else 503)
+    return _health_response(body, kernels)
 
 
 @public.get("/readyz", response_model=Health, tags=["gateway"])
@@ -74,7 +74,13 @@ async def readyz(request: Request) -> Response:
     storage cannot write, engine or image missing); ``detail`` says why."""
     body, kernels = await _health(request)
     ready = kernels and not unready_reasons(gateway_state(request))
-    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+    return _health_response(body, ready)
+
+
+def _health_response(body: Health, ok: bool) -> JSONResponse:
+    if ok:
+        return JSONResponse(body.model_dump())
+    return JSONResponse(body.model_dump(), status_code=503, headers={"Retry-After": str(DEFAULT_RETRY_AFTER_S)})
 
 
 @router.get("/metrics", tags=["gateway"], response_class=Response, dependencies=[Depends(require_admin)])

@@ -46,7 +46,9 @@ async def serve(
     app = create_app(settings, backend=backend)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers, timeout=60) as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://localhost", headers=headers, timeout=60
+        ) as client:
             yield app, client
 
 

@@ -19,11 +19,6 @@ PUBLIC = frozenset(
         ("GET", "/"),
         ("GET", "/favicon.ico"),
         ("GET", "/static/{name}"),
-        # FastAPI's own API docs
-        ("GET", "/openapi.json"),
-        ("GET", "/docs"),
-        ("GET", "/docs/oauth2-redirect"),
-        ("GET", "/redoc"),
     }
 )
 """Everything reachable without a key. Anything else must answer 401 without one."""

@@ -10,7 +10,7 @@ from kernelgw.server import create_app
 from tests.support.routes import endpoints
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-UNDOCUMENTED = {"/", "/favicon.ico", "/static/{}", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+UNDOCUMENTED = {"/", "/favicon.ico", "/static/{}", "/openapi.json", "/docs", "/redoc"}
 """The web page and FastAPI's own docs pages: not API endpoints (the table points to /docs)."""
 
 

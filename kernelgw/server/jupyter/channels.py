@@ -50,7 +50,6 @@ from kernelgw.runtime.kernel_link import RECEIVE_HWM
 from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.admission import admit
-from kernelgw.server.auth import same_origin
 from kernelgw.server.jupyter import caps, cells, kernels, wire
 from kernelgw.server.state import GatewayState, gateway_state
 from kernelgw.tasks import cancel_and_wait
@@ -59,7 +58,6 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 CLOSE_UNAUTHORIZED = 4401
-CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
@@ -74,9 +72,6 @@ async def channels(websocket: WebSocket, kernel_id: str, session_id: str | None 
     see a refused handshake's status): 4401 no valid key or token, 4403 a page
     from another origin, 4404 no such kernel (or another key's)."""
     state = gateway_state(websocket)
-    if not same_origin(websocket.headers.get("origin"), websocket.headers.get("host"), state.settings.allowed_origins):
-        await _refuse(websocket, CLOSE_FORBIDDEN, "this origin may not open kernels")
-        return
     try:
         principal = await kernels.authenticate(websocket)
     except Unauthorized as exc:

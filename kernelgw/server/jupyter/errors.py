@@ -9,7 +9,6 @@ status and headers the /v1 face would send.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Coroutine
 from http import HTTPStatus
 from typing import Any
@@ -20,8 +19,8 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
-from kernelgw.errors import KernelGWError, RateLimited, Unauthorized
-from kernelgw.server.availability import RETRY_AFTER_S
+from kernelgw.errors import KernelGWError, Unauthorized
+from kernelgw.server.availability import retry_after_s
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +59,7 @@ def to_response(request: Request, exc: Exception) -> Response | None:
         return jupyter_error(exc.status, exc.message)
     if isinstance(exc, KernelGWError):
         headers: dict[str, str] = {}
-        if isinstance(exc, RateLimited):
-            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
-        elif (retry_after := RETRY_AFTER_S.get(type(exc))) is not None:
+        if (retry_after := retry_after_s(exc)) is not None:
             headers["Retry-After"] = str(retry_after)
         elif isinstance(exc, Unauthorized):
             headers["WWW-Authenticate"] = 'Bearer realm="kernelgw"'

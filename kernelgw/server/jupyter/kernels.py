@@ -52,7 +52,7 @@ async def authenticate(conn: HTTPConnection) -> Principal:
     auth = gateway_state(conn).auth
     key, token = credentials(conn)
     if token is not None:
-        principal = await auth.from_websocket(None, token)
+        principal = await auth.from_key_or_token(None, token)
         conn.state.principal = principal
         return principal
     principal = await auth.from_key(key)

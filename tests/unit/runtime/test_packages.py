@@ -155,7 +155,7 @@ async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(settings, backend=EngineDown())
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             yield c
 
 

@@ -51,7 +51,7 @@ async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(Settings(max_memory_mb=2048, data_dir=tmp_path), backend=EngineDown())
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             yield c
 
 
@@ -101,6 +101,27 @@ async def test_engine_down_is_503_and_healthz_says_degraded(client: httpx.AsyncC
     health = await client.get("/healthz")
     assert health.status_code == 503
     assert health.json()["status"] == "degraded" and health.json()["engine"] is False
+    # every 503 says when to come back, on both faces
+    jupyter = await client.post("/api/kernels", json={})
+    assert jupyter.status_code == 503 and "message" in jupyter.json()
+    for answer in (resp, health, await client.get("/readyz"), jupyter):
+        assert int(answer.headers["Retry-After"]) > 0, answer.request.url
+
+
+def test_every_429_and_503_carries_retry_after() -> None:
+    from kernelgw import errors
+    from kernelgw.server.availability import retry_after_s
+
+    kinds = [
+        k
+        for k in vars(errors).values()
+        if isinstance(k, type) and issubclass(k, errors.KernelGWError) and k.status_code in (429, 503)
+    ]
+    assert {errors.SessionLimitReached, errors.EngineUnavailable, errors.GatewayDraining} <= set(kinds)
+    for kind in kinds:
+        exc = kind("x", 0.2) if kind is errors.RateLimited else kind("x")
+        assert (retry_after_s(exc) or 0) >= 1, kind
+    assert retry_after_s(errors.SessionNotFound("x")) is None
 
 
 async def test_unknown_route_is_json_404(client: httpx.AsyncClient) -> None:

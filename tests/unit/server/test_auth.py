@@ -28,7 +28,7 @@ from kernelgw.keys import (
     new_secret,
     parse_key,
 )
-from kernelgw.server.auth import is_loopback, same_origin
+from kernelgw.server.auth import is_loopback
 from kernelgw.server.limits import BodySizeLimit
 from kernelgw.server.ratelimit import ExecutionRateLimiter
 
@@ -122,24 +122,6 @@ def test_rate_limiter_memory_is_bounded() -> None:
     for i in range(100):
         limiter.acquire(f"k{i}", 1)
     assert len(limiter._buckets) <= 10
-
-
-@pytest.mark.parametrize(
-    ("origin", "host", "allowed", "ok"),
-    [
-        (None, "gw:8000", [], True),  # SDKs send no Origin
-        ("http://gw:8000", "gw:8000", [], True),
-        ("http://GW:8000", "gw:8000", [], True),
-        ("https://evil.example", "gw:8000", [], False),
-        ("http://gw:8001", "gw:8000", [], False),
-        ("null", "gw:8000", [], False),  # sandboxed iframes, file:// pages
-        ("https://chat.example", "gw:8000", ["https://chat.example"], True),
-        ("https://evil.example", "gw:8000", ["*"], True),
-        ("http://gw:8000", None, [], False),
-    ],
-)
-def test_same_origin(origin: str | None, host: str | None, allowed: list[str], ok: bool) -> None:
-    assert same_origin(origin, host, allowed) is ok
 
 
 @pytest.mark.parametrize(

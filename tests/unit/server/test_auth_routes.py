@@ -61,7 +61,7 @@ def test_the_route_table_has_the_expected_shape() -> None:
     methods = {e.method for e in found}
     assert {"GET", "POST", "PUT", "DELETE", "WS"} <= methods
     assert len(protected(create_app())) >= 20
-    assert {(e.method, e.template) for e in found} >= PUBLIC - {("GET", "/docs/oauth2-redirect")}
+    assert {(e.method, e.template) for e in found} >= PUBLIC
 
 
 @pytest.mark.parametrize("name", list(BAD_CREDENTIALS))
@@ -75,8 +75,9 @@ def test_every_non_public_route_answers_the_same_401(gateway: tuple[TestClient, 
         credentials.append({} if text is None else {"Authorization": f"Bearer {text}"})
     # a well-formed key with a real id but the wrong secret, too
     credentials.append({"Authorization": f"Bearer kgw_{key_id}_" + "B" * 43})
-    # one 401 body per API face (kernelgw's /v1 errors, Jupyter's {message, reason} under /api)
-    bodies: dict[str, set[str]] = {"v1": set(), "jupyter": set()}
+    # one 401 body per API face (kernelgw's /v1 errors, Jupyter's {message, reason} under
+    # /api, the API description's own hint at ?token=)
+    bodies: dict[str, set[str]] = {"v1": set(), "jupyter": set(), "docs": set()}
     checked = []
     for headers in credentials:
         for endpoint in protected(client.app):  # type: ignore[arg-type]
@@ -85,8 +86,13 @@ def test_every_non_public_route_answers_the_same_401(gateway: tuple[TestClient, 
             resp = client.request(endpoint.method, endpoint.url(), headers=headers)
             assert resp.status_code == 401, (endpoint, resp.text)
             assert resp.headers["www-authenticate"].startswith("Bearer")
-            jupyter = endpoint.template.startswith(("/api/", "/kernelspecs/"))
-            bodies["jupyter" if jupyter else "v1"].add(resp.text)
+            if endpoint.template.startswith(("/api/", "/kernelspecs/")):
+                face = "jupyter"
+            elif endpoint.template in ("/openapi.json", "/docs", "/redoc"):
+                face = "docs"
+            else:
+                face = "v1"
+            bodies[face].add(resp.text)
             checked.append(endpoint)
     assert checked, "no route was checked"
     assert all(len(texts) == 1 for texts in bodies.values()), (
@@ -94,6 +100,7 @@ def test_every_non_public_route_answers_the_same_401(gateway: tuple[TestClient, 
     )
     assert json.loads(bodies["v1"].pop())["error"]["code"] == "unauthorized"
     assert json.loads(bodies["jupyter"].pop())["reason"] == "Unauthorized"
+    assert json.loads(bodies["docs"].pop())["error"]["code"] == "unauthorized"
 
 
 def test_every_websocket_closes_with_4401_without_a_key(gateway: tuple[TestClient, str, str]) -> None:
@@ -104,7 +111,7 @@ def test_every_websocket_closes_with_4401_without_a_key(gateway: tuple[TestClien
         for headers in ({}, {"Authorization": f"Bearer kgw_{key_id}_" + "B" * 43}):
             with (
                 pytest.raises(WebSocketDisconnect) as closed,
-                client.websocket_connect(endpoint.url(), headers=headers) as ws,
+                client.websocket_connect("ws://127.0.0.1" + endpoint.url(), headers=headers) as ws,
             ):
                 ws.receive_text()
             assert closed.value.code == 4401, endpoint
@@ -116,6 +123,21 @@ def test_public_routes_answer_without_a_key(gateway: tuple[TestClient, str, str]
         if (endpoint.method, endpoint.template) in PUBLIC:
             resp = client.request(endpoint.method, endpoint.url(), follow_redirects=False)
             assert resp.status_code in (200, 308), (endpoint, resp.status_code)
+
+
+def test_the_api_description_needs_the_key_or_a_browser_token(gateway: tuple[TestClient, str, str]) -> None:
+    client, _, key_text = gateway
+    for path in ("/openapi.json", "/docs", "/redoc"):
+        resp = client.get(path)
+        assert resp.status_code == 401 and "/docs?token=" in resp.json()["error"]["message"], path
+    schema = client.get("/openapi.json", headers={"Authorization": f"Bearer {key_text}"})
+    assert schema.status_code == 200 and "/v1/sessions" in schema.json()["paths"]
+    token = client.post("/v1/auth/token", headers={"Authorization": f"Bearer {key_text}"}).json()["token"]
+    page = client.get("/docs", params={"token": token})
+    # the page asks for the schema with the same token, which lets it in
+    assert page.status_code == 200 and "/openapi.json?token=" in page.text
+    assert client.get("/openapi.json", params={"token": token}).status_code == 200
+    assert client.get("/openapi.json", params={"token": token + "x"}).status_code == 401
 
 
 def test_the_right_key_is_let_in(gateway: tuple[TestClient, str, str]) -> None:
