@@ -31,7 +31,7 @@ from tests.integration.conftest import (
     gateway_settings,
     start_gateway,
 )
-from tests.support.routes import Endpoint, protected
+from tests.support.routes import Endpoint, face, protected
 
 pytestmark = pytest.mark.integration
 
@@ -129,20 +129,22 @@ def test_bad_credentials_get_the_same_401_everywhere(
     text = BAD_CREDENTIALS[name]
     # a well-formed key with a real id but the wrong secret, too
     real_id_wrong_secret = "kgw_" + keys.alice["id"] + "_" + "B" * 43
-    # one 401 body per API face (kernelgw's /v1 errors, Jupyter's {message, reason} under /api)
-    bodies: dict[str, set[str]] = {"v1": set(), "jupyter": set()}
+    # one 401 body per API face (kernelgw's /v1 errors, Jupyter's {message, reason} under
+    # /api, the API description's hint at ?token=)
+    bodies: dict[str, set[str]] = {"v1": set(), "jupyter": set(), "docs": set()}
     for credential in (text, real_id_wrong_secret):
         with client(authgw, credential) as c:
             for endpoint in ENDPOINTS:
                 resp = c.request(endpoint.method, endpoint.url(session_id=alice_session))
                 assert resp.status_code == 401, (endpoint, resp.text)
                 assert resp.headers["www-authenticate"].startswith("Bearer")
-                bodies["jupyter" if endpoint.template.startswith("/api/") else "v1"].add(resp.text)
+                bodies[face(endpoint)].add(resp.text)
     assert all(len(texts) == 1 for texts in bodies.values()), (
         "401 answers differ: they would reveal which part was wrong"
     )
     assert json.loads(bodies["v1"].pop())["error"]["code"] == "unauthorized"
     assert json.loads(bodies["jupyter"].pop())["reason"] == "Unauthorized"
+    assert json.loads(bodies["docs"].pop())["error"]["code"] == "unauthorized"
     # and the session nobody could touch is still there and working
     resp = execute(alice, alice_session, "print('still here')")
     assert resp.json()["status"] == "ok"

@@ -75,5 +75,17 @@ def endpoints(app: FastAPI) -> list[Endpoint]:
     return sorted(found, key=lambda e: (e.path, e.method))
 
 
+DOCS = frozenset({"/openapi.json", "/docs", "/redoc"})
+
+
+def face(endpoint: Endpoint) -> str:
+    """Which face answers: ``jupyter`` (``{message, reason}`` errors), ``docs`` (the
+    API description, whose 401 hints at ``?token=``) or ``v1``. A 401 is the same
+    for every credential within one face."""
+    if endpoint.template.startswith(("/api/", "/kernelspecs/")):
+        return "jupyter"
+    return "docs" if endpoint.template in DOCS else "v1"
+
+
 def protected(app: FastAPI) -> list[Endpoint]:
     return [e for e in endpoints(app) if (e.method, e.template) not in PUBLIC]

@@ -21,7 +21,7 @@ from kernelgw.storage import Store
 from kernelgw.storage.keys import KeyStore
 from tests.support.app import local_settings
 from tests.support.local_backend import LocalBackend
-from tests.support.routes import PUBLIC, endpoints, protected
+from tests.support.routes import PUBLIC, endpoints, face, protected
 
 BAD_CREDENTIALS = {
     "missing": None,
@@ -86,13 +86,7 @@ def test_every_non_public_route_answers_the_same_401(gateway: tuple[TestClient, 
             resp = client.request(endpoint.method, endpoint.url(), headers=headers)
             assert resp.status_code == 401, (endpoint, resp.text)
             assert resp.headers["www-authenticate"].startswith("Bearer")
-            if endpoint.template.startswith(("/api/", "/kernelspecs/")):
-                face = "jupyter"
-            elif endpoint.template in ("/openapi.json", "/docs", "/redoc"):
-                face = "docs"
-            else:
-                face = "v1"
-            bodies[face].add(resp.text)
+            bodies[face(endpoint)].add(resp.text)
             checked.append(endpoint)
     assert checked, "no route was checked"
     assert all(len(texts) == 1 for texts in bodies.values()), (
