@@ -41,6 +41,12 @@ class Settings(BaseSettings):
     # --- network of the gateway itself
     host: str = "127.0.0.1"
     port: int = 8000
+    header_timeout_s: float = Field(10.0, gt=0)
+    """Time a connection has to send a request's complete headers (from opening, or
+    from its previous response) before it is closed: slow-header clients cannot
+    hold connections open."""
+    keepalive_timeout_s: float = Field(5.0, gt=0)
+    """An idle keep-alive connection is closed after this long without a byte."""
 
     # --- security: authentication, quotas, caps, audit, code policy
     auth: Literal["auto", "required", "off"] = "auto"

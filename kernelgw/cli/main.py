@@ -112,12 +112,10 @@ def serve(
     from pydantic import ValidationError
 
     with server_extra("serve"):
-        import uvicorn
-
         from kernelgw import logs
         from kernelgw.config import Settings
         from kernelgw.server.app import create_app
-        from kernelgw.server.serving import CLOSE_WAIT_S, DrainingServer
+        from kernelgw.server.serving import DrainingServer, uvicorn_config
 
     overrides: dict[str, Any] = {}
     if host is not None:
@@ -139,17 +137,8 @@ def serve(
     _refuse_open_remote(settings)
     _refuse_taken_name(settings)
     app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        ws="websockets-sansio",  # uvicorn's implementation on websockets' maintained API
-        ws_max_size=settings.ws_max_message_bytes,  # a bigger frame: close 1009
-        log_config=None,  # uvicorn's loggers go through ours (JSON or text)
-        timeout_graceful_shutdown=CLOSE_WAIT_S,
-    )
     # SIGTERM drains (new work refused, running cells finish) before uvicorn exits
-    DrainingServer(config, app, settings.shutdown_grace_s).run()
+    DrainingServer(uvicorn_config(app, settings), app, settings.shutdown_grace_s).run()
 
 
 def _refuse_taken_name(settings: Any) -> None:

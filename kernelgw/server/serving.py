@@ -1,4 +1,5 @@
-"""`DrainingServer`: uvicorn, with SIGTERM starting a drain instead of an exit.
+"""`DrainingServer`: uvicorn, with SIGTERM starting a drain instead of an exit,
+and connections that must send their headers in time.
 
 uvicorn's own handling stops accepting connections at the first SIGTERM (so
 ``/healthz`` refuses), waits for requests without bound, ignores a second
@@ -16,10 +17,12 @@ import logging
 import signal
 import socket
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 
+from kernelgw.config import Settings
 from kernelgw.server.state import find_gateway_state
 from kernelgw.tasks import cancel_and_wait
 
@@ -27,6 +30,81 @@ log = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 10
 """After the drain, how long connections have to finish (uvicorn's ``timeout_graceful_shutdown``)."""
+
+
+def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """The gateway's uvicorn options (``kernelgw serve`` and the tests' servers)."""
+    options: dict[str, Any] = dict(
+        host=settings.host,
+        port=settings.port,
+        http=header_deadline_protocol(settings.header_timeout_s),
+        ws="websockets-sansio",  # uvicorn's implementation on websockets' maintained API
+        ws_max_size=settings.ws_max_message_bytes,  # a bigger frame: close 1009
+        timeout_keep_alive=settings.keepalive_timeout_s,
+        log_config=None,  # uvicorn's loggers go through ours (JSON or text)
+        timeout_graceful_shutdown=CLOSE_WAIT_S,
+    )
+    options.update(overrides)
+    return uvicorn.Config(app, **options)
+
+
+class HeaderDeadline:
+    """A connection must complete each request's headers within ``header_timeout_s``
+    of opening or of its previous response, else it is closed. uvicorn has no such
+    limit (its keep-alive timer restarts at every byte), so a client dripping a
+    header byte now and then held a connection, and its file descriptor, forever;
+    a thousand such clients exhausted the gateway. A request whose headers
+    arrived runs as long as it needs (a long cell, a WebSocket)."""
+
+    header_timeout_s: float
+    # set by the uvicorn protocol this is mixed into
+    cycle: Any
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        self._disarm()
+        if not self.transport.is_closing():
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _arm(self) -> None:
+        self._awaited = self.cycle  # a new cycle starts once a request's headers are complete
+        self._header_timer: asyncio.TimerHandle | None = self.loop.call_later(self.header_timeout_s, self._expired)
+
+    def _disarm(self) -> None:
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._header_timer = None
+
+    def _expired(self) -> None:
+        self._header_timer = None
+        protocol: object = self.transport.get_protocol()
+        if self.transport.is_closing() or protocol is not self:
+            return  # closed, or upgraded to a WebSocket
+        if self.cycle is self._awaited:
+            log.info("closing a connection that sent no complete request headers in %gs", self.header_timeout_s)
+            self.transport.close()
+
+
+def header_deadline_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools when installed, as uvicorn would pick)
+    with `HeaderDeadline`."""
+    base: type[asyncio.Protocol]
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    except ImportError:  # pragma: no cover - httptools is a dependency of uvicorn[standard]
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+    return type("HeaderDeadlineProtocol", (HeaderDeadline, base), {"header_timeout_s": header_timeout_s})
 
 
 class DrainingServer(uvicorn.Server):

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from kernelgw.config import Settings
 from kernelgw.server import create_app
+from kernelgw.server.serving import uvicorn_config
 from tests.support.local_backend import LocalBackend
 
 _names = itertools.count()
@@ -56,7 +57,8 @@ async def serve(
 async def serve_tcp(settings: Settings, backend: LocalBackend) -> AsyncIterator[str]:
     """The app behind a real uvicorn on 127.0.0.1 (an ephemeral port); yields host:port."""
     app = create_app(settings, backend=backend)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    # the options `kernelgw serve` uses (header deadline, WebSocket implementation)
+    server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(30):
