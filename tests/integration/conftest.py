@@ -25,6 +25,7 @@ import uvicorn
 
 from kernelgw.config import Settings
 from kernelgw.server import create_app
+from kernelgw.server.serving import uvicorn_config
 from kernelgw.storage import Store
 from kernelgw.storage.keys import KeyStore
 from tests.support.http import http_fixture
@@ -73,14 +74,8 @@ class RunningGateway:
 
 def start_gateway(settings: Settings) -> RunningGateway:
     port = free_port()
-    config = uvicorn.Config(
-        create_app(settings),
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        ws="websockets-sansio",
-        ws_max_size=settings.ws_max_message_bytes,  # as `kernelgw serve` runs it
-    )
+    # as `kernelgw serve` runs it (header deadline, WebSocket implementation and cap)
+    config = uvicorn_config(create_app(settings), settings, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
     thread.start()
