@@ -35,6 +35,11 @@ class PoolProfileSettings(BaseModel):
     max_size: int | None = Field(None, ge=0)
 
 
+DEFAULT_KERNEL_UID = 61000
+"""Above the regular accounts (1000-60000) and below systemd's dynamic users
+(61184-65519): no host account has it on a usual Linux host."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KERNELGW_", extra="forbid")
 
@@ -119,8 +124,11 @@ class Settings(BaseSettings):
     runtime_dir: Path = Path("/tmp/kernelgw")
     """Per-session connection directories live here; keep the path short (unix
     socket paths must stay under 107 bytes)."""
-    kernel_uid: int = 1000
-    kernel_gid: int = 1000
+    kernel_uid: int = Field(DEFAULT_KERNEL_UID, gt=0)
+    """The uid kernels run as: one of no host account (1000 is the first user on
+    most hosts), so nothing on the host is theirs. The image names it ``kernel``;
+    the gateway warns at start if a host account has it."""
+    kernel_gid: int = Field(DEFAULT_KERNEL_UID, gt=0)
 
     # --- limits: defaults for a session, and the most a session may ask for
     memory_mb: int = 2048

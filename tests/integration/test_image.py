@@ -14,6 +14,7 @@ from typing import Any
 import docker
 import pytest
 
+from kernelgw.config import DEFAULT_KERNEL_UID as UID
 from kernelgw.image import HASH_LABEL, build_image, image_exists
 
 pytestmark = pytest.mark.integration
@@ -73,10 +74,11 @@ def test_build_is_a_noop_the_second_time(built_image: str, client: docker.Docker
     assert {"ipykernel", "numpy", "pandas", "matplotlib", "openpyxl"} <= set(packages)
 
 
-def test_default_user_is_1000(built_image: str, client: docker.DockerClient) -> None:
-    assert client.images.get(built_image).attrs["Config"]["User"] == "1000:1000"
-    code, out = run_in_image(client, built_image, ["id", "-u"])
-    assert (code, out.strip()) == (0, "1000")
+def test_default_user_is_the_kernel_uid(built_image: str, client: docker.DockerClient) -> None:
+    """The image's user is kernelgw's kernel_uid, named (getpass, ``id -un`` work)."""
+    assert client.images.get(built_image).attrs["Config"]["User"] == f"{UID}:{UID}"
+    code, out = run_in_image(client, built_image, ["sh", "-c", "id -u; id -un"])
+    assert (code, out.split()) == (0, [str(UID), "kernel"])
 
 
 def test_preinstalled_packages_import(built_image: str, client: docker.DockerClient) -> None:
@@ -111,7 +113,7 @@ def test_kernel_helper_is_installed_and_labels_name_the_wheel_target(
 
 @pytest.mark.timeout(180)
 def test_kernel_starts_like_the_gateway_starts_it(built_image: str, client: docker.DockerClient) -> None:
-    """Read-only root, user 1000, init, no network, tmpfs /tmp and /workspace,
+    """Read-only root, the kernel uid, init, no network, tmpfs /tmp and /workspace,
     connection over ipc:// sockets in a bind-mounted /conn; a plot arrives as PNG."""
     from jupyter_client import BlockingKernelClient
 
@@ -133,17 +135,17 @@ def test_kernel_starts_like_the_gateway_starts_it(built_image: str, client: dock
         path.write_text(json.dumps(info))
         path.chmod(0o666)
         if os.geteuid() == 0:
-            os.chown(conn, 1000, 1000)
-            os.chown(path, 1000, 1000)
+            os.chown(conn, UID, UID)
+            os.chown(path, UID, UID)
         container = client.containers.run(
             built_image,
             ["/opt/kernelgw/start-kernel", "/conn/kernel.json"],
             detach=True,
             read_only=True,
-            user="1000:1000",
+            user=f"{UID}:{UID}",
             init=True,
             network_mode="none",
-            tmpfs={"/tmp": "size=128m,mode=1777", "/workspace": "size=512m,uid=1000,gid=1000,mode=0700"},
+            tmpfs={"/tmp": "size=128m,mode=1777", "/workspace": f"size=512m,uid={UID},gid={UID},mode=0700"},
             volumes={conn: {"bind": "/conn", "mode": "rw"}},
             working_dir="/workspace",
         )
@@ -172,7 +174,7 @@ def test_kernel_starts_like_the_gateway_starts_it(built_image: str, client: dock
             reply = kc.get_shell_msg(timeout=10)
             assert reply["content"]["status"] == "ok", reply["content"]
             text = "".join(m["content"]["text"] for m in msgs if m["msg_type"] == "stream")
-            assert text.strip() == "1000 /workspace"
+            assert text.strip() == f"{UID} /workspace"
             assert any(m["msg_type"] == "display_data" and "image/png" in m["content"]["data"] for m in msgs)
         finally:
             kc.stop_channels()

@@ -81,7 +81,9 @@ def _accept(listener: socket.socket) -> object:
         return None
 
 
-def test_root_filesystem_is_read_only_and_user_is_not_root(http: httpx.Client, session_id: str) -> None:
+def test_root_filesystem_is_read_only_and_user_is_not_root(
+    gateway: RunningGateway, http: httpx.Client, session_id: str
+) -> None:
     code = (
         "import os\n"
         "for path in ('/evil', '/usr/evil', '/opt/kernel/evil'):\n"
@@ -97,7 +99,7 @@ def test_root_filesystem_is_read_only_and_user_is_not_root(http: httpx.Client, s
     )
     out = stdout(run(http, session_id, code)).splitlines()
     assert out[:3] == ["DENIED /evil", "DENIED /usr/evil", "DENIED /opt/kernel/evil"]
-    assert out[3] == "1000 /workspace"
+    assert out[3] == f"{gateway.settings.kernel_uid} /workspace"
     assert out[4] == "0000000000000000"  # no capabilities at all
 
 
@@ -122,11 +124,11 @@ def test_container_configuration(
     assert host["NanoCpus"] == int(gateway.settings.cpus * 1e9)
     assert host["Init"] is True
     assert all("size=" in opts for opts in host["Tmpfs"].values())
-    # PID 1 (docker-init) is root with four capabilities; it starts the kernel as 1000:1000
+    # PID 1 (docker-init) is root with four capabilities; it starts the kernel as the kernel uid
     assert container.attrs["Config"]["User"] == "0:0"
     assert sorted(host["CapAdd"]) == ["KILL", "SETGID", "SETPCAP", "SETUID"]
     command = container.attrs["Config"]["Cmd"]
-    assert command[:2] == ["setpriv", "--reuid=1000"] and "--bounding-set=-all" in command
+    assert command[:2] == ["setpriv", f"--reuid={gateway.settings.kernel_uid}"] and "--bounding-set=-all" in command
     assert container.labels["kernelgw.gateway"] == gateway.settings.gateway_name
     # the connection directory is private and only this kernel's sockets are in it
     (mount,) = container.attrs["Mounts"]

@@ -1,7 +1,7 @@
 """Threat: code in a sandbox gaining privileges: root through a setuid binary,
 capabilities, another process's memory, mounts, new namespaces, chroot.
 
-Covered elsewhere (test_sandbox.py, moving here from tests/integration): the kernel runs as uid 1000
+Covered elsewhere (test_sandbox.py, moving here from tests/integration): the kernel runs as uid 61000 (no host account)
 with CapEff 0; test_init.py: PID 1 is out of the kernel's reach. Here: every process in the container, setuid binaries, ptrace,
 mount, unshare and chroot. Under gVisor (runsc) a user namespace can be made
 inside the sandbox's own kernel; that is accepted only if it still grants
@@ -13,6 +13,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from kernelgw.config import DEFAULT_KERNEL_UID
 from tests.security.conftest import RUNTIME, in_child, run_json
 
 pytestmark = pytest.mark.integration
@@ -21,6 +22,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 # CAP_KILL (5), CAP_SETGID (6), CAP_SETUID (7), CAP_SETPCAP (8): all PID 1 may hold
 INIT_CAPS = 0x1E0
+KERNEL_UID = str(DEFAULT_KERNEL_UID)
 
 
 def test_no_process_in_the_container_is_privileged(http: httpx.Client, session_id: str) -> None:
@@ -49,8 +51,8 @@ def test_no_process_in_the_container_is_privileged(http: httpx.Client, session_i
     assert init.get("NoNewPrivs", ["1"]) == ["1"], init
     for pid, status in procs.items():
         name = (pid, status["Name"])
-        assert status["Uid"] == ["1000"] * 4 and status["Gid"] == ["1000"] * 4, (name, status)
-        assert set(status.get("Groups", [])) <= {"1000"}, (name, status)
+        assert status["Uid"] == [KERNEL_UID] * 4 and status["Gid"] == [KERNEL_UID] * 4, (name, status)
+        assert set(status.get("Groups", [])) <= {KERNEL_UID}, (name, status)
         for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
             assert int(status.get(cap, ["0"])[0], 16) == 0, (name, cap, status)
         assert status.get("NoNewPrivs", ["1"]) == ["1"], (name, status)  # gVisor has no such line
@@ -85,7 +87,7 @@ def test_setuid_binaries_do_not_give_root(http: httpx.Client, session_id: str) -
     )
     creds = run_json(http, session_id, code)
     for path, (uids, gids) in creds.items():
-        assert uids == ["1000"] * 4 and gids == ["1000"] * 4, (path, uids, gids)
+        assert uids == [KERNEL_UID] * 4 and gids == [KERNEL_UID] * 4, (path, uids, gids)
 
 
 def test_ptrace_attach_to_pid_1_fails(http: httpx.Client, session_id: str) -> None:

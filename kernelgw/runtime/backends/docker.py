@@ -36,6 +36,7 @@ import docker
 import docker.errors
 from docker.models.containers import Container
 
+from kernelgw.config import DEFAULT_KERNEL_UID
 from kernelgw.errors import BackendError, EngineUnavailable, ImageNotFound, KernelDied, KernelStartFailed
 from kernelgw.runtime.backends.base import (
     IPC_PORTS,
@@ -62,6 +63,24 @@ KERNEL_COMMAND = ["/opt/kernelgw/start-kernel", f"{CONTAINER_CONN_DIR}/kernel.js
 MAX_SOCKET_PATH = 107
 
 
+def warn_if_host_account(uid: int) -> None:
+    """Files a kernel leaves on the host (its connection directory, while it
+    starts) belong to its uid; a host account with that uid would own them."""
+    import pwd
+
+    try:
+        account = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return
+    log.warning(
+        "kernels run as uid %d, which is the host account %r: choose a kernel_uid no host account has "
+        "(the default, %d, is meant to be one)",
+        uid,
+        account,
+        DEFAULT_KERNEL_UID,
+    )
+
+
 def process_limits(spec: KernelSpec) -> dict[str, Any]:
     """The container options that cap processes.
 
@@ -70,7 +89,7 @@ def process_limits(spec: KernelSpec) -> dict[str, Any]:
     so a limit of 256 let a fork bomb kill the whole sandbox after some 30
     forks. Under runsc the cgroup only stops runaway host threads, and the
     process count is enforced inside the sandbox with RLIMIT_NPROC, which gVisor
-    counts per sandbox (under runc it would count uid 1000 on the whole host).
+    counts per sandbox (under runc it would count the kernel uid on the whole host).
     """
     if spec.runtime != "runsc":
         return {"pids_limit": spec.pids_limit}
@@ -115,8 +134,8 @@ class DockerBackend:
         *,
         gateway_name: str,
         runtime_dir: Path,
-        kernel_uid: int = 1000,
-        kernel_gid: int = 1000,
+        kernel_uid: int = DEFAULT_KERNEL_UID,
+        kernel_gid: int = DEFAULT_KERNEL_UID,
         max_workers: int = 32,
         client_factory: Callable[[], docker.DockerClient] | None = None,
     ) -> None:
@@ -124,6 +143,7 @@ class DockerBackend:
         self.base_dir = Path(runtime_dir) / gateway_name
         if os.geteuid() == 0:
             self.uid, self.gid = kernel_uid, kernel_gid
+            warn_if_host_account(kernel_uid)
         else:
             # Without root we cannot chown the connection directory to another uid,
             # so the kernel runs as the gateway's own (still unprivileged) user.
@@ -335,7 +355,7 @@ class DockerBackend:
                 if not stat.S_ISSOCK(st.st_mode):
                     raise KernelStartFailed(f"{name} in the kernel's connection directory is not a socket.")
             if os.geteuid() == 0:
-                # root:root 0700: the kernel (uid 1000, no capabilities) can no longer
+                # root:root 0700: the kernel (its own uid, no capabilities) can no longer
                 # add, remove or rename anything here; bound sockets keep working.
                 os.fchown(fd, 0, 0)
                 os.fchmod(fd, 0o700)
