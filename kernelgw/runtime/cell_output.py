@@ -51,9 +51,14 @@ class CellOutput:
                 return
             if isinstance(event, _BUNDLE_EVENTS):
                 event = self._cap_images(event, rec)
+            room = self.config.max_output_bytes - rec.output_bytes
             rec.output_bytes += payload_size(event)
             if rec.output_bytes > self.config.max_output_bytes:
                 rec.truncated = True
+                if isinstance(event, ev.Stream) and room > 0:
+                    # the head of the stream that crossed the cap, up to the cap: one
+                    # 40 MB print must not deliver nothing
+                    self._publish(event.model_copy(update={"text": event.text[:room]}), rec)
                 self.truncated(
                     rec,
                     self.config.max_output_bytes,

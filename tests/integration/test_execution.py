@@ -143,6 +143,10 @@ def test_large_output_is_truncated_with_a_marker(gateway: RunningGateway) -> Non
             assert kinds.count("truncated") == 1
             assert len(stdout(result)) <= 100_000
             assert "result" not in kinds  # dropped after the cap, like all output
+            # one message over the cap: its head up to the cap, then the marker
+            big = run(http, sid, "print('y' * 300_000)")
+            assert stdout(big) == "y" * 100_000
+            assert [e["type"] for e in big["events"]].count("truncated") == 1
             # the kernel is fine and later cells have their own budget
             assert stdout(run(http, sid, "print('next')")) == "next\n"
     finally:
