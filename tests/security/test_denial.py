@@ -1,0 +1,141 @@
+"""Threat: one session starving the others: a thread storm, every core spun by
+many processes, every file descriptor held across cells. While each attack
+runs, a separate session must still answer ``1+1`` (within a generous 60 s
+that only catches a hang), and the attacking session must come back.
+
+Covered elsewhere: a fork bomb and a memory bomb (tests/integration/test_sandbox.py),
+filling each tmpfs (test_host.py), output floods (test_output.py).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.conftest import RunningGateway, run, stdout
+from tests.security.conftest import RUNTIME, done_event, new_session, run_json, wait_for_state
+
+pytestmark = pytest.mark.integration
+
+
+@contextmanager
+def attacking(gateway: RunningGateway, sid: str, code: str) -> Iterator[dict[str, Any]]:
+    """Runs ``code`` in ``sid`` on a thread; inside the block it is running.
+    Yields the (later filled) result of the attack."""
+    outcome: dict[str, Any] = {}
+
+    def attack() -> None:
+        with httpx.Client(base_url=gateway.url, timeout=180) as c:
+            resp = c.post(f"/v1/sessions/{sid}/execute", json={"code": code, "timeout": 120})
+            outcome.update(resp.json())
+
+    thread = threading.Thread(target=attack, daemon=True)
+    thread.start()
+    with httpx.Client(base_url=gateway.url, timeout=30) as c:
+        wait_for_state(c, sid, "busy")
+    try:
+        yield outcome
+    finally:
+        thread.join(timeout=180)
+        assert not thread.is_alive(), "the attack never ended"
+
+
+def bystander_answers(gateway: RunningGateway) -> None:
+    """A fresh session starts and answers 1+1 while the attack runs (a hang bound only)."""
+    started = time.monotonic()
+    with httpx.Client(base_url=gateway.url, timeout=60) as c, new_session(c) as sid:
+        result = run(c, sid, "print(1 + 1)")
+    assert stdout(result) == "2\n", done_event(result)
+    assert time.monotonic() - started < 60
+
+
+def test_thread_storm_stops_at_the_process_limit(gateway: RunningGateway, http: httpx.Client, session_id: str) -> None:
+    code = (
+        "import threading, time, json\n"
+        "stop = threading.Event()\n"
+        "threads, error = [], None\n"
+        "time.sleep(0.5)\n"
+        "try:\n"
+        "    for _ in range(100000):\n"
+        "        t = threading.Thread(target=stop.wait, daemon=True)\n"
+        "        t.start()\n"
+        "        threads.append(t)\n"
+        "except RuntimeError as e:\n"
+        "    error = str(e)\n"
+        "time.sleep(3)  # hold them while the bystander works\n"
+        "stop.set()\n"
+        "print(json.dumps({'threads': len(threads), 'error': error}))\n"
+    )
+    with attacking(gateway, session_id, code) as outcome:
+        time.sleep(1)
+        bystander_answers(gateway)
+    assert outcome["status"] == "ok", done_event(outcome)
+    seen = json.loads(stdout(outcome).strip().splitlines()[-1])
+    assert seen["error"] == "can't start new thread", seen
+    assert 0 < seen["threads"] < gateway.settings.pids_limit, seen
+    assert stdout(run(http, session_id, "print('alive')")) == "alive\n"
+
+
+def test_many_processes_spinning_stay_inside_the_cpu_limit(
+    gateway: RunningGateway, http: httpx.Client, session_id: str
+) -> None:
+    code = (
+        "import os, time, json, resource\n"
+        "t0 = time.monotonic()\n"
+        "pids = []\n"
+        "for _ in range(8):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        end = time.monotonic() + 4\n"
+        "        while time.monotonic() < end:\n"
+        "            pass\n"
+        "        os._exit(0)\n"
+        "    pids.append(pid)\n"
+        "for pid in pids:\n"
+        "    os.waitpid(pid, 0)\n"
+        "wall = time.monotonic() - t0\n"
+        "cpu = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "print(json.dumps({'wall': wall, 'cpu': cpu.ru_utime + cpu.ru_stime}))\n"
+    )
+    with attacking(gateway, session_id, code) as outcome:
+        time.sleep(1)
+        bystander_answers(gateway)
+    assert outcome["status"] == "ok", done_event(outcome)
+    seen = json.loads(stdout(outcome).strip().splitlines()[-1])
+    # eight spinners got at most the session's CPU share (gateway default 1 CPU),
+    # not the machine's cores: the limit is what protects the neighbours
+    assert seen["cpu"] <= gateway.settings.cpus * seen["wall"] * 1.25 + 0.5, seen
+
+
+def test_every_file_descriptor_held_across_cells(gateway: RunningGateway, http: httpx.Client, session_id: str) -> None:
+    # the kernel process itself holds every descriptor it may open, and keeps them
+    code = (
+        "import socket, resource\n"
+        "held, error = [], None\n"
+        "try:\n"
+        "    while True:\n"
+        "        held.extend(socket.socketpair())\n"
+        "except OSError as e:\n"
+        "    error = errno.errorcode.get(e.errno)\n"
+        "print(json.dumps({'held': len(held), 'error': error,\n"
+        "                  'limit': resource.getrlimit(resource.RLIMIT_NOFILE)[0]}))\n"
+    )
+    seen = run_json(http, session_id, code)
+    assert seen["error"] in ("EMFILE", "ENFILE") if RUNTIME == "runc" else seen["error"] == "EMFILE", seen
+    assert 0 < seen["held"] <= seen["limit"], seen
+    bystander_answers(gateway)
+    # the kernel still takes cells with every descriptor in use, and recovers when freed
+    still = run(http, session_id, "print(len(held))")
+    # (IPython may add that it can no longer save its history: that needs a descriptor)
+    assert still["status"] == "ok" and stdout(still).splitlines()[0] == str(seen["held"]), done_event(still)
+    freed = run(
+        http, session_id, "for s in held: s.close()\nheld.clear()\nprint(len(os.listdir('/proc/self/fd')) < 100)"
+    )
+    assert stdout(freed).splitlines()[-1] == "True", done_event(freed)
