@@ -18,19 +18,80 @@ The kernel-output shapes map one to one onto nbformat v4 output types
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 MimeBundle = dict[str, Any]
 """MIME type -> data, exactly as the kernel sent it (``image/png`` stays base64)."""
 
 DoneStatus = Literal["ok", "error", "timeout", "interrupted", "dead"]
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
-class _Event(BaseModel):
+
+def _has_surrogate(text: str) -> bool:
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def _container_has_surrogate(value: dict[Any, Any] | list[Any]) -> bool:
+    stack: list[dict[Any, Any] | list[Any]] = [value]
+    while stack:
+        node = stack.pop()
+        for item in (*node.keys(), *node.values()) if isinstance(node, dict) else node:
+            if isinstance(item, str):
+                if _has_surrogate(item):
+                    return True
+            elif isinstance(item, (dict, list)):
+                stack.append(item)
+    return False
+
+
+def without_surrogates(value: Any) -> Any:
+    """``value`` (a string, or dicts and lists of them, as decoded JSON) with
+    every surrogate code point replaced by U+FFFD; the very same object when it
+    holds none. A Python string may hold a lone surrogate (a kernel's JSON can
+    carry ``"\\ud800"``), which no UTF-8 encoder takes: an event with one could
+    be neither sent nor stored. Iterative: nesting depth does not matter."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value) if _has_surrogate(value) else value
+    if not isinstance(value, (dict, list)) or not _container_has_surrogate(value):
+        return value
+
+    def fix(item: Any) -> Any:
+        return _SURROGATE.sub("\ufffd", item) if isinstance(item, str) and _has_surrogate(item) else item
+
+    root: dict[Any, Any] | list[Any] = {} if isinstance(value, dict) else [None] * len(value)
+    stack: list[tuple[dict[Any, Any] | list[Any], dict[Any, Any] | list[Any]]] = [(value, root)]
+    while stack:
+        source, copy = stack.pop()
+        pairs = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, item in pairs:
+            if isinstance(item, (dict, list)):
+                new: Any = {} if isinstance(item, dict) else [None] * len(item)
+                stack.append((item, new))
+            else:
+                new = fix(item)
+            if isinstance(copy, dict):
+                copy[fix(key)] = new
+            else:
+                copy[key] = new
+    return root
+
+
+class _Text(BaseModel):
+    """Every string a model holds is valid Unicode text (encodable as UTF-8)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_surrogates(cls, data: Any) -> Any:
+        return without_surrogates(data)
+
+
+class _Event(_Text):
     seq: int | None = None
     """Per-session sequence number, set when the session publishes the event."""
     execution_id: str | None = None
@@ -106,10 +167,8 @@ class Truncated(_Event):
     message: str
 
 
-class Artifact(BaseModel):
+class Artifact(_Text):
     """A workspace file the execution created or changed."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str
     """Relative to the workspace (the kernel's working directory)."""

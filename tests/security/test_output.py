@@ -183,3 +183,135 @@ def test_huge_display_metadata_is_bounded(http: httpx.Client, gateway: RunningGa
     assert result["status"] == "ok", done_event(result)
     assert_bounded(gateway, result, size)
     assert_output_still_flows(http, session_id)
+
+
+# A lone surrogate (a code point UTF-8 cannot encode) in each kind of output:
+# the kernel's packer used to fail on it, losing the cell's whole stdout (or its
+# error, or raising into the cell for a display). Now it arrives as U+FFFD and
+# the rest of the cell's output is intact, live, in the history and in the notebook.
+SURROGATES = {
+    "stdout": (
+        "print('ok'); print('\\ud800'); print('after')",
+        "ok",
+        [("stream", "stdout", "ok\n\ufffd\nafter\n")],
+    ),
+    "stdout-escaped-byte": (
+        "print('ok'); print('\\udcff'); print('after')",
+        "ok",
+        [("stream", "stdout", "ok\n\ufffd\nafter\n")],
+    ),
+    "stderr": (
+        "import sys\nprint('out', flush=True)\nsys.stderr.write('e\\ud800\\n')",
+        "ok",
+        [("stream", "stdout", "out\n"), ("stream", "stderr", "e\ufffd\n")],
+    ),
+    "display": (
+        "from IPython.display import display\ndisplay({'text/plain': 'd\\ud800'}, raw=True)\nprint('after')",
+        "ok",
+        [("display", "text/plain", "d\ufffd"), ("stream", "stdout", "after\n")],
+    ),
+    "exception": (
+        "print('before')\nraise ValueError('bad \\ud800 value')",
+        "error",
+        [("stream", "stdout", "before\n"), ("error", "ValueError", "bad \ufffd value")],
+    ),
+}
+
+
+def _outputs(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(kind, name, text) of each output event, streams merged by name."""
+    out: list[tuple[str, str, str]] = []
+    for e in events:
+        if e["type"] == "stream":
+            if out and out[-1][:2] == ("stream", e["name"]):
+                out[-1] = ("stream", e["name"], out[-1][2] + e["text"])
+            else:
+                out.append(("stream", e["name"], e["text"]))
+        elif e["type"] == "display":
+            out.append(("display", "text/plain", e["data"]["text/plain"]))
+        elif e["type"] == "error":
+            out.append(("error", e["ename"], e["evalue"]))
+    return out
+
+
+def _notebook_outputs(cell: dict[str, Any]) -> list[tuple[str, str, str]]:
+    out = []
+    for o in cell["outputs"]:
+        if o["output_type"] == "stream":
+            out.append(("stream", o["name"], "".join(o["text"]) if isinstance(o["text"], list) else o["text"]))
+        elif o["output_type"] == "display_data":
+            text = o["data"]["text/plain"]
+            out.append(("display", "text/plain", "".join(text) if isinstance(text, list) else text))
+        elif o["output_type"] == "error":
+            out.append(("error", o["ename"], o["evalue"]))
+    return out
+
+
+@pytest.mark.parametrize("kind", list(SURROGATES))
+def test_a_lone_surrogate_arrives_replaced_and_loses_nothing(http: httpx.Client, session_id: str, kind: str) -> None:
+    code, status, expected = SURROGATES[kind]
+    resp = http.post(f"/v1/sessions/{session_id}/execute", json={"code": code})
+    assert resp.status_code == 200, resp.text[:500]
+    resp.content.decode("utf-8")  # strict: valid UTF-8 all the way
+    result = resp.json()
+    done = done_event(result)
+    assert done["status"] == status and done["state_lost"] is False, done
+    assert _outputs(result["events"]) == expected
+    if status == "error":
+        (error,) = [e for e in result["events"] if e["type"] == "error"]
+        assert done["reason"] == "ValueError: bad \ufffd value"
+        assert error["traceback_text"][-1].endswith("ValueError: bad \ufffd value"), error["traceback_text"][-1]
+    else:
+        assert done["reason"] is None, done
+
+    history = http.get(f"/v1/sessions/{session_id}/history")
+    assert history.status_code == 200, history.text[:500]
+    (stored,) = [x for x in history.json()["executions"] if x["execution_id"] == result["execution_id"]]
+    assert stored["status"] == status and _outputs(stored["events"]) == expected
+
+    notebook = http.get(f"/v1/sessions/{session_id}/notebook")
+    assert notebook.status_code == 200, notebook.text[:500]
+    notebook.content.decode("utf-8")
+    (cell,) = [c for c in notebook.json()["cells"] if c["cell_type"] == "code"]
+    assert _notebook_outputs(cell) == expected
+    assert_output_still_flows(http, session_id)
+
+
+def test_surrogates_a_kernel_sends_escaped_are_replaced(http: httpx.Client, session_id: str) -> None:
+    # The kernel is not trusted: code that swaps its packer for one writing
+    # \uXXXX escapes carries lone surrogates to the gateway intact, also in the
+    # reply (the done's reason) and in an artifact's name (a file named b'\xff').
+    swap = (
+        "import json\nfrom jupyter_client.session import json_default\n"
+        "get_ipython().kernel.session.pack = lambda o: json.dumps(o, default=json_default).encode('ascii')\n"
+    )
+    assert run(http, session_id, swap)["status"] == "ok"
+    code = (
+        "from IPython.display import display\n"
+        "print('ok'); print('\\ud800'); print('after')\n"
+        "display({'text/plain': 'd\\ud800'}, metadata={'k\\udfff': ['v\\ud800']}, raw=True)\n"
+        "open(b'\\xff.txt', 'w').write('x')\n"
+        "raise ValueError('bad \\ud800 value')"
+    )
+    resp = http.post(f"/v1/sessions/{session_id}/execute", json={"code": code, "timeout": 30})
+    assert resp.status_code == 200, resp.text[:500]
+    resp.content.decode("utf-8")
+    result = resp.json()
+    done = done_event(result)
+    assert done["status"] == "error" and done["reason"] == "ValueError: bad \ufffd value", done
+    assert _outputs(result["events"]) == [
+        ("stream", "stdout", "ok\n\ufffd\nafter\n"),
+        ("display", "text/plain", "d\ufffd"),
+        ("error", "ValueError", "bad \ufffd value"),
+    ]
+    (display,) = [e for e in result["events"] if e["type"] == "display"]
+    assert display["metadata"] == {"k\ufffd": ["v\ufffd"]}
+    assert [a["path"] for a in done["artifacts"]] == ["\ufffd.txt"]
+    history = http.get(f"/v1/sessions/{session_id}/history")
+    assert history.status_code == 200
+    (stored,) = [x for x in history.json()["executions"] if x["execution_id"] == result["execution_id"]]
+    assert stored["reason"] == "ValueError: bad \ufffd value" and _outputs(stored["events"]) == _outputs(
+        result["events"]
+    )
+    assert http.get(f"/v1/sessions/{session_id}/notebook").status_code == 200
+    assert_output_still_flows(http, session_id)
