@@ -48,6 +48,14 @@ def _container_has_surrogate(value: dict[Any, Any] | list[Any]) -> bool:
     return False
 
 
+def holds_surrogate(value: Any) -> bool:
+    """Whether a string, or dicts and lists of them (keys too), holds a surrogate
+    code point: text no UTF-8 encoder takes."""
+    if isinstance(value, str):
+        return _has_surrogate(value)
+    return isinstance(value, (dict, list)) and _container_has_surrogate(value)
+
+
 def without_surrogates(value: Any) -> Any:
     """``value`` (a string, or dicts and lists of them, as decoded JSON) with
     every surrogate code point replaced by U+FFFD; the very same object when it

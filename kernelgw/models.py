@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kernelgw.events import DoneStatus, Event
+from kernelgw.events import DoneStatus, Event, holds_surrogate
 
 MAX_ENV_VARS = 100
 MAX_ENV_BYTES = 64 * 1024
@@ -27,6 +27,18 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        # Python's JSON decoder takes "\ud800" alone; such text can be neither run
+        # faithfully nor stored (one such cell made the history store fail for all)
+        if holds_surrogate(data):
+            raise ValueError(
+                "the request holds a lone surrogate (a \\uD800-\\uDFFF escape without its pair), "
+                "which is not valid Unicode text; send valid UTF-8"
+            )
+        return data
 
 
 class _Response(BaseModel):

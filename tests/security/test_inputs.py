@@ -144,6 +144,27 @@ def test_nonsense_timeouts_are_refused(http: httpx.Client, target: str, timeout:
     nothing_ran(http, target, before)
 
 
+LONE_SURROGATE_BODIES = {
+    # valid JSON, which Python's decoder turns into a str no UTF-8 encoder takes: one
+    # such cell once made the history store fail, refusing every session's work
+    "execute": b'{"code": "print(1)  # \\ud800"}',
+    "create-session": b'{"env": {"A": "\\udfff"}}',
+    "notes": b'{"markdown": "\\ud800"}',
+    "packages": b'{"packages": ["\\ud800"]}',
+}
+
+
+@pytest.mark.parametrize("name", ENDPOINTS)
+def test_lone_surrogates_get_422_and_harm_nothing(http: httpx.Client, target: str, name: str) -> None:
+    before = counters(http, target)
+    resp = http.post(endpoint(name, target), content=LONE_SURROGATE_BODIES[name], headers=JSON)
+    assert_error(resp, 422)
+    assert "lone surrogate" in resp.text
+    nothing_ran(http, target, before)
+    assert http.get("/readyz").status_code == 200  # the store is fine: nothing reached it
+    assert stdout(run(http, target, "print('still')")) == "still\n"
+
+
 def test_ws_garbage_while_a_cell_runs_is_answered_and_the_cell_finishes(
     gateway: RunningGateway, http: httpx.Client, session_id: str
 ) -> None:

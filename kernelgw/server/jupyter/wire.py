@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import orjson
 from jupyter_client.jsonutil import json_default
 
 V1_PROTOCOL = "v1.kernel.websocket.jupyter.org"
@@ -128,7 +129,7 @@ def validate(
 def parse_text(text: str) -> ClientMessage:
     """A JSON text frame (legacy protocol)."""
     try:
-        msg = json.loads(text)
+        msg = orjson.loads(text)
     except ValueError:
         raise WireError("not valid JSON") from None
     if not isinstance(msg, dict):
@@ -152,7 +153,7 @@ def parse_legacy_binary(data: bytes) -> ClientMessage:
         parts = [data[a:b] for a, b in itertools.pairwise(offsets)]
         if any(b < a for a, b in itertools.pairwise(offsets)) or offsets[0] < 4 * (count + 1):
             raise WireError("bad offsets")
-        msg = json.loads(parts[0].decode("utf-8"))
+        msg = orjson.loads(parts[0].decode("utf-8"))
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
         raise WireError(f"malformed binary message ({exc})") from None
     if not isinstance(msg, dict):
@@ -180,7 +181,7 @@ def parse_v1(data: bytes) -> ClientMessage:
             raise WireError("bad offsets")
         parts = [data[offsets[i] : offsets[i + 1]] for i in range(count - 1)]
         channel = parts[0].decode("utf-8")
-        header, parent, metadata, content = (json.loads(p.decode("utf-8")) if p else {} for p in parts[1:5])
+        header, parent, metadata, content = (orjson.loads(p.decode("utf-8")) if p else {} for p in parts[1:5])
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireError(f"malformed v1 message ({exc})") from None
     return validate(channel, header, parent, metadata, content, [bytes(b) for b in parts[5:]])

@@ -140,6 +140,9 @@ async def test_two_clients_share_iopub_and_replies_go_to_the_sender(gw: Gateway,
         json.dumps({**execute_request("1"), "channel": "iopub"}),
         json.dumps(request("shutdown_request", {"restart": False}, channel="control")),
         json.dumps({**execute_request("1"), "header": {"msg_type": "execute_request"}}),  # no msg_id, session
+        # valid JSON holding a lone surrogate: no UTF-8 encoder takes it (it once made
+        # the history store refuse everyone's work)
+        json.dumps(execute_request("print(1)  # \ud800")),
     ],
 )
 async def test_a_malformed_message_harms_no_one(gw: Gateway, kernel: str, bad: str) -> None:
