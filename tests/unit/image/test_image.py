@@ -221,3 +221,16 @@ def test_wheel_downloads_target_the_image_python_and_platforms(tmp_path: Path) -
     assert cmd[cmd.index("--dest") + 1] == str(tmp_path / "d")
     assert cmd[cmd.index("--find-links") + 1] == str(tmp_path / "c")
     assert cmd[cmd.index("--requirement") + 1] == str(tmp_path / "r.txt")
+
+
+def test_every_file_of_the_kernel_package_is_a_build_input() -> None:
+    """A module added to kernelgw_kernel but not to CONTEXT_FILES is neither copied
+    into the image nor part of its build hash: the image then loads the extension
+    without it (seen once)."""
+    image_dir = context.default_image_dir()
+    package = {
+        str(p.relative_to(image_dir))
+        for p in (image_dir / "kernelgw_kernel").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert package and package <= set(context.CONTEXT_FILES), package - set(context.CONTEXT_FILES)
