@@ -176,8 +176,10 @@ class Settings(BaseSettings):
     """How often a busy session asks the engine whether its container still runs."""
 
     # --- warm pool: kernels started ahead of demand
-    pool_size: int = Field(0, ge=0)
-    """Warm kernels kept ready for sessions with the default image and limits."""
+    pool_size: int = Field(2, ge=0)
+    """Warm kernels kept ready for sessions with the default image and limits: a
+    session is then a hand-over instead of a 0.5-1.4 s container start. An idle
+    kernel holds about 60 MB. 0 turns the pool off."""
     pool_max_size: int | None = Field(None, ge=0)
     """How far the pool may grow under demand (misses); default twice ``pool_size``."""
     pool_shrink_after_s: float = Field(300.0, gt=0)

@@ -129,13 +129,21 @@ class SessionManager:
             profile = PoolProfile(spec.image, spec.memory_mb, spec.cpus, spec.runtime)
             pool = WarmPool(
                 profile,
-                lambda opts=opts: self._start_session(opts),  # type: ignore[misc]
+                lambda opts=opts: self._start_warm_session(opts),  # type: ignore[misc]
                 size=size,
                 max_size=max_size if max_size is not None else 2 * size,
                 shrink_after_s=s.pool_shrink_after_s,
                 metrics=self.metrics,
             )
             self.pools[profile] = pool
+            log.info(
+                "warm pool: %d kernel%s of %s (%d MB, %g CPUs) started ahead of demand; pool_size=0 turns it off",
+                size,
+                "" if size == 1 else "s",
+                spec.image,
+                spec.memory_mb,
+                spec.cpus,
+            )
             pool.start()
 
     async def shutdown(self) -> None:
@@ -223,6 +231,16 @@ class SessionManager:
             session_id, spec, self.backend, self._session_config(opts, quotas), self.recorder, self.metrics
         )
         await session.start()
+        return session
+
+    async def _start_warm_session(self, opts: SessionOptions) -> KernelSession:
+        """What pools hold: a started session whose kernel has run its first cell."""
+        session = await self._start_session(opts)
+        try:
+            await session.warm_up()
+        except BaseException:
+            await session.close()
+            raise
         return session
 
     async def create(self, opts: SessionOptions | None = None, principal: Principal = ANONYMOUS) -> KernelSession:

@@ -21,7 +21,14 @@ from typing import Any
 from kernelgw import events as ev
 from kernelgw.errors import KernelStartFailed
 from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec
-from kernelgw.runtime.execution import ClientRequest, QueuedExecution, parse_artifacts
+from kernelgw.runtime.execution import (
+    ARTIFACTS_EXPRESSION,
+    ARTIFACTS_KEY,
+    END_KEY,
+    ClientRequest,
+    QueuedExecution,
+    parse_artifacts,
+)
 from kernelgw.runtime.execution_queue import ExecutionQueue
 from kernelgw.runtime.fanout import EventFanout, Published, Subscription
 from kernelgw.runtime.kernel_link import KernelLink
@@ -41,6 +48,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+WARM_UP_CODE = "get_ipython().display_formatter.format(1 + 1)"
+"""Exercises the compiler and the formatters; assigns nothing."""
 
 CUT_OFF_DONE_REASON = (
     "the gateway stopped while this cell ran; output it sent after the last stored event is lost "
@@ -141,6 +151,16 @@ class KernelSession:
         await self._link.start()
         self.state = "idle"
         self.dead_reason = None
+
+    async def warm_up(self, timeout: float = 10.0) -> None:
+        """Run a kernel's first-use work before anyone waits on it: IPython's first
+        cell costs about 30 ms (compiler, display formatters, user expressions)
+        against under 1 ms later (measured in-process, ipykernel 7.4). Silent, with
+        a real cell's user expressions: no execution count, history, output,
+        pre/post-run hooks or names in the user's namespace."""
+        await self._link.silent_request(
+            WARM_UP_CODE, {ARTIFACTS_KEY: ARTIFACTS_EXPRESSION, END_KEY: "'warm-up'"}, timeout=timeout
+        )
 
     async def restart(self, reason: str = "the session was restarted") -> None:
         """A fresh kernel in place of the old one; all variables are lost."""

@@ -51,6 +51,7 @@ def gateway_settings(**overrides: Any) -> Settings:
         idle_timeout_s=3600,
         data_dir=f"/tmp/kgwt-data-{os.getpid()}",  # history (SQLite) of the test gateways
         on_shutdown="stop",  # in-process test gateways leave no kernel behind
+        pool_size=0,  # tests that want a pool ask for one
     )
     base.update(overrides)
     return Settings(**base)

@@ -91,11 +91,21 @@ def test_pooled_session_is_a_hit_and_indistinguishable_from_a_fresh_one(
 def test_pooled_namespace_equals_a_cold_one_and_env_is_delivered(
     gateway: RunningGateway, http: httpx.Client, phttp: httpx.Client
 ) -> None:
-    probe = "print(sorted(k for k in dir() if not k.startswith('_')))"
+    # the pooled kernel ran its warm-up cell: it must leave no trace that a cold
+    # kernel does not have (names, In/Out, _, the execution count, history)
+    probe = (
+        "ip = get_ipython()\n"
+        "print(sorted(k for k in dir() if not k.startswith('_')), len(In), len(Out), repr(_), "
+        "ip.execution_count, len(list(ip.history_manager.get_range())))"
+    )
     cold = http.post("/v1/sessions", json={}).json()["id"]
     warm = phttp.post("/v1/sessions", json={"env": {"REGION": "eu", "MODE": "test"}}).json()["id"]
     try:
-        assert stdout(run(phttp, warm, probe)) == stdout(run(http, cold, probe))
+        seen = stdout(run(phttp, warm, probe))
+        assert seen == stdout(run(http, cold, probe)), seen
+        # In holds '' and this cell, Out nothing, _ untouched, and IPython's counter
+        # already points past this first cell
+        assert seen.split("] ", 1)[1].split()[:4] == ["2", "0", "''", "2"], seen
         assert stdout(run(phttp, warm, "import os\nprint(os.environ['REGION'], os.environ['MODE'])")) == "eu test\n"
         # nothing gateway-internal went into the history of the session
         info = phttp.get(f"/v1/sessions/{warm}").json()

@@ -115,6 +115,7 @@ def test_containers_left_by_a_killed_gateway_are_removed_at_next_start(
         "KERNELGW_RUNTIME_DIR": str(gateway.settings.runtime_dir),
         "KERNELGW_IMAGE": gateway.settings.image,
         "KERNELGW_RUNTIME": gateway.settings.runtime,
+        "KERNELGW_POOL_SIZE": "0",
     }
     log = tmp_path / "gateway.log"
     with log.open("wb") as log_file:

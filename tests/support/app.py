@@ -34,6 +34,7 @@ def local_settings(data_dir: Path, **overrides: Any) -> Settings:
         interrupt_grace_s=1,
         idle_timeout_s=3600,
         on_shutdown="stop",  # in-process test gateways leave no kernel behind
+        pool_size=0,  # tests that want a pool ask for one
     )
     base.update(overrides)
     return Settings(**base)

@@ -40,6 +40,7 @@ def gateway_process(
         "KERNELGW_DATA_DIR": str(data_dir),
         "KERNELGW_MEMORY_MB": "256",
         "KERNELGW_LOG_FORMAT": "text",
+        "KERNELGW_POOL_SIZE": "0",  # tests that want a pool ask for one
     }
     full_env.pop("KERNELGW_DATABASE_URL", None)
     if database_url is not None:

@@ -25,7 +25,8 @@ async def make_manager(local_backend: LocalBackend, tmp_path: Path) -> AsyncIter
     managers: list[SessionManager] = []
 
     def make(**overrides: Any) -> SessionManager:
-        settings = Settings(**{"data_dir": tmp_path, "max_memory_mb": 2048, "state_poll_s": 0.1, **overrides})
+        base = {"data_dir": tmp_path, "max_memory_mb": 2048, "state_poll_s": 0.1, "pool_size": 0}
+        settings = Settings(**{**base, **overrides})
         manager = SessionManager(settings, local_backend, metrics=Metrics())
         managers.append(manager)
         return manager

@@ -48,7 +48,7 @@ class EngineDown:
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(Settings(max_memory_mb=2048, data_dir=tmp_path), backend=EngineDown())
+    app = create_app(Settings(max_memory_mb=2048, data_dir=tmp_path, pool_size=0), backend=EngineDown())
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
