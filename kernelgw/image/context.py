@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
+import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -27,12 +29,25 @@ CONTEXT_FILES = (
 )
 
 
+INSTALLED_IMAGE_DIR = Path("share") / "kernelgw" / "images" / "python"
+"""Where a wheel installs the build context, under the install scheme's data path
+(``sys.prefix`` in a virtualenv; pyproject.toml's ``data-files``)."""
+
+
 def default_image_dir() -> Path:
-    """``images/python`` of the source tree (override: ``KERNELGW_IMAGE_DIR``)."""
+    """``KERNELGW_IMAGE_DIR``; else ``images/python`` of the source tree this package
+    runs from; else the copy a wheel installed (``pip install kernelgw``)."""
     env = os.environ.get("KERNELGW_IMAGE_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "images" / "python"
+    source = Path(__file__).resolve().parents[2] / "images" / "python"
+    if (source / "Dockerfile").is_file():
+        return source
+    for data in dict.fromkeys([sysconfig.get_path("data"), sys.prefix]):
+        installed = Path(data) / INSTALLED_IMAGE_DIR
+        if (installed / "Dockerfile").is_file():
+            return installed
+    return source  # missing: read_context_files names it in its error
 
 
 def read_context_files(image_dir: Path) -> dict[str, bytes]:

@@ -91,7 +91,8 @@ def _build_wheel(work: Path) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(ROOT / "kernelgw", src / "kernelgw", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for tree in ("kernelgw", "images"):
+        shutil.copytree(ROOT / tree, src / tree, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     dist = work / "dist"
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(src)],
@@ -198,6 +199,34 @@ def test_server_install_creates_the_app(venvs: dict[str, Venv]) -> None:
     )
     assert migrated.returncode == 0, migrated.stderr
     assert migrated.stdout.strip(), migrated.stdout
+
+
+def test_the_wheel_carries_the_kernel_images_build_context(venvs: dict[str, Venv]) -> None:
+    """`pip install kernelgw` can build the kernel image without a source checkout:
+    the installed build context is the source tree's, byte for byte (same build
+    hash, so the same image)."""
+    from kernelgw.image import context
+
+    server = venvs["server"]
+    probe = server.python(
+        "import json; from kernelgw.image import context\n"
+        "d = context.default_image_dir()\n"
+        "print(json.dumps({'dir': str(d), 'hash': context.compute_build_hash(context.read_context_files(d), 'b')}))"
+    )
+    assert probe.returncode == 0, probe.stderr
+    seen = json.loads(probe.stdout)
+    assert Path(seen["dir"]).is_relative_to(server.path), seen  # the venv's copy, not this tree
+    ours = context.compute_build_hash(context.read_context_files(ROOT / "images" / "python"), "b")
+    assert seen["hash"] == ours
+
+
+@pytest.mark.integration
+def test_image_build_from_the_installed_package_finds_the_image_up_to_date(venvs: dict[str, Venv]) -> None:
+    """`kernelgw image build` run from the wheel computes the same build hash as
+    the source tree's build (scripts/setup.sh made that image): up to date."""
+    built = venvs["server"].kernelgw("image", "build")
+    assert built.returncode == 0, built.stderr
+    assert "is up to date" in built.stdout, (built.stdout, built.stderr)
 
 
 def test_all_install_loads_the_integrations(venvs: dict[str, Venv]) -> None:
