@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kernelgw.runtime.backends.base import KernelSpec
 from kernelgw.runtime.session import KernelSession, SessionConfig
+from kernelgw.storage.store import Store
 from tests.support.local_backend import LocalBackend
 
 SessionFactory = Callable[..., Awaitable[KernelSession]]
@@ -64,3 +66,20 @@ async def new_session(local_backend: LocalBackend) -> AsyncIterator[SessionFacto
     yield start
     for session in sessions:
         await session.close()
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    """A real history store (SQLite in the test's directory), for sessions that record."""
+    store = Store(f"sqlite:///{tmp_path / 'history.db'}", gateway_name="unit", purge_interval_s=0)
+    await store.start()
+    yield store
+    await store.close()
+
+
+async def recording(new_session: SessionFactory, store: Store) -> KernelSession:
+    """A new session whose cells are recorded in ``store``."""
+    session = await new_session()
+    session.recorder = store
+    await store.session_started(session)
+    return session

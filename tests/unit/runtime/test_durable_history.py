@@ -8,25 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from kernelgw.runtime.execution_queue import NOT_STORED
-from kernelgw.runtime.session import KernelSession
 from kernelgw.storage.store import CUT_OFF_REASON, Store
-from tests.unit.runtime.conftest import SessionFactory
+from tests.unit.runtime.conftest import SessionFactory, recording
 from tests.unit.runtime.test_session import WAIT_S, done_of, until
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    store = Store(f"sqlite:///{tmp_path / 'history.db'}", gateway_name="durable", purge_interval_s=0)
-    await store.start()
-    yield store
-    await store.close()
 
 
 def rows(db: Path, session_id: str) -> list[tuple[Any, ...]]:
@@ -36,13 +24,6 @@ def rows(db: Path, session_id: str) -> list[tuple[Any, ...]]:
             "SELECT execution_id, status, reason, events FROM kgw_executions WHERE session_id = ? ORDER BY position",
             (session_id,),
         ).fetchall()
-
-
-async def recording(new_session: SessionFactory, store: Store) -> KernelSession:
-    session = await new_session()
-    session.recorder = store
-    await store.session_started(session)
-    return session
 
 
 async def wait_for_row(db: Path, session_id: str, execution_id: str, status: str) -> tuple[Any, ...]:
@@ -104,7 +85,8 @@ async def test_a_cell_cut_off_by_a_gateway_death_is_marked_dead_at_the_next_star
     go = tmp_path / "go"
     rec = session.submit(f"import pathlib, time\nwhile not pathlib.Path({str(go)!r}).exists(): time.sleep(0.01)")
     await wait_for_row(db, session.id, rec.execution_id, "running")
-    successor = Store(f"sqlite:///{db}", gateway_name="durable", purge_interval_s=0)
+    # the same gateway name as the conftest store: its successor after a crash
+    successor = Store(f"sqlite:///{db}", gateway_name="unit", purge_interval_s=0)
     await successor.start()  # as a restarted gateway of the same name would
     try:
         [stored] = await successor.list_executions(session.id)

@@ -11,16 +11,12 @@ writes ``\\ud800`` escapes), so every event can be sent and stored.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from kernelgw import events as ev
 from kernelgw.runtime.session import KernelSession
 from kernelgw.storage.store import Store
-from tests.unit.runtime.conftest import SessionFactory
+from tests.unit.runtime.conftest import SessionFactory, recording
 from tests.unit.runtime.test_session import run, stdout
 
 ESCAPING_PACKER = """
@@ -39,21 +35,6 @@ def text_of(events: list[dict[str, Any]], name: str) -> str:
 def encodable(value: Any) -> None:
     """Valid UTF-8 JSON text all the way (raises otherwise)."""
     json.dumps(value, ensure_ascii=False).encode("utf-8")
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    store = Store(f"sqlite:///{tmp_path / 'history.db'}", gateway_name="surrogates", purge_interval_s=0)
-    await store.start()
-    yield store
-    await store.close()
-
-
-async def recording(new_session: SessionFactory, store: Store) -> KernelSession:
-    session = await new_session()
-    session.recorder = store
-    await store.session_started(session)
-    return session
 
 
 async def stored_events(store: Store, session: KernelSession, execution_id: str) -> list[dict[str, Any]]:

@@ -7,15 +7,10 @@ its history row and the audit log."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
-
-from kernelgw.runtime.session import KernelSession
 from kernelgw.storage import audit
 from kernelgw.storage.store import Store
-from tests.unit.runtime.conftest import SessionFactory
+from tests.unit.runtime.conftest import SessionFactory, recording
 from tests.unit.runtime.test_session import run, stdout
 
 FORGE = """
@@ -40,21 +35,6 @@ def later():
 threading.Thread(target=later).start()
 print("on time")
 """
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    store = Store(f"sqlite:///{tmp_path / 'history.db'}", gateway_name="untrusted", purge_interval_s=0)
-    await store.start()
-    yield store
-    await store.close()
-
-
-async def recording(new_session: SessionFactory, store: Store) -> KernelSession:
-    session = await new_session()
-    session.recorder = store
-    await store.session_started(session)
-    return session
 
 
 async def test_a_forged_reply_and_idle_do_not_end_the_cell(new_session: SessionFactory, store: Store) -> None:
