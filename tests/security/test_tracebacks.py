@@ -92,12 +92,13 @@ def test_a_c_stack_overflow_ends_the_cell_dead_at_once(http: httpx.Client, sessi
     code = (
         "import sys\nsys.setrecursionlimit(10**6)\n"
         "class A:\n    def __repr__(self):\n        return repr(self)\n"
-        "print('before', flush=True)\nrepr(A())"
+        "repr(A())"
     )
     result = run(http, session_id, code, timeout=TIMEOUT)
     done = done_event(result)
+    # (no output is asserted: a print just before the crash may or may not leave the
+    # kernel's ZMQ queue before SIGSEGV; seen missing once under runsc)
     assert done["status"] == "dead", (done["status"], done["reason"])
-    assert stdout(result) == "before\n"
     # the session can be restarted and works again
     resp = http.post(f"/v1/sessions/{session_id}/restart")
     assert resp.status_code in (200, 202), resp.text[:300]
