@@ -62,10 +62,10 @@ def without_surrogates(value: Any) -> Any:
     holds none. A Python string may hold a lone surrogate (a kernel's JSON can
     carry ``"\\ud800"``), which no UTF-8 encoder takes: an event with one could
     be neither sent nor stored. Iterative: nesting depth does not matter."""
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value) if _has_surrogate(value) else value
-    if not isinstance(value, (dict, list)) or not _container_has_surrogate(value):
+    if not holds_surrogate(value):
         return value
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
 
     def fix(item: Any) -> Any:
         return _SURROGATE.sub("\ufffd", item) if isinstance(item, str) and _has_surrogate(item) else item

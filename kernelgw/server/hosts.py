@@ -142,25 +142,26 @@ class PageGuard:
                 "web pages that rebind their own name to its address. If it is one of the gateway's names, add "
                 "it to the setting allowed_hosts (KERNELGW_ALLOWED_HOSTS)."
             )
-            await _refuse(scope, receive, send, 400, "host_not_allowed", message)
+            await _refuse(scope, receive, send, 400, "host_not_allowed", message, "this host name is not allowed")
         elif not policy.origin_allowed(origin, host):
             message = (
                 f"A web page from {origin!r} may not use this gateway. To allow that site, add its origin to "
                 "the setting allowed_origins (KERNELGW_ALLOWED_ORIGINS)."
             )
-            await _refuse(scope, receive, send, 403, "origin_not_allowed", message)
+            await _refuse(scope, receive, send, 403, "origin_not_allowed", message, "this origin may not open sessions")
         else:
             await self.app(scope, receive, send)
 
 
-async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, code: str, message: str) -> None:
+async def _refuse(
+    scope: Scope, receive: Receive, send: Send, status: int, code: str, message: str, close_reason: str
+) -> None:
+    """The HTTP error, or for a WebSocket a close with ``close_reason`` (a close
+    frame's reason has room for 123 bytes)."""
     if scope["type"] == "websocket":
         await receive()  # websocket.connect
         await send({"type": "websocket.accept"})
-        reason = (
-            "this origin may not open sessions" if code == "origin_not_allowed" else "this host name is not allowed"
-        )
-        await send({"type": "websocket.close", "code": CLOSE_FORBIDDEN, "reason": reason})
+        await send({"type": "websocket.close", "code": CLOSE_FORBIDDEN, "reason": close_reason})
         return
     body = orjson.dumps({"error": {"code": code, "message": message}})
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

@@ -57,6 +57,7 @@ class HeaderDeadline:
     arrived runs as long as it needs (a long cell, a WebSocket)."""
 
     header_timeout_s: float
+    _header_timer: asyncio.TimerHandle | None = None
     # set by the uvicorn protocol this is mixed into
     cycle: Any
     loop: asyncio.AbstractEventLoop
@@ -78,12 +79,11 @@ class HeaderDeadline:
 
     def _arm(self) -> None:
         self._awaited = self.cycle  # a new cycle starts once a request's headers are complete
-        self._header_timer: asyncio.TimerHandle | None = self.loop.call_later(self.header_timeout_s, self._expired)
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._expired)
 
     def _disarm(self) -> None:
-        timer = getattr(self, "_header_timer", None)
-        if timer is not None:
-            timer.cancel()
+        if self._header_timer is not None:
+            self._header_timer.cancel()
             self._header_timer = None
 
     def _expired(self) -> None:

@@ -4,8 +4,9 @@ One container per kernel: no network, read-only root, explicit tmpfs sizes, no
 capabilities, no new privileges, a non-root user, pids/memory/CPU limits, and
 Docker's init (tini) as PID 1 so signals reach the kernel and zombies are reaped.
 The init runs as root with only the capabilities to drop root, empty the
-kernel's capability bounding set and forward signals (the kernel runs under it as its own uid), so code in the kernel cannot
-stop or patch it and hide its own death.
+kernel's capability bounding set and forward signals (the kernel runs under it
+as its own uid), so code in the kernel cannot stop or patch it and hide its
+own death.
 The kernel's ZMQ sockets are unix sockets in a per-kernel directory bind-mounted
 at ``/conn``; that directory is the only thing the host shares with it.
 

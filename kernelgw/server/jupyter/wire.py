@@ -153,7 +153,7 @@ def parse_legacy_binary(data: bytes) -> ClientMessage:
         parts = [data[a:b] for a, b in itertools.pairwise(offsets)]
         if any(b < a for a, b in itertools.pairwise(offsets)) or offsets[0] < 4 * (count + 1):
             raise WireError("bad offsets")
-        msg = orjson.loads(parts[0].decode("utf-8"))
+        msg = orjson.loads(parts[0])  # bytes: orjson checks the UTF-8 itself
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
         raise WireError(f"malformed binary message ({exc})") from None
     if not isinstance(msg, dict):
@@ -181,7 +181,7 @@ def parse_v1(data: bytes) -> ClientMessage:
             raise WireError("bad offsets")
         parts = [data[offsets[i] : offsets[i + 1]] for i in range(count - 1)]
         channel = parts[0].decode("utf-8")
-        header, parent, metadata, content = (orjson.loads(p.decode("utf-8")) if p else {} for p in parts[1:5])
+        header, parent, metadata, content = (orjson.loads(p) if p else {} for p in parts[1:5])
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireError(f"malformed v1 message ({exc})") from None
     return validate(channel, header, parent, metadata, content, [bytes(b) for b in parts[5:]])
