@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up (engine, gVisor, venv, image) when needed, run the static checks (ruff,
 # mypy --strict, import contracts: scripts/lint.sh), then every test: unit tests
-# and integration tests against the real engine with runc, then the core
-# integration suite and the adversarial suite again with gVisor (runsc).
+# and integration tests against the real engine with runc, and beside them the
+# core integration suite and the adversarial suite again with gVisor (runsc).
 # Extra arguments go to both pytest runs. The exit status is non-zero when the
 # static checks fail, or either run fails or collects no tests.
 set -euo pipefail
@@ -35,15 +35,11 @@ run_pytest() {
   return "$status"
 }
 
-echo "==> pytest, pass 1 of 2: every test, kernels on runc"
-runc_status=0
-KERNELGW_TEST_RUNTIME=runc run_pytest --durations=15 tests "$@" || runc_status=$?
-
 # Pass 2: what depends on the container runtime, with kernels in gVisor: what the
 # kernel can reach and do (sandbox, seccomp, limits, signals, files and packages
 # through exec, workspace scans, reattaching its sockets) and the adversarial
-# suite. Everything else ran in pass 1 and does not differ by runtime: it is the
-# gateway's own logic over the same kernel protocol (history and its storage
+# suite. Everything else runs in pass 1 only and does not differ by runtime: it is
+# the gateway's own logic over the same kernel protocol (history and its storage
 # dialects, WebSocket fan-out, SDK, admission, keys, ownership, trust of kernel
 # messages, drain, the image build, the web page, agent adapters, crash loops of
 # the gateway process).
@@ -60,11 +56,38 @@ runsc_tests=(
   tests/integration/test_reattach.py
   tests/security
   -k "not postgres")
-echo "==> pytest, pass 2 of 2: core integration and adversarial suites, kernels on gVisor (runsc)"
+
+# The two passes run at the same time: both mostly wait on containers, and every
+# test names its gateways, data directories and containers after its own process,
+# so they never meet. Pass 2's output goes to a log, printed when it ends.
+# KERNELGW_TEST_SERIAL=1 runs them one after the other instead.
+mkdir -p test-output/runsc
+runsc_log=test-output/runsc/pytest.log
+run_runsc_pass() {
+  # its artefacts (notebooks, screenshots) go next to pass 1's, not over them
+  KERNELGW_TEST_RUNTIME=runsc KERNELGW_TEST_OUTPUT=test-output/runsc \
+    run_pytest -p no:cacheprovider --durations=15 "${runsc_tests[@]}" "$@"
+}
 runsc_status=0
-# its artefacts (notebooks, screenshots) go next to pass 1's, not over them
-KERNELGW_TEST_RUNTIME=runsc KERNELGW_TEST_OUTPUT=test-output/runsc \
-  run_pytest -p no:cacheprovider --durations=15 "${runsc_tests[@]}" "$@" || runsc_status=$?
+if [ "${KERNELGW_TEST_SERIAL:-0}" = 1 ]; then
+  echo "==> pytest, pass 1 of 2: every test, kernels on runc"
+else
+  echo "==> pytest, pass 2 of 2 started in the background (kernels on gVisor, runsc; log: $runsc_log)"
+  run_runsc_pass "$@" >"$runsc_log" 2>&1 &
+  runsc_pid=$!
+  echo "==> pytest, pass 1 of 2: every test, kernels on runc (pass 2 runs beside it)"
+fi
+runc_status=0
+KERNELGW_TEST_RUNTIME=runc run_pytest --durations=15 tests "$@" || runc_status=$?
+
+if [ "${KERNELGW_TEST_SERIAL:-0}" = 1 ]; then
+  echo "==> pytest, pass 2 of 2: core integration and adversarial suites, kernels on gVisor (runsc)"
+  run_runsc_pass "$@" || runsc_status=$?
+else
+  echo "==> pytest, pass 2 of 2: waiting for the gVisor (runsc) pass; its output follows"
+  wait "$runsc_pid" || runsc_status=$?
+  cat "$runsc_log"
+fi
 
 echo "==> static checks: $([ "$lint_status" -eq 0 ] && echo passed || echo FAILED);" \
   "runc pass: $([ "$runc_status" -eq 0 ] && echo passed || echo "FAILED (exit $runc_status)");" \
