@@ -209,6 +209,11 @@ class Settings(BaseSettings):
     workspace_quota_bytes: int | None = Field(None, gt=0)
     """Most a session's workspace may hold; None: the size of its tmpfs
     (``workspace_size_mb``). An upload that would pass it gets 413."""
+    persistent_workspace: bool = True
+    """A session's workspace and installed packages outlive its kernel: a restart,
+    a timeout's restart or an out-of-memory kill keeps them (runc kernels; see
+    ``kernelgw.runtime.backends.docker``). Costs one sleeping container per session.
+    False: they live and end in the kernel's container."""
     file_io_timeout_s: float = Field(120.0, gt=0)
     """How long a file transfer may stall (no byte moving) before it fails."""
     package_allowlist: list[str] = Field(default_factory=list)

@@ -54,6 +54,7 @@ runsc_tests=(
   tests/integration/test_packages.py
   tests/integration/test_artifacts.py
   tests/integration/test_reattach.py
+  tests/integration/test_workspace.py
   tests/security
   -k "not postgres")
 

@@ -143,7 +143,11 @@ class KernelSession:
     # ------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         async with self._lifecycle:
-            await self._start_kernel()
+            try:
+                await self._start_kernel()
+            except BaseException:
+                await asyncio.shield(self.backend.end_session(self.id))
+                raise
         self._executions.start()
 
     async def _start_kernel(self) -> None:
@@ -263,6 +267,7 @@ class KernelSession:
             self.state = "closed"
             unrecorded = await self._executions.stop()
             await self._link.stop()
+            await self.backend.end_session(self.id)
             self._fanout.close_all()
         # History keeps every execution, including those the deletion ended.
         for rec in unrecorded:

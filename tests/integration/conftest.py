@@ -88,6 +88,30 @@ def start_gateway(settings: Settings) -> RunningGateway:
     return RunningGateway(f"http://127.0.0.1:{port}", settings, server, thread)
 
 
+def assert_nothing_left(docker_client: docker.DockerClient, gateway_name: str) -> None:
+    """No container (kernel or workspace store) and no volume of the name remains."""
+    label = {"label": f"kernelgw.gateway={gateway_name}"}
+    left = [c.name for c in docker_client.containers.list(all=True, filters=label)]
+    left += [f"volume {v.name}" for v in docker_client.volumes.list(filters=label)]
+    assert not left, f"left behind by gateway {gateway_name}: {left}"
+
+
+def conn_dir_of(container: Any) -> str:
+    """The host directory of a kernel container's sockets (its ``/conn`` mount)."""
+    (source,) = [m["Source"] for m in container.attrs["Mounts"] if m["Destination"] == "/conn"]
+    return str(source)
+
+
+def remove_everything(docker_client: docker.DockerClient, gateway_name: str) -> None:
+    """Remove every container, then every volume, of the name: never leave them,
+    even when a test fails."""
+    label = {"label": f"kernelgw.gateway={gateway_name}"}
+    for container in docker_client.containers.list(all=True, filters=label):
+        container.remove(force=True)
+    for volume in docker_client.volumes.list(filters=label):
+        volume.remove(force=True)
+
+
 @contextmanager
 def gateway_with_key(
     docker_client: docker.DockerClient, data_dir: Path, name: str
@@ -109,8 +133,7 @@ def gateway_with_key(
         yield gw, key
     finally:
         gw.stop()
-    left = docker_client.containers.list(all=True, filters={"label": f"kernelgw.gateway={name}"})
-    assert not left, f"containers left behind: {[c.name for c in left]}"
+    assert_nothing_left(docker_client, name)
 
 
 @pytest.fixture(scope="session")
@@ -133,8 +156,7 @@ def gateway(docker_client: docker.DockerClient) -> Iterator[RunningGateway]:
     gw = start_gateway(gateway_settings())
     yield gw
     gw.stop()
-    left = docker_client.containers.list(all=True, filters={"label": f"kernelgw.gateway={gw.settings.gateway_name}"})
-    assert not left, f"containers left behind after gateway shutdown: {[c.name for c in left]}"
+    assert_nothing_left(docker_client, gw.settings.gateway_name)
     assert not (gw.settings.runtime_dir / gw.settings.gateway_name).exists(), "runtime directory left behind"
 
 

@@ -10,7 +10,7 @@ import docker
 import httpx
 import pytest
 
-from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway, stdout
+from tests.integration.conftest import RunningGateway, conn_dir_of, gateway_settings, run, start_gateway, stdout
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def test_pooled_session_is_a_hit_and_indistinguishable_from_a_fresh_one(
     assert metric(phttp, "kernelgw_pool_hits_total") == hits + 1
     run(phttp, first, "secret = 'from the first session'\nopen('leak.txt', 'w').write('x')\nimport json")
     first_container = container_of(docker_client, first)
-    first_dir = first_container.attrs["Mounts"][0]["Source"]
+    first_dir = conn_dir_of(first_container)
     phttp.delete(f"/v1/sessions/{first}")
 
     second = phttp.post("/v1/sessions", json={}).json()["id"]
@@ -75,7 +75,7 @@ def test_pooled_session_is_a_hit_and_indistinguishable_from_a_fresh_one(
         assert out == "False False []\n"
         second_container = container_of(docker_client, second)
         assert second_container.id != first_container.id
-        assert second_container.attrs["Mounts"][0]["Source"] != first_dir
+        assert conn_dir_of(second_container) != first_dir
         # limits are applied exactly as for a cold session
         host = second_container.attrs["HostConfig"]
         assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from kernelgw.runtime.manager import KERNEL_GONE_REASON
-from tests.integration.conftest import IMAGE, RUNTIME
+from tests.integration.conftest import IMAGE, RUNTIME, assert_nothing_left, remove_everything
 from tests.security.conftest import gateway_containers, session_containers
 from tests.support.processes import gateway_process
 
@@ -110,10 +110,9 @@ def test_sessions_survive_sigterm_and_kill9_and_stop_ends_them(
             for sid in sids:
                 assert http.get(f"/v1/sessions/{sid}/history").json()["end_reason"] == "gateway shutdown"
     finally:
-        for container in gateway_containers(docker_client, name):  # never leave them, even on failure
-            container.remove(force=True)
+        remove_everything(docker_client, name)
         shutil.rmtree(RUNTIME_DIR / name, ignore_errors=True)
-    assert gateway_containers(docker_client, name) == []
+    assert_nothing_left(docker_client, name)
 
 
 def _ws_url(http: httpx.Client, sid: str, last_seq: int | None = None) -> str:
@@ -200,6 +199,5 @@ def test_a_websocket_client_resumes_across_restarts_by_its_last_seq(
             statuses = {c["execution_id"]: c["status"] for c in history["executions"]}
             assert statuses["cut"] == "dead" and statuses["first"] == "ok"
     finally:
-        for container in gateway_containers(docker_client, name):
-            container.remove(force=True)
+        remove_everything(docker_client, name)
         shutil.rmtree(RUNTIME_DIR / name, ignore_errors=True)

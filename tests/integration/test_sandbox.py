@@ -9,6 +9,7 @@ import docker
 import httpx
 import pytest
 
+from kernelgw.runtime.backends.docker import STORE_RUNTIMES
 from tests.integration.conftest import RUNTIME, RunningGateway, run, stdout
 
 pytestmark = pytest.mark.integration
@@ -130,8 +131,21 @@ def test_container_configuration(
     command = container.attrs["Config"]["Cmd"]
     assert command[:2] == ["setpriv", f"--reuid={gateway.settings.kernel_uid}"] and "--bounding-set=-all" in command
     assert container.labels["kernelgw.gateway"] == gateway.settings.gateway_name
+    # the workspace and the packages: tmpfs volumes of the session's store (runc), or
+    # tmpfs mounts in the sandbox (gVisor); sized, nosuid, nodev either way
+    mounts = {m["Destination"]: m for m in container.attrs["Mounts"]}
+    session_mounts = {"/workspace", "/opt/kernelgw/packages"}
+    if RUNTIME in STORE_RUNTIMES:
+        assert set(mounts) == {"/conn", *session_mounts}
+        for path in session_mounts:
+            assert mounts[path]["Type"] == "volume" and session_id in mounts[path]["Name"]
+            options = docker_client.volumes.get(mounts[path]["Name"]).attrs["Options"]
+            assert options["type"] == "tmpfs" and {"nosuid", "nodev"} <= set(options["o"].split(","))
+            assert any(o.startswith("size=") for o in options["o"].split(","))
+    else:
+        assert set(mounts) == {"/conn"} and set(host["Tmpfs"]) == {"/tmp", *session_mounts}
     # the connection directory is private and only this kernel's sockets are in it
-    (mount,) = container.attrs["Mounts"]
+    mount = mounts["/conn"]
     import os
     import stat
 

@@ -14,7 +14,15 @@ import docker
 import httpx
 import pytest
 
-from tests.integration.conftest import RunningGateway, free_port, gateway_settings, run, start_gateway, stdout
+from tests.integration.conftest import (
+    RunningGateway,
+    conn_dir_of,
+    free_port,
+    gateway_settings,
+    run,
+    start_gateway,
+    stdout,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +53,7 @@ def test_delete_removes_container_and_connection_directory(
 ) -> None:
     sid = http.post("/v1/sessions", json={}).json()["id"]
     (container,) = _containers(docker_client, f"kernelgw.session={sid}")
-    conn_dir = Path(container.attrs["Mounts"][0]["Source"])
+    conn_dir = Path(conn_dir_of(container))
     assert conn_dir.is_dir()
     assert http.delete(f"/v1/sessions/{sid}").status_code == 204
     assert _containers(docker_client, f"kernelgw.session={sid}") == []
@@ -141,7 +149,7 @@ def test_containers_left_by_a_killed_gateway_are_removed_at_next_start(
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     (orphan,) = _containers(docker_client, f"kernelgw.session={sid}")
-    conn_dir = Path(orphan.attrs["Mounts"][0]["Source"])
+    conn_dir = Path(conn_dir_of(orphan))
     assert orphan.status == "running" and conn_dir.exists()
     assert orphan.attrs["HostConfig"]["Runtime"] == gateway.settings.runtime
 

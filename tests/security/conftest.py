@@ -115,8 +115,7 @@ def gateway(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPat
             yield gw
         finally:
             gw.stop()
-    left = gateway_containers(docker_client, gw.settings.gateway_name)
-    assert not left, f"containers left behind after the gateway stopped: {[c.name for c in left]}"
+    integration.assert_nothing_left(docker_client, gw.settings.gateway_name)
     # the gateway removes its runtime directory once every session is gone
     assert not (gw.settings.runtime_dir / gw.settings.gateway_name).exists()
 

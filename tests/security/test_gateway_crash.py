@@ -22,7 +22,8 @@ import docker
 import httpx
 import pytest
 
-from tests.integration.conftest import IMAGE, RUNTIME
+from kernelgw.runtime.backends.docker import LABEL_KERNEL
+from tests.integration.conftest import IMAGE, RUNTIME, assert_nothing_left, remove_everything
 from tests.security.conftest import gateway_containers, session_containers
 from tests.support import processes
 
@@ -69,13 +70,13 @@ def test_a_killed_gateways_live_kernels_are_reattached_and_dead_ones_removed(
             with httpx.Client(base_url=url, timeout=120) as http:
                 sid = http.post("/v1/sessions", json={}).json()["id"]
                 assert http.post(f"/v1/sessions/{sid}/execute", json={"code": "1"}).json()["status"] == "ok"
-            assert len(gateway_containers(docker_client, name)) == 2
+            kernels = [c for c in gateway_containers(docker_client, name) if LABEL_KERNEL in c.labels]
+            assert len(kernels) == 2
             proc.send_signal(signal.SIGTERM)
             # uvicorn shuts down gracefully, then re-raises the signal (exit -15)
             assert proc.wait(timeout=60) in (0, -signal.SIGTERM), log.read_text()[-2000:]
             assert "Application shutdown complete" in log.read_text()
-        assert gateway_containers(docker_client, name) == []
+        assert_nothing_left(docker_client, name)
     finally:
-        for container in gateway_containers(docker_client, name):  # never leave them, even on failure
-            container.remove(force=True)
+        remove_everything(docker_client, name)
         shutil.rmtree(RUNTIME_DIR / name, ignore_errors=True)

@@ -21,4 +21,5 @@ def create_backend(settings: Settings) -> Backend:
         runtime_dir=settings.runtime_dir,
         kernel_uid=settings.kernel_uid,
         kernel_gid=settings.kernel_gid,
+        keep_workspaces=settings.persistent_workspace,
     )

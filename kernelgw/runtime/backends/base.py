@@ -152,7 +152,17 @@ class Backend(Protocol):
         ...
 
     async def stop(self, handle: KernelHandle) -> None:
-        """Remove the container and its connection directory. Idempotent."""
+        """Remove the kernel's container and its connection directory (not the
+        session's workspace: see ``end_session``). Idempotent."""
+        ...
+
+    async def end_session(self, session_id: str) -> None:
+        """Remove what a session keeps across its kernels (its workspace and
+        installed packages, where the backend keeps them apart from the kernel).
+
+        Called once, when the session ends (deleted, reaped, or it failed to
+        start); never on a restart or when a gateway leaves kernels running.
+        Idempotent; failures are logged, not raised."""
         ...
 
     async def signal(self, handle: KernelHandle, signum: int) -> None:

@@ -10,6 +10,17 @@ own death.
 The kernel's ZMQ sockets are unix sockets in a per-kernel directory bind-mounted
 at ``/conn``; that directory is the only thing the host shares with it.
 
+A session's workspace and installed packages outlive its kernel containers: they
+are tmpfs volumes of the engine (same sizes and mount options as before, so the
+quota is still the kernel's ``ENOSPC``), kept mounted between kernels by a small
+store container per session that only sleeps. The engine unmounts a tmpfs volume,
+and loses its files, when no container uses it; the store is that container. A
+restart, a timeout's restart or an out-of-memory kill replaces only the kernel's
+container; ending the session removes the store and its volumes. Only for
+runtimes in ``STORE_RUNTIMES``: gVisor 20221219 (Debian's) answers ``statx`` on a
+bind-mounted volume with EINVAL, so ``ls`` and ``cp`` in ``/workspace`` would
+fail; its sessions keep the tmpfs inside the sandbox, which ends with it.
+
 The Docker SDK is blocking, so every call runs on a private thread pool.
 """
 
@@ -56,6 +67,14 @@ T = TypeVar("T")
 LABEL_GATEWAY = "kernelgw.gateway"
 LABEL_SESSION = "kernelgw.session"
 LABEL_KERNEL = "kernelgw.kernel"
+LABEL_STORE = "kernelgw.store"
+"""On a session's store container and volumes (value: the session id)."""
+STORE_RUNTIMES = frozenset({"runc"})
+"""Runtimes whose kernels get a workspace that outlives them (see the module doc)."""
+STORE_COMMAND = ["sleep", "infinity"]
+STORE_MOUNT_MODE = "rw,nocopy"
+"""nocopy: the engine would otherwise copy the image's directory (and its owner
+and mode) into an empty volume on its first mount."""
 CONTAINER_CONN_DIR = "/conn"
 CONTAINER_WORKDIR = "/workspace"
 CONTAINER_PACKAGES_DIR = "/opt/kernelgw/packages"
@@ -137,11 +156,13 @@ class DockerBackend:
         runtime_dir: Path,
         kernel_uid: int = DEFAULT_KERNEL_UID,
         kernel_gid: int = DEFAULT_KERNEL_UID,
+        keep_workspaces: bool = True,
         max_workers: int = 32,
         client_factory: Callable[[], docker.DockerClient] | None = None,
     ) -> None:
         self.gateway_name = gateway_name
         self.base_dir = Path(runtime_dir) / gateway_name
+        self.keep_workspaces = keep_workspaces
         if os.geteuid() == 0:
             self.uid, self.gid = kernel_uid, kernel_gid
             warn_if_host_account(kernel_uid)
@@ -235,7 +256,15 @@ class DockerBackend:
         kernel_id = secrets.token_hex(6)
         key = secrets.token_hex(32)
         conn_dir = self._make_conn_dir(kernel_id, key)
+        mounts = self._session_mounts(spec)
+        volumes = {str(conn_dir): {"bind": CONTAINER_CONN_DIR, "mode": "rw"}}
+        tmpfs = {"/tmp": f"rw,exec,nosuid,nodev,size={spec.tmp_size_mb}m,mode=1777"}
         try:
+            if self.keep_workspaces and spec.runtime in STORE_RUNTIMES:
+                for path, volume in self._ensure_store(spec, mounts).items():
+                    volumes[volume] = {"bind": path, "mode": STORE_MOUNT_MODE}
+            else:
+                tmpfs.update(mounts)
             container = client.containers.run(
                 spec.image,
                 command=self._command(),
@@ -244,19 +273,9 @@ class DockerBackend:
                 labels=self._labels(spec, kernel_id),
                 network_mode="none",
                 read_only=True,
-                # exec on all three (Docker's default is noexec): native extensions load from
-                # the packages mount; why the others too, and /dev/shm not: docs/security.md
-                tmpfs={
-                    "/tmp": f"rw,exec,nosuid,nodev,size={spec.tmp_size_mb}m,mode=1777",
-                    CONTAINER_WORKDIR: (
-                        f"rw,exec,nosuid,nodev,size={spec.workspace_size_mb}m,uid={self.uid},gid={self.gid},mode=0700"
-                    ),
-                    CONTAINER_PACKAGES_DIR: (
-                        f"rw,exec,nosuid,nodev,size={spec.packages_size_mb}m,uid={self.uid},gid={self.gid},mode=0755"
-                    ),
-                },
+                tmpfs=tmpfs,
                 shm_size=f"{spec.shm_size_mb}m",
-                volumes={str(conn_dir): {"bind": CONTAINER_CONN_DIR, "mode": "rw"}},
+                volumes=volumes,
                 working_dir=CONTAINER_WORKDIR,
                 **self._identity(),
                 security_opt=["no-new-privileges", "seccomp=" + seccomp_profile()],
@@ -293,6 +312,86 @@ class DockerBackend:
             connection=connection_info(str(conn_dir / "k"), key),
         )
 
+    def _session_mounts(self, spec: KernelSpec) -> dict[str, str]:
+        """The session's own tmpfs mounts and their options. exec on all of them
+        (Docker's default is noexec): native extensions load from the packages
+        mount; why the workspace too, and /dev/shm not: docs/security.md."""
+        owner = f"uid={self.uid},gid={self.gid}"
+        return {
+            CONTAINER_WORKDIR: f"rw,exec,nosuid,nodev,size={spec.workspace_size_mb}m,{owner},mode=0700",
+            CONTAINER_PACKAGES_DIR: f"rw,exec,nosuid,nodev,size={spec.packages_size_mb}m,{owner},mode=0755",
+        }
+
+    def _store_name(self, session_id: str) -> str:
+        return f"kernelgw-{self.gateway_name}-{session_id}-store"
+
+    def _ensure_store(self, spec: KernelSpec, mounts: dict[str, str]) -> dict[str, str]:
+        """The session's volumes by mount path, created with its store container
+        on the first start and reused by every later kernel of the session."""
+        client = self._client()
+        labels = {LABEL_GATEWAY: self.gateway_name, LABEL_STORE: spec.session_id}
+        volumes = {
+            path: f"{self._store_name(spec.session_id)}-{path.rstrip('/').rsplit('/', 1)[-1]}" for path in mounts
+        }
+        name = self._store_name(spec.session_id)
+        try:
+            running = client.api.inspect_container(name).get("State", {}).get("Running", False)
+        except docker.errors.NotFound:
+            running = None
+        if running:
+            return volumes
+        if running is not None:
+            # stopped (say, the engine restarted): its tmpfs volumes were unmounted
+            # and their files are gone; start over with empty ones
+            self._remove_store_sync(spec.session_id)
+        for path, volume in volumes.items():
+            # the engine's options field is mount(8)'s: the flags go through as flags
+            client.volumes.create(
+                volume,
+                driver="local",
+                driver_opts={"type": "tmpfs", "device": "tmpfs", "o": mounts[path].removeprefix("rw,")},
+                labels=labels,
+            )
+        client.containers.run(
+            spec.image,
+            command=STORE_COMMAND,
+            name=name,
+            detach=True,
+            labels=labels,
+            network_mode="none",
+            read_only=True,
+            user=f"{self.uid}:{self.gid}",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges", "seccomp=" + seccomp_profile()],
+            pids_limit=4,
+            mem_limit="16m",
+            memswap_limit="16m",
+            nano_cpus=int(0.05 * 1e9),
+            volumes={volume: {"bind": path, "mode": STORE_MOUNT_MODE} for path, volume in volumes.items()},
+            working_dir="/",
+            runtime="runc",  # it runs only the image's sleep, never user code
+        )
+        return volumes
+
+    def _remove_store_sync(self, session_id: str) -> None:
+        """Remove the session's store container, then its volumes (a volume in use
+        cannot be removed). Idempotent."""
+        client = self._client()
+        try:
+            client.api.remove_container(self._store_name(session_id), force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:
+                raise
+        for volume in client.volumes.list(filters={"label": f"{LABEL_STORE}={session_id}"}):
+            if (volume.attrs.get("Labels") or {}).get(LABEL_GATEWAY) != self.gateway_name:
+                continue
+            try:
+                volume.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+
     def _remove_by_label(self, label: str, value: str) -> None:
         try:
             for c in self._client().containers.list(all=True, filters={"label": f"{label}={value}"}):
@@ -312,6 +411,12 @@ class DockerBackend:
             if exc.status_code != 409:  # 409: removal already in progress
                 log.warning("removing container %s failed: %s", handle.container_id[:12], exc)
         shutil.rmtree(handle.conn_dir, ignore_errors=True)
+
+    async def end_session(self, session_id: str) -> None:
+        try:
+            await self._run(self._remove_store_sync, session_id)
+        except docker.errors.DockerException as exc:
+            log.warning("removing the workspace of session %s failed: %s", session_id, exc)
 
     async def signal(self, handle: KernelHandle, signum: int) -> None:
         try:
@@ -371,6 +476,7 @@ class DockerBackend:
 
     def _list_sync(self) -> list[KernelContainer]:
         found = self._client().api.containers(all=True, filters={"label": f"{LABEL_GATEWAY}={self.gateway_name}"})
+        found = [c for c in found if LABEL_STORE not in (c.get("Labels") or {})]
         return [
             KernelContainer(
                 container_id=c["Id"],
@@ -389,14 +495,23 @@ class DockerBackend:
         containers: list[Container] = self._client().containers.list(
             all=True, filters={"label": f"{LABEL_GATEWAY}={self.gateway_name}"}
         )
+        # the stores of the kept kernels' sessions stay, with their volumes
+        kept = {c.labels.get(LABEL_SESSION) for c in containers if c.labels.get(LABEL_KERNEL) in keep}
         for c in containers:
-            if c.labels.get(LABEL_KERNEL) in keep:
+            if c.labels.get(LABEL_KERNEL) in keep or c.labels.get(LABEL_STORE) in kept:
                 continue
             try:
                 c.remove(force=True)
                 removed.append(c.name or c.short_id)  # a listed container has a name
             except docker.errors.NotFound:
                 pass
+        for volume in self._client().volumes.list(filters={"label": f"{LABEL_GATEWAY}={self.gateway_name}"}):
+            if (volume.attrs.get("Labels") or {}).get(LABEL_STORE) not in kept:
+                try:
+                    volume.remove(force=True)
+                    removed.append(str(volume.name))
+                except docker.errors.NotFound:
+                    pass
         if self.base_dir.exists():
             for d in self.base_dir.iterdir():
                 if d.name not in keep:

@@ -132,6 +132,9 @@ class EngineDown:
     async def list_kernels(self) -> list[object]:
         return []
 
+    async def end_session(self, session_id: str) -> None:
+        return None
+
     async def reap_except(self, keep: set[str]) -> list[str]:
         return []
 

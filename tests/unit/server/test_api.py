@@ -37,6 +37,9 @@ class EngineDown:
     async def list_kernels(self) -> list[object]:
         raise EngineUnavailable("The Docker engine does not answer.")
 
+    async def end_session(self, session_id: str) -> None:
+        return None
+
     async def reap_except(self, keep: set[str]) -> list[str]:
         raise EngineUnavailable("The Docker engine does not answer.")
 

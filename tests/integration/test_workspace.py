@@ -1,0 +1,164 @@
+"""A session's files and installed packages outlive its kernel: restarts, a
+timeout's restart, an out-of-memory kill and a gateway restart keep them; the
+end of the session removes them, and nothing of them is left behind.
+
+Under gVisor the workspace stays inside the sandbox (see
+``kernelgw.runtime.backends.docker``): there the same steps show that a new
+kernel starts with an empty one, as before.
+"""
+
+from __future__ import annotations
+
+import docker
+import httpx
+import pytest
+
+from kernelgw.runtime.backends.docker import LABEL_GATEWAY, LABEL_STORE, STORE_RUNTIMES
+from tests.integration.conftest import RUNTIME, gateway_settings, run, start_gateway, stdout
+
+pytestmark = pytest.mark.integration
+
+KEPT = RUNTIME in STORE_RUNTIMES
+MARKER = "/opt/kernelgw/packages/kgw_marker.py"
+"""A module in the session's package directory, which is on the kernel's sys.path."""
+
+LOOKS = (
+    "import os, importlib\n"
+    "print(open('/workspace/up.txt').read() if os.path.exists('/workspace/up.txt') else 'NO-UPLOAD')\n"
+    "print(open('/workspace/made/out.txt').read() if os.path.exists('/workspace/made/out.txt') else 'NO-OUTPUT')\n"
+    "try:\n"
+    "    print(importlib.import_module('kgw_marker').VALUE)\n"
+    "except ImportError:\n"
+    "    print('NO-PACKAGE')\n"
+    "print('x' in globals())\n"
+)
+
+
+def seed(http: httpx.Client, sid: str) -> None:
+    """An upload, a file written by code, a package module and a variable."""
+    assert http.put(f"/v1/sessions/{sid}/files/up.txt", content=b"uploaded").status_code == 201
+    code = (
+        "import os\n"
+        "os.makedirs('made', exist_ok=True)\n"
+        "open('made/out.txt', 'w').write('written')\n"
+        f"open({MARKER!r}, 'w').write('VALUE = 42')\n"
+        "x = 1\n"
+    )
+    assert run(http, sid, code)["status"] == "ok"
+
+
+def looks(http: httpx.Client, sid: str) -> list[str]:
+    return stdout(run(http, sid, LOOKS)).split()
+
+
+AFTER_NEW_KERNEL = ["uploaded", "written", "42", "False"] if KEPT else ["NO-UPLOAD", "NO-OUTPUT", "NO-PACKAGE", "False"]
+
+
+def stores(client: docker.DockerClient, gateway_name: str) -> tuple[list[str], list[str]]:
+    """The store containers and volumes of a gateway's name."""
+    label = {"label": f"{LABEL_GATEWAY}={gateway_name}"}
+    containers = [c.name for c in client.containers.list(all=True, filters=label) if LABEL_STORE in c.labels]
+    volumes = [v.name for v in client.volumes.list(filters=label)]
+    return containers, volumes
+
+
+def test_files_and_packages_survive_restart_timeout_and_out_of_memory(
+    docker_client: docker.DockerClient, http: httpx.Client
+) -> None:
+    sid = http.post("/v1/sessions", json={"memory_mb": 256}).json()["id"]
+    try:
+        seed(http, sid)
+        assert looks(http, sid) == ["uploaded", "written", "42", "True"]
+
+        assert http.post(f"/v1/sessions/{sid}/restart").status_code == 200
+        assert looks(http, sid) == AFTER_NEW_KERNEL
+        if not KEPT:
+            return
+
+        # a cell that ignores the interrupt: the kernel is replaced after the timeout
+        code = "while True:\n    try:\n        while True:\n            pass\n    except KeyboardInterrupt:\n        pass\n"
+        done = run(http, sid, code, timeout=2)["events"][-1]
+        assert done["status"] == "timeout" and done["state_lost"] is True, done
+        assert looks(http, sid) == AFTER_NEW_KERNEL
+
+        # out of memory: the kernel's container dies, the files do not
+        done = run(http, sid, "chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 1024 * 1024))")["events"][-1]
+        assert done["status"] == "dead" and "out-of-memory" in done["reason"], done
+        assert http.post(f"/v1/sessions/{sid}/restart").status_code == 200
+        assert looks(http, sid) == AFTER_NEW_KERNEL
+
+        # the listing endpoint sees the same workspace
+        listed = {e["path"] for e in http.get(f"/v1/sessions/{sid}/files?recursive=true").json()["entries"]}
+        assert {"up.txt", "made/out.txt"} <= listed, listed
+    finally:
+        assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+    containers, volumes = stores(docker_client, gateway_settings().gateway_name)
+    assert not [n for n in containers + volumes if sid in n], (containers, volumes)
+
+
+def test_the_workspace_quota_holds_across_kernels(docker_client: docker.DockerClient) -> None:
+    """The workspace is still a tmpfs of the session's size: a new kernel cannot
+    write past what the old one left."""
+    fill = (
+        "import os\n"
+        "try:\n"
+        "    with open('/workspace/fill', 'ab') as f:\n"
+        "        while True:\n"
+        "            f.write(b'x' * (1 << 20)); f.flush()\n"
+        "except OSError as e:\n"
+        "    print(e.errno)\n"
+        "print(os.path.getsize('/workspace/fill') // (1 << 20))\n"
+    )
+    # small enough to fill without reaching the memory limit
+    gw = start_gateway(gateway_settings(gateway_name=f"{gateway_settings().gateway_name}wq", workspace_size_mb=8))
+    try:
+        with httpx.Client(base_url=gw.url, timeout=120) as http:
+            sid = http.post("/v1/sessions", json={}).json()["id"]
+            first = stdout(run(http, sid, fill)).split()
+            assert first[0] == "28", first  # ENOSPC
+            assert int(first[1]) <= 8, first
+            assert http.post(f"/v1/sessions/{sid}/restart").status_code == 200
+            again = stdout(run(http, sid, fill)).split()
+            assert again[0] == "28", again
+            if KEPT:
+                assert again[1] == first[1], (first, again)  # nothing more fitted
+    finally:
+        gw.stop()
+    assert stores(docker_client, gw.settings.gateway_name) == ([], [])
+
+
+def test_a_restarted_gateway_keeps_reattached_workspaces_and_removes_the_rest(
+    docker_client: docker.DockerClient,
+) -> None:
+    """Gateway A leaves two sessions running; one kernel's container disappears
+    while no gateway runs. Gateway B reattaches the other with its files and
+    removes the lost session's store and volumes; B's own stop ends the rest."""
+    name = f"{gateway_settings().gateway_name}ws"
+    settings = gateway_settings(gateway_name=name, data_dir=f"/tmp/kgwt-data-{name}", on_shutdown="keep")
+    a = start_gateway(settings)
+    try:
+        with httpx.Client(base_url=a.url, timeout=120) as http:
+            kept, lost = (http.post("/v1/sessions", json={}).json()["id"] for _ in range(2))
+            for sid in (kept, lost):
+                seed(http, sid)
+    finally:
+        a.stop()
+    if KEPT:
+        assert len(stores(docker_client, name)[0]) == 2
+    # the kernel's container only: a store carries the session's id in another label
+    (lost_kernel,) = docker_client.containers.list(all=True, filters={"label": f"kernelgw.session={lost}"})
+    lost_kernel.remove(force=True)
+
+    b = start_gateway(settings.model_copy(update={"on_shutdown": "stop"}))
+    try:
+        with httpx.Client(base_url=b.url, timeout=120) as http:
+            assert http.get(f"/v1/sessions/{lost}").status_code == 404
+            assert looks(http, kept) == ["uploaded", "written", "42", "True"]
+            containers, volumes = stores(docker_client, name)
+            assert not [n for n in containers + volumes if lost in n], (containers, volumes)
+            if KEPT:
+                assert [n for n in containers if kept in n], containers
+    finally:
+        b.stop()
+    assert stores(docker_client, name) == ([], [])
+    assert not docker_client.containers.list(all=True, filters={"label": f"{LABEL_GATEWAY}={name}"})
