@@ -143,7 +143,7 @@ class RestartRequest(_Body):
     )
 
 
-class ReplayCell(_Response):
+class ReplayReportCell(_Response):
     """What happened to one cell when a session replayed its lineage."""
 
     index: int = Field(description="Its place in the replay, from 0 (the oldest cell).")
@@ -158,7 +158,7 @@ class ReplayCell(_Response):
 
 class ReplayReport(_Response):
     trigger: Literal["requested", "kernel_died", "timeout"]
-    cells: list[ReplayCell]
+    cells: list[ReplayReportCell]
     replayed: int = Field(0, description="Cells that ran ok.")
     complete: bool = Field(False, description="Every cell ran ok: the state is rebuilt.")
     duration_ms: float = 0.0
