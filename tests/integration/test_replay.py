@@ -1,19 +1,28 @@
 """Recovery by replay on the real engine: an out-of-memory kill under
 ``auto_replay`` restores ``df``, a restart that replays restores variables and
 stops at the first failing cell, a cell sent with ``replay: false`` is not run
-again, history marks replays and the notebook export leaves them out."""
+again, history marks replays and the notebook export leaves them out, and a
+session reattached by a restarted gateway replays the cells the previous
+process ran."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import docker
 import httpx
 import pytest
 from websockets.sync.client import connect
 
 from tests.integration.conftest import RunningGateway, run, stdout
+from tests.integration.test_reattach import RUNTIME_DIR, serve
+from tests.security.conftest import gateway_containers
 
 pytestmark = pytest.mark.integration
 
@@ -95,3 +104,33 @@ def test_a_restart_with_replay_restores_variables_skips_no_replay_cells_and_stop
     history = http.get(f"/v1/sessions/{sid}/history").json()["executions"]
     assert [e["replayable"] for e in history[:5]] == [True, False, True, True, True]
     assert {e["replay_of"] for e in history if e["replay_of"]} == {c["replay_of"] for c in report["cells"][:3]}
+
+
+def test_a_session_reattached_by_a_restarted_gateway_replays_its_lineage(
+    docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    """The lineage and auto_replay are stored: after a SIGTERM the next gateway
+    of the name replays the cells the previous process ran."""
+    name = f"replay{os.getpid()}"
+    data, log = tmp_path / "data", tmp_path / "gateway.log"
+    try:
+        with serve(name, data, log) as (proc, http):
+            sid = http.post("/v1/sessions", json={"auto_replay": True}).json()["id"]
+            kept = run(http, sid, "x = 41")["execution_id"]
+            run(http, sid, "y = x + 1")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) in (0, -signal.SIGTERM), log.read_text()[-3000:]
+        with serve(name, data, log, KERNELGW_ON_SHUTDOWN="stop") as (proc, http):
+            assert http.get(f"/v1/sessions/{sid}").json()["auto_replay"] is True
+            resp = http.post(f"/v1/sessions/{sid}/restart", json={"replay": True})
+            assert resp.status_code == 200, resp.text
+            report = resp.json()["replay"]
+            assert report["complete"] and report["cells"][0]["replay_of"] == kept and len(report["cells"]) == 2
+            assert stdout(run(http, sid, "print(y)")) == "42\n"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) in (0, -signal.SIGTERM), log.read_text()[-3000:]
+    finally:
+        for container in gateway_containers(docker_client, name):  # never leave them, even on failure
+            container.remove(force=True)
+        shutil.rmtree(RUNTIME_DIR / name, ignore_errors=True)
+    assert gateway_containers(docker_client, name) == []
