@@ -3,14 +3,19 @@
 REST (`POST /execute`), the WebSocket and the SDK all speak these shapes. One
 execution produces, in order::
 
-    queued -> status(busy) -> (stream | display | update_display | result
-              | clear_output | error | truncated)* -> done
+    queued -> [replay] -> status(busy) -> (stream | display | update_display
+              | result | clear_output | error | truncated)* -> done
 
 `done` is always the last event of an execution and is sent exactly once. Every
 event that belongs to an execution names its ``execution_id``; every event a
 session publishes carries a per-session ``seq`` (monotonic, starting at 1) so a
 WebSocket client can resume after a reconnect. ``gap`` and ``protocol_error``
 belong to a connection, not to an execution.
+
+Recovery by replay re-runs a session's cells in a fresh kernel: a ``replay``
+event (``phase: started``, no execution) opens it, each replayed execution
+carries one (``phase: cell``, right after its ``queued``, naming the execution
+it re-runs in ``replay_of``), and one (``phase: finished``) closes it.
 
 The kernel-output shapes map one to one onto nbformat v4 output types
 (stream, display_data, execute_result, error), which keeps notebook export exact.
@@ -198,6 +203,32 @@ class Done(_Event):
     """Workspace files this execution created or changed (for UIs to offer)."""
 
 
+ReplayTrigger = Literal["requested", "kernel_died", "timeout"]
+
+
+class Replay(_Event):
+    """Recovery by replay: the session re-runs its cells in a fresh kernel.
+
+    ``started`` and ``finished`` bracket the replay (no ``execution_id``);
+    ``cell`` belongs to one replayed execution, right after its ``queued``."""
+
+    type: Literal["replay"] = "replay"
+    phase: Literal["started", "cell", "finished"]
+    trigger: ReplayTrigger
+    """``requested`` (a restart asked for it), or ``auto_replay`` after the kernel
+    ``kernel_died`` (out of memory, most often) or was restarted after a ``timeout``."""
+    cells: int
+    """How many cells the replay runs."""
+    index: int | None = None
+    """cell: its place in the replay, from 0."""
+    replay_of: str | None = None
+    """cell: the execution it re-runs."""
+    replayed: int | None = None
+    """finished: how many cells ran ``ok`` (the replay stops at the first that did not)."""
+    duration_ms: float | None = None
+    """finished: how long the replay took."""
+
+
 class Gap(_Event):
     """A resuming client asked for events older than the replay buffer holds."""
 
@@ -224,6 +255,7 @@ Event = Annotated[
     | Error
     | Truncated
     | Done
+    | Replay
     | Gap
     | ProtocolError,
     Field(discriminator="type"),

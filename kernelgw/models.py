@@ -62,6 +62,11 @@ class CreateSession(_Body):
     from_session: str | None = Field(
         None, description="Restore: replay the stored history of this (possibly deleted) session."
     )
+    auto_replay: bool = Field(
+        False,
+        description="After the kernel dies under a cell (out of memory) or is restarted after ignoring "
+        "a timeout, restart it and replay the cells that built its state.",
+    )
 
     @field_validator("env")
     @classmethod
@@ -100,6 +105,7 @@ class SessionInfo(_Response):
     last_seq: int = Field(0, description="The session's latest event sequence number.")
     dead_reason: str | None = Field(None, description="Why the kernel died, when state is dead.")
     owner: str | None = Field(None, description="The id of the API key that created the session.")
+    auto_replay: bool = Field(False, description="Whether a lost kernel is restarted and its cells replayed.")
 
 
 class SessionList(_Response):
@@ -129,6 +135,41 @@ class CreatedSession(SessionInfo):
     )
 
 
+class RestartRequest(_Body):
+    replay: bool = Field(
+        False,
+        description="Replay, in the new kernel, the cells that built the old one's state (those that "
+        "ran ok in it, in order, except cells sent with replay: false), stopping at the first that fails.",
+    )
+
+
+class ReplayReportCell(_Response):
+    """What happened to one cell when a session replayed its lineage."""
+
+    index: int = Field(description="Its place in the replay, from 0 (the oldest cell).")
+    replay_of: str = Field(description="The execution it re-ran (see /history).")
+    status: Literal["ok", "error", "timeout", "interrupted", "dead", "skipped"]
+    execution_id: str | None = Field(None, description="The replayed execution; null when skipped.")
+    duration_ms: float | None = None
+    ename: str | None = None
+    evalue: str | None = None
+    reason: str | None = Field(None, description="Why it failed or was skipped.")
+
+
+class ReplayReport(_Response):
+    trigger: Literal["requested", "kernel_died", "timeout"]
+    cells: list[ReplayReportCell]
+    replayed: int = Field(0, description="Cells that ran ok.")
+    complete: bool = Field(False, description="Every cell ran ok: the state is rebuilt.")
+    duration_ms: float = 0.0
+
+
+class RestartedSession(SessionInfo):
+    replay: ReplayReport | None = Field(
+        None, description="With replay: the replay's report. It stops at the first cell that does not end ok."
+    )
+
+
 class NoteRequest(_Body):
     markdown: str = Field(description="Markdown text; exported as a markdown cell at the current position.")
 
@@ -149,6 +190,8 @@ class HistoryExecution(BaseModel):
     duration_ms: float
     reason: str | None
     state_lost: bool
+    replay_of: str | None = Field(None, description="A replayed execution: the execution it re-ran.")
+    replayable: bool = Field(True, description="False: sent with replay: false, never replayed.")
     events: list[Event]
 
 
@@ -172,6 +215,7 @@ class ExecuteRequest(_Body):
     code: str
     timeout: float | None = Field(None, description="Seconds before the cell is interrupted.")
     execution_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    replay: bool = Field(True, description="false: a replay never runs this cell again (side effects).")
 
 
 class ExecuteResponse(BaseModel):
@@ -288,6 +332,8 @@ class WsExecute(_Body):
     code: str
     execution_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     timeout: float | None = None
+    replay: bool = True
+    """false: a replay never runs this cell again."""
 
 
 class WsInterrupt(_Body):

@@ -32,7 +32,7 @@ from kernelgw.client._base import DEFAULT_URL
 from kernelgw.client._errors import error_from_close, error_from_response
 from kernelgw.client._sync import Client, Session
 from kernelgw.client.execution import Execution, ExecutionBuilder, ExecutionError, Output
-from kernelgw.models import ReplayedCell, SessionInfo
+from kernelgw.models import ReplayedCell, ReplayReport, ReplayReportCell, RestartedSession, SessionInfo
 
 __all__ = [
     "DEFAULT_URL",
@@ -43,7 +43,10 @@ __all__ = [
     "ExecutionBuilder",
     "ExecutionError",
     "Output",
+    "ReplayReport",
+    "ReplayReportCell",
     "ReplayedCell",
+    "RestartedSession",
     "Session",
     "SessionInfo",
     "error_from_close",

@@ -35,7 +35,7 @@ from kernelgw.client._base import (
 )
 from kernelgw.client.execution import Execution
 from kernelgw.events import Event
-from kernelgw.models import FileEntry, ImageList, InstallResult, SessionInfo, UploadResult
+from kernelgw.models import FileEntry, ImageList, InstallResult, RestartedSession, SessionInfo, UploadResult
 
 
 class AsyncSession(_SessionBase["AsyncClient"]):
@@ -44,11 +44,13 @@ class AsyncSession(_SessionBase["AsyncClient"]):
     async def info(self) -> SessionInfo:
         return await self._client._send(self._info_call())
 
-    async def run(self, code: str, *, timeout: float | None = None, execution_id: str | None = None) -> Execution:
-        return await self._client._send(self._execute_call(code, timeout, execution_id))
+    async def run(
+        self, code: str, *, timeout: float | None = None, execution_id: str | None = None, replay: bool = True
+    ) -> Execution:
+        return await self._client._send(self._execute_call(code, timeout, execution_id, replay))
 
-    async def stream(self, code: str, *, timeout: float | None = None) -> AsyncIterator[Event]:
-        state = self._stream_state(code, timeout)
+    async def stream(self, code: str, *, timeout: float | None = None, replay: bool = True) -> AsyncIterator[Event]:
+        state = self._stream_state(code, timeout, replay)
         while not state.finished:
             try:
                 async with _aconnect(state.url, **state.connect_options()) as ws:
@@ -65,8 +67,8 @@ class AsyncSession(_SessionBase["AsyncClient"]):
     async def interrupt(self) -> bool:
         return await self._client._send(self._interrupt_call())
 
-    async def restart(self) -> SessionInfo:
-        return await self._client._send(self._restart_call())
+    async def restart(self, *, replay: bool = False) -> RestartedSession:
+        return await self._client._send(self._restart_call(replay))
 
     async def delete(self, *, missing_ok: bool = False) -> None:
         await self._client._send(self._delete_call(missing_ok))
@@ -168,6 +170,7 @@ class AsyncClient(_BaseClient):
         timeout: float | None = None,
         notebook: NotebookSource | None = None,
         from_session: str | None = None,
+        auto_replay: bool = False,
     ) -> AsyncSession:
         return await self._send(
             self._create_call(
@@ -178,6 +181,7 @@ class AsyncClient(_BaseClient):
                 timeout=timeout,
                 notebook=notebook,
                 from_session=from_session,
+                auto_replay=auto_replay,
             )
         )
 
@@ -192,6 +196,7 @@ class AsyncClient(_BaseClient):
         timeout: float | None = None,
         notebook: NotebookSource | None = None,
         from_session: str | None = None,
+        auto_replay: bool = False,
     ) -> AsyncIterator[AsyncSession]:
         async with await self.create_session(
             memory_mb=memory_mb,
@@ -201,6 +206,7 @@ class AsyncClient(_BaseClient):
             timeout=timeout,
             notebook=notebook,
             from_session=from_session,
+            auto_replay=auto_replay,
         ) as session:
             yield session
 

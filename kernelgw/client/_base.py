@@ -27,6 +27,7 @@ from kernelgw.models import (
     ImageList,
     InstallResult,
     ReplayedCell,
+    RestartedSession,
     SessionInfo,
     UploadResult,
 )
@@ -189,6 +190,7 @@ class _BaseClient:
         timeout: float | None,
         notebook: NotebookSource | None = None,
         from_session: str | None = None,
+        auto_replay: bool = False,
     ) -> _Call[Any]:
         body = {
             k: v
@@ -200,6 +202,7 @@ class _BaseClient:
                 "timeout": timeout,
                 "notebook": _notebook_json(notebook) if notebook is not None else None,
                 "from_session": from_session,
+                "auto_replay": True if auto_replay else None,  # sent only when asked: older gateways refuse it
             }.items()
             if v is not None
         }
@@ -261,12 +264,16 @@ class _SessionBase(Generic[C]):
         self.last_info = SessionInfo.model_validate(response.json())
         return self.last_info
 
-    def _execute_call(self, code: str, timeout: float | None, execution_id: str | None) -> _Call[Execution]:
+    def _execute_call(
+        self, code: str, timeout: float | None, execution_id: str | None, replay: bool = True
+    ) -> _Call[Execution]:
         body: dict[str, Any] = {"code": code}
         if timeout is not None:
             body["timeout"] = timeout
         if execution_id is not None:
             body["execution_id"] = execution_id
+        if not replay:
+            body["replay"] = False
         effective = timeout if timeout is not None else self.default_timeout
         return _Call(
             "POST",
@@ -283,20 +290,27 @@ class _SessionBase(Generic[C]):
             lambda r: bool(r.json().get("interrupted", True)),
         )
 
-    def _restart_call(self) -> _Call[SessionInfo]:
+    def _restart_call(self, replay: bool = False) -> _Call[RestartedSession]:
+        def parse(response: httpx.Response) -> RestartedSession:
+            info = RestartedSession.model_validate(response.json())
+            self.last_info = info
+            return info
+
         return _Call(
             "POST",
             _session_path(self.id, "/restart"),
-            self._update_info,
-            timeout=self._client._start_timeout(),
+            parse,
+            json={"replay": True} if replay else None,
+            # a replay answers after re-running every cell: no read timeout then
+            timeout=httpx.Timeout(self._client.timeout, read=None) if replay else self._client._start_timeout(),
         )
 
     def _delete_call(self, missing_ok: bool = False) -> _Call[None]:
         allow = frozenset({404}) if missing_ok else frozenset()
         return _Call("DELETE", _session_path(self.id), _no_content, allow=allow)
 
-    def _stream_state(self, code: str, timeout: float | None) -> _StreamState:
-        return _StreamState(self._client, self.id, code, timeout)
+    def _stream_state(self, code: str, timeout: float | None, replay: bool = True) -> _StreamState:
+        return _StreamState(self._client, self.id, code, timeout, replay=replay)
 
     # --- history, notebooks
 

@@ -41,7 +41,9 @@ class _StreamState:
     with an event, so a reconnect never runs the code twice.
     """
 
-    def __init__(self, client: _StreamClient, session_id: str, code: str, timeout: float | None) -> None:
+    def __init__(
+        self, client: _StreamClient, session_id: str, code: str, timeout: float | None, *, replay: bool = True
+    ) -> None:
         self._client = client
         self.session_id = session_id
         self.execution_id = uuid.uuid4().hex
@@ -52,6 +54,8 @@ class _StreamState:
         }
         if timeout is not None:
             message["timeout"] = timeout
+        if not replay:
+            message["replay"] = False
         self._message = json.dumps(message)
         self.last_seq: int | None = None
         self.accepted = False

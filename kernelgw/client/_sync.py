@@ -33,7 +33,7 @@ from kernelgw.client._base import (
 )
 from kernelgw.client.execution import Execution
 from kernelgw.events import Event
-from kernelgw.models import FileEntry, ImageList, InstallResult, SessionInfo, UploadResult
+from kernelgw.models import FileEntry, ImageList, InstallResult, RestartedSession, SessionInfo, UploadResult
 
 
 class Session(_SessionBase["Client"]):
@@ -45,14 +45,17 @@ class Session(_SessionBase["Client"]):
     def info(self) -> SessionInfo:
         return self._client._send(self._info_call())
 
-    def run(self, code: str, *, timeout: float | None = None, execution_id: str | None = None) -> Execution:
+    def run(
+        self, code: str, *, timeout: float | None = None, execution_id: str | None = None, replay: bool = True
+    ) -> Execution:
         """Run ``code`` and wait for it; errors in the code do not raise (see
-        `Execution.raise_for_error`)."""
-        return self._client._send(self._execute_call(code, timeout, execution_id))
+        `Execution.raise_for_error`). ``replay=False``: a replay (`restart`)
+        never runs this cell again (side effects: sending mail, writing a database)."""
+        return self._client._send(self._execute_call(code, timeout, execution_id, replay))
 
-    def stream(self, code: str, *, timeout: float | None = None) -> Iterator[Event]:
+    def stream(self, code: str, *, timeout: float | None = None, replay: bool = True) -> Iterator[Event]:
         """Run ``code``, yielding its events live; the last one is ``done``."""
-        state = self._stream_state(code, timeout)
+        state = self._stream_state(code, timeout, replay)
         while not state.finished:
             try:
                 with _connect(state.url, **state.connect_options()) as ws:
@@ -70,9 +73,13 @@ class Session(_SessionBase["Client"]):
         """Interrupt the running execution (like Ctrl-C); True if one was running."""
         return self._client._send(self._interrupt_call())
 
-    def restart(self) -> SessionInfo:
-        """Restart the kernel: its variables are lost, the session id stays."""
-        return self._client._send(self._restart_call())
+    def restart(self, *, replay: bool = False) -> RestartedSession:
+        """Restart the kernel: its variables are lost, the session id stays.
+
+        ``replay=True``: the cells that built the old kernel's state run again in
+        the new one, up to the first that fails; ``.replay`` of the answer says
+        how each fared and how long it took."""
+        return self._client._send(self._restart_call(replay))
 
     def delete(self, *, missing_ok: bool = False) -> None:
         self._client._send(self._delete_call(missing_ok))
@@ -189,12 +196,16 @@ class Client(_BaseClient):
         timeout: float | None = None,
         notebook: NotebookSource | None = None,
         from_session: str | None = None,
+        auto_replay: bool = False,
     ) -> Session:
         """Start a kernel. ``timeout`` is the session's default per-execution timeout.
 
         Restore: with ``notebook`` (a dict or an .ipynb path) or ``from_session`` (the
         id of a stored, possibly deleted session) the code cells are replayed in the
-        new kernel first; ``session.replay`` says how each cell fared."""
+        new kernel first; ``session.replay`` says how each cell fared.
+        ``auto_replay``: when the kernel dies under a cell (out of memory) or is
+        restarted after ignoring a timeout, the gateway restarts it and replays
+        the cells that built its state."""
         session: Session = self._send(
             self._create_call(
                 memory_mb=memory_mb,
@@ -204,6 +215,7 @@ class Client(_BaseClient):
                 timeout=timeout,
                 notebook=notebook,
                 from_session=from_session,
+                auto_replay=auto_replay,
             )
         )
         return session
@@ -219,6 +231,7 @@ class Client(_BaseClient):
         timeout: float | None = None,
         notebook: NotebookSource | None = None,
         from_session: str | None = None,
+        auto_replay: bool = False,
     ) -> Iterator[Session]:
         """A new session, deleted when the ``with`` block ends."""
         with self.create_session(
@@ -229,6 +242,7 @@ class Client(_BaseClient):
             timeout=timeout,
             notebook=notebook,
             from_session=from_session,
+            auto_replay=auto_replay,
         ) as session:
             yield session
 

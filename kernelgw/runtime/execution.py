@@ -115,6 +115,14 @@ class QueuedExecution:
     """The gateway's execution count was advanced for it."""
     anomalies: list[str] = field(default_factory=list)
     """What the kernel sent that a kernel does not send on its own (forged messages)."""
+    replayable: bool = True
+    """False: marked not to be replayed (``replay: false``, for side effects)."""
+    replay_of: str | None = None
+    """Set for a replayed execution: the execution it re-runs."""
+    kernel_id: str | None = None
+    """The kernel it was sent to (its lineage is that kernel's)."""
+    death: str | None = None
+    """Why the kernel died while it ran (it then ends ``dead``)."""
 
     def note_idle(self, msg: dict[str, Any]) -> None:
         if self.idle_seen:

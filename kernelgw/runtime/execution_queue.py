@@ -12,6 +12,14 @@ Acknowledged means stored: a cell is recorded when it starts (``running``) and
 commit is awaited, events of other cells (``queued``) are held back, so the
 ``done`` keeps the ``seq`` its stored copy names. A store that fails does not
 hold the session: ``done`` goes out with a reason saying it was not stored.
+
+Recovery by replay (`kernelgw.runtime.lineage`): the queue keeps the lineage
+of the kernel (the cells that ran ``ok`` in it) and runs replays in its worker,
+ahead of every queued cell, one cell after the other, stopping at the first
+that does not end ``ok``. With ``auto_replay`` the worker itself restarts a
+kernel that died under a cell (out of memory) and replays, as it does after
+the restart that follows a timeout the kernel ignored; a replayed cell never
+starts another recovery.
 """
 
 from __future__ import annotations
@@ -21,16 +29,25 @@ import collections
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 from kernelgw import events as ev
 from kernelgw.errors import BadRequest
+from kernelgw.events import ReplayTrigger
 from kernelgw.runtime.backends.base import KernelState
 from kernelgw.runtime.cell_output import CellOutput
 from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, ClientRequest, QueuedExecution, parse_artifacts
 from kernelgw.runtime.fanout import EventFanout, Published
 from kernelgw.runtime.iopub import cut_text
 from kernelgw.runtime.kernel_link import KernelLink
+from kernelgw.runtime.lineage import (
+    Lineage,
+    LineageCell,
+    ReplayedCellOutcome,
+    ReplayJob,
+    ReplayReport,
+)
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.runtime.session_state import SessionStatus
@@ -83,6 +100,10 @@ class SessionHooks(Protocol):
         """Replace a kernel that ignored an interrupt; returns why it failed, if it did."""
         ...
 
+    async def restart_after_death(self) -> str | None:
+        """Replace a kernel that died under a cell (``auto_replay``); returns why it failed, if it did."""
+        ...
+
 
 class ExecutionQueue:
     def __init__(
@@ -104,7 +125,15 @@ class ExecutionQueue:
         self._hooks = hooks
         self._output = CellOutput(config, self.publish)
         self._config = config
-        self._queue: asyncio.Queue[QueuedExecution] = asyncio.Queue()
+        self._cells: collections.deque[QueuedExecution] = collections.deque()
+        self._replays: collections.deque[ReplayJob] = collections.deque()
+        """Replays to run before any queued cell (`replay`)."""
+        self._holds = 0
+        """While above 0 the worker takes no queued cell (a restart that replays is under way)."""
+        self._wake = asyncio.Event()
+        """Set when there may be work for the worker."""
+        self.lineage = Lineage()
+        """The cells that built the running kernel's state (`kernelgw.runtime.lineage`)."""
         self._worker: asyncio.Task[None] | None = None
         self._recent_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._between_cells = asyncio.Event()
@@ -156,7 +185,7 @@ class ExecutionQueue:
     # ------------------------------------------------------------- the queue
     @property
     def length(self) -> int:
-        return self._queue.qsize() + (1 if self.current is not None else 0)
+        return len(self._cells) + (1 if self.current is not None else 0)
 
     def submit(
         self,
@@ -164,6 +193,8 @@ class ExecutionQueue:
         execution_id: str | None = None,
         timeout: float | None = None,
         client: ClientRequest | None = None,
+        *,
+        replayable: bool = True,
     ) -> QueuedExecution:
         if self._status.state == "closed":
             raise BadRequest("The session is being deleted.")
@@ -177,10 +208,31 @@ class ExecutionQueue:
         self._recent_ids[execution_id] = None
         while len(self._recent_ids) > RECENT_IDS:
             self._recent_ids.popitem(last=False)
-        rec = QueuedExecution(execution_id=execution_id, code=code, timeout=timeout, client=client)
+        rec = QueuedExecution(
+            execution_id=execution_id, code=code, timeout=timeout, client=client, replayable=replayable
+        )
         self.publish(ev.Queued(execution_id=execution_id, code=code, position=self.length), rec)
-        self._queue.put_nowait(rec)
+        self._cells.append(rec)
+        self._wake.set()
         return rec
+
+    def hold(self) -> None:
+        """Take no queued cell until `release` (a restart that replays holds the
+        cells sent meanwhile, so they run after the replay, in the rebuilt state)."""
+        self._holds += 1
+
+    def release(self) -> None:
+        self._holds -= 1
+        self._wake.set()
+
+    def replay(self, cells: Sequence[LineageCell], trigger: ReplayTrigger) -> ReplayJob:
+        """Run ``cells`` again, before any queued cell; await ``job.report``."""
+        if self._status.state == "closed":
+            raise BadRequest("The session is being deleted.")
+        job = ReplayJob(list(cells), trigger)
+        self._replays.append(job)
+        self._wake.set()
+        return job
 
     async def interrupt(self) -> bool:
         rec = self.current
@@ -210,36 +262,142 @@ class ExecutionQueue:
                 pass
             await cancel_and_wait(self._worker)
         unrecorded = [running] if running is not None else []
-        while not self._queue.empty():
-            rec = self._queue.get_nowait()
+        while self._cells:
+            rec = self._cells.popleft()
             self._finish(rec, "dead", "the session was deleted before this execution ran")
             self._announce(rec)
             unrecorded.append(rec)
+        while self._replays:
+            job = self._replays.popleft()
+            if not job.report.done():
+                job.report.set_result(self._report(job, [], "the session was deleted before the replay ran"))
         return unrecorded
 
     # ------------------------------------------------------------- the worker
     async def _work(self) -> None:
         while True:
-            rec = await self._queue.get()
-            self.current = rec
-            self._between_cells.clear()
-            try:
-                self._hooks.execution_started(rec)
-                await self._execute(rec)
-            except asyncio.CancelledError:
-                self._finish(rec, "dead", rec.abort_reason or "the session was deleted")
-                self._announce(rec)
-                raise
-            except Exception as exc:  # never let one execution kill the worker
-                log.exception("execution %s failed inside the gateway", rec.execution_id)
-                self._finish(rec, "dead", f"gateway error: {exc}")
-            finally:
-                self.current = None
-                self._hooks.touch()
-            try:
-                await self._store_then_announce(rec)
-            finally:
-                self._between_cells.set()
+            item = await self._next()
+            if isinstance(item, ReplayJob):
+                await self._replay(item)
+            else:
+                await self._run(item)
+
+    async def _next(self) -> QueuedExecution | ReplayJob:
+        """The next replay, else the next queued cell (unless cells are held)."""
+        while True:
+            if self._replays:
+                return self._replays.popleft()
+            if self._cells and not self._holds:
+                return self._cells.popleft()
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _run(self, rec: QueuedExecution) -> ev.Done:
+        """Run one cell to its published ``done``."""
+        self.current = rec
+        self._between_cells.clear()
+        try:
+            self._hooks.execution_started(rec)
+            await self._execute(rec)
+        except asyncio.CancelledError:
+            self._finish(rec, "dead", rec.abort_reason or "the session was deleted")
+            self._announce(rec)
+            raise
+        except Exception as exc:  # never let one execution kill the worker
+            log.exception("execution %s failed inside the gateway", rec.execution_id)
+            self._finish(rec, "dead", f"gateway error: {exc}")
+        finally:
+            self.current = None
+            self._hooks.touch()
+        try:
+            await self._store_then_announce(rec)
+        finally:
+            self._between_cells.set()
+        done = rec.done.result()
+        self.lineage.note(
+            LineageCell(rec.execution_id, rec.code, rec.timeout),
+            kernel_id=rec.kernel_id,
+            status=done.status,
+            replayable=rec.replayable,
+        )
+        return done
+
+    async def _replay(self, job: ReplayJob) -> None:
+        """Run a lineage again, cell by cell, until one does not end ``ok``."""
+        total = len(job.cells)
+        outcomes: list[ReplayedCellOutcome] = []
+        self.publish(ev.Replay(phase="started", trigger=job.trigger, cells=total))
+        try:
+            for index, cell in enumerate(job.cells):
+                rec = QueuedExecution(
+                    execution_id=uuid.uuid4().hex,
+                    code=cell.code,
+                    timeout=cell.timeout or self._config.max_exec_timeout_s,
+                    replay_of=cell.execution_id,
+                )
+                self.publish(ev.Queued(execution_id=rec.execution_id, code=rec.code, position=0), rec)
+                self.publish(
+                    ev.Replay(
+                        execution_id=rec.execution_id,
+                        phase="cell",
+                        trigger=job.trigger,
+                        cells=total,
+                        index=index,
+                        replay_of=cell.execution_id,
+                    ),
+                    rec,
+                )
+                done = await self._run(rec)
+                outcomes.append(self._outcome(index, cell, rec, done))
+                if done.status != "ok":
+                    break
+        finally:
+            # also when the session is deleted meanwhile (the worker is cancelled)
+            report = self._report(job, outcomes, "not run: an earlier cell of the replay did not end ok")
+            if not job.report.done():
+                job.report.set_result(report)
+            self.publish(
+                ev.Replay(
+                    phase="finished",
+                    trigger=job.trigger,
+                    cells=total,
+                    replayed=report.replayed,
+                    duration_ms=report.duration_ms,
+                )
+            )
+        log.info(
+            "session %s: replayed %d of %d cells (%s) in %.0f ms",
+            self.session_id,
+            report.replayed,
+            total,
+            job.trigger,
+            report.duration_ms,
+        )
+
+    @staticmethod
+    def _outcome(index: int, cell: LineageCell, rec: QueuedExecution, done: ev.Done) -> ReplayedCellOutcome:
+        error = next((p.event for p in reversed(rec.published) if isinstance(p.event, ev.Error)), None)
+        return ReplayedCellOutcome(
+            index=index,
+            replay_of=cell.execution_id,
+            status=done.status,
+            execution_id=rec.execution_id,
+            duration_ms=done.duration_ms,
+            ename=error.ename if error is not None else None,
+            evalue=error.evalue if error is not None else None,
+            reason=done.reason,
+        )
+
+    @staticmethod
+    def _report(job: ReplayJob, outcomes: list[ReplayedCellOutcome], skipped: str) -> ReplayReport:
+        """The report of a replay that ran ``outcomes``; the cells after them are skipped."""
+        rest = [
+            ReplayedCellOutcome(index=i, replay_of=cell.execution_id, status="skipped", reason=skipped)
+            for i, cell in enumerate(job.cells)
+            if i >= len(outcomes)
+        ]
+        duration = round((time.monotonic() - job.started) * 1000, 3)
+        return ReplayReport(trigger=job.trigger, cells=[*outcomes, *rest], duration_ms=duration)
 
     async def _store_then_announce(self, rec: QueuedExecution) -> None:
         """Commit the end of the cell, then publish its ``done`` (acknowledged means stored)."""
@@ -273,6 +431,7 @@ class ExecutionQueue:
             return
         await self._link.resync_if_stale()
         status.state = "busy"
+        rec.kernel_id = self._link.handle.kernel_id if self._link.handle is not None else None
         try:
             if not self._link.send(rec):
                 self._finish(rec, "dead", status.dead_reason or "the kernel is not running; restart the session")
@@ -281,7 +440,7 @@ class ExecutionQueue:
             if outcome == "timeout":
                 await self._on_timeout(rec)
             elif isinstance(outcome, KernelState):
-                self._on_death(rec, outcome)
+                await self._on_death(rec, outcome)
             elif rec.abort_reason is not None:
                 self._finish(rec, "dead", rec.abort_reason, state_lost=True)
             else:
@@ -344,25 +503,54 @@ class ExecutionQueue:
             )
             return
         if isinstance(outcome, KernelState):
-            self._on_death(rec, outcome)
+            await self._on_death(rec, outcome)
             return
         reason = (
             f"the execution exceeded its timeout of {rec.timeout:g}s and did not stop within "
             f"{self._config.interrupt_grace_s:g}s of an interrupt"
         )
+        cells = self.lineage.cells
         # Restart before reporting, so a client that reads `done` finds the session usable.
         failure = await self._hooks.restart_after_timeout()
-        if failure is None:
-            reason += "; the kernel was restarted and all variables are lost"
-        else:
+        if failure is not None:
             reason += f"; restarting the kernel failed ({failure}), so the session is dead"
+        elif self._recovers(rec):
+            reason += "; the kernel was restarted" + self._replay_next(cells, "timeout")
+        else:
+            reason += "; the kernel was restarted and all variables are lost"
         self._finish(rec, "timeout", reason, state_lost=True)
 
-    def _on_death(self, rec: QueuedExecution, state: KernelState) -> None:
+    async def _on_death(self, rec: QueuedExecution, state: KernelState) -> None:
         self._status.state = "dead"
         self._status.dead_reason = reason = state.describe()
+        rec.death = reason
         self._hooks.kernel_event("kernel_died", reason)
+        if self._recovers(rec):
+            cells = self.lineage.cells
+            # Restart before reporting, as after a timeout: the `done` says what comes next.
+            failure = await self._hooks.restart_after_death()
+            if failure is None:
+                reason += "; the kernel was restarted" + self._replay_next(cells, "kernel_died")
+                self._finish(rec, "dead", reason, state_lost=True)
+                return
+            reason += f"; restarting it failed ({failure})"
         self._finish(rec, "dead", reason + "; restart the session to continue", state_lost=True)
+
+    def _recovers(self, rec: QueuedExecution) -> bool:
+        """Whether losing the kernel under ``rec`` starts an automatic replay: with
+        ``auto_replay``, unless ``rec`` is itself replayed (no loops) or the
+        gateway is replacing the kernel anyway (a restart, a deletion)."""
+        return self._config.auto_replay and rec.replay_of is None and rec.abort_reason is None
+
+    def _replay_next(self, cells: Sequence[LineageCell], trigger: ReplayTrigger) -> str:
+        """Queue the replay of ``cells`` ahead of everything; the words for the ``done``."""
+        if self._status.state == "closed":
+            return " and all variables are lost"
+        if not cells:
+            return " (auto_replay: no earlier cell to replay)"
+        self.replay(cells, trigger)
+        n = len(cells)
+        return f"; auto_replay runs the {n} cell{'' if n == 1 else 's'} that built its state again, next"
 
     async def _collect_artifacts(self, rec: QueuedExecution) -> None:
         """Read the workspace changes the kernel reported for this cell.
@@ -460,7 +648,8 @@ class ExecutionQueue:
             assert isinstance(pub.event, ev.Done)
             rec.done.set_result(pub.event)
             if self.metrics is not None and not rec.silent:
-                oom = done.status == "dead" and (self._status.dead_reason or "").startswith("out-of-memory")
+                death = rec.death or self._status.dead_reason or ""
+                oom = done.status == "dead" and death.startswith("out-of-memory")
                 self.metrics.execution_done(pub.event, rec.output_bytes, oom_killed=oom)
         for event, owner in held:
             self.publish(event, owner)

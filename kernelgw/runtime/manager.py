@@ -41,6 +41,7 @@ class SessionOptions:
     image: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     runtime: str | None = None
+    auto_replay: bool = False
 
 
 class SessionManager:
@@ -99,7 +100,11 @@ class SessionManager:
         if container is None or not container.running or container.session_id != stored.session_id:
             await self.recorder.session_lost(stored.session_id, KERNEL_GONE_REASON)
             return False
-        config = dataclasses.replace(self._session_config(SessionOptions()), exec_timeout_s=stored.exec_timeout_s)
+        config = dataclasses.replace(
+            self._session_config(SessionOptions()),
+            exec_timeout_s=stored.exec_timeout_s,
+            auto_replay=stored.auto_replay,
+        )
         session = KernelSession(stored.session_id, stored.spec, self.backend, config, self.recorder, self.metrics)
         session.owner = stored.owner
         session.created_at = stored.created_at
@@ -221,6 +226,7 @@ class SessionManager:
             state_poll_s=s.state_poll_s,
             max_image_bytes=s.max_image_bytes,
             max_message_bytes=s.max_message_bytes,
+            auto_replay=opts.auto_replay,
         )
 
     async def _start_session(self, opts: SessionOptions, quotas: KeyQuotas | None = None) -> KernelSession:

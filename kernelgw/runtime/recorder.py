@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from kernelgw import events as ev
 from kernelgw.runtime.backends.base import KernelHandle, KernelSpec
 from kernelgw.runtime.fanout import Published
+from kernelgw.runtime.lineage import LineageCell
 from kernelgw.runtime.session_config import SessionConfig
 
 
@@ -87,6 +88,9 @@ class StoredSession:
     """The stored reservation: numbering continues after it."""
     cells: Sequence[StoredCell] = ()
     """The latest stored executions, oldest first (to refill the replay buffer)."""
+    lineage: Sequence[LineageCell] = ()
+    """The cells that built the kernel's state (what a replay runs again)."""
+    auto_replay: bool = False
 
 
 class RecordedExecution(Protocol):
@@ -106,6 +110,21 @@ class RecordedExecution(Protocol):
 
     @property
     def output_bytes(self) -> int: ...
+
+    @property
+    def kernel_id(self) -> str | None:
+        """The kernel it ran in (None: it never reached one)."""
+        ...
+
+    @property
+    def replay_of(self) -> str | None:
+        """For a replayed execution: the execution it re-ran."""
+        ...
+
+    @property
+    def replayable(self) -> bool:
+        """False: marked not to be replayed."""
+        ...
 
 
 class Recorder(Protocol):

@@ -5,7 +5,8 @@ A session is three parts with one job each: the kernel link
 (`runtime.execution_queue`: one cell at a time, timeouts, ``done``) and the
 event fan-out (`runtime.fanout`: ``seq``, replay, subscribers). This module
 wires them together and owns the session's lifecycle: start, restart and close
-happen under one lock, so they never interleave.
+happen under one lock, so they never interleave. A restart may replay the
+old kernel's cells into the new one (`kernelgw.runtime.lineage`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from kernelgw.runtime.execution import (
 from kernelgw.runtime.execution_queue import ExecutionQueue
 from kernelgw.runtime.fanout import EventFanout, Published, Subscription
 from kernelgw.runtime.kernel_link import KernelLink
+from kernelgw.runtime.lineage import Lineage, ReplayReport
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.recorder import Recorder, StoredSession
 from kernelgw.runtime.session_config import SessionConfig
@@ -155,6 +157,8 @@ class KernelSession:
         await self._link.start()
         self.state = "idle"
         self.dead_reason = None
+        handle = self._link.handle
+        self._executions.lineage.new_kernel(handle.kernel_id if handle is not None else None)
 
     async def warm_up(self, timeout: float = 10.0) -> None:
         """Run a kernel's first-use work before anyone waits on it: IPython's first
@@ -166,24 +170,57 @@ class KernelSession:
             WARM_UP_CODE, {ARTIFACTS_KEY: ARTIFACTS_EXPRESSION, END_KEY: "'warm-up'"}, timeout=timeout
         )
 
-    async def restart(self, reason: str = "the session was restarted") -> None:
-        """A fresh kernel in place of the old one; all variables are lost."""
+    async def restart(self, reason: str = "the session was restarted", *, replay: bool = False) -> ReplayReport | None:
+        """A fresh kernel in place of the old one; all variables are lost.
+
+        ``replay``: then the old kernel's lineage runs again in the new one,
+        ahead of any cell queued, and this returns the replay's report once it
+        ended (None without replay, or when the session was closed)."""
         async with self._lifecycle:
             if self.state == "closed":
-                return
-            self._executions.abort_current(reason)
+                return None
+            if replay:
+                self._executions.hold()  # cells sent from now on run after the replay
+            try:
+                self._executions.abort_current(reason)
+                await self._link.stop()
+                self.kernel_event("kernel_restarted", reason)
+                if self.metrics is not None:
+                    self.metrics.restarts.labels("requested").inc()
+                cells = self._executions.lineage.cells
+                try:
+                    await self._start_kernel()
+                except BaseException as exc:
+                    self.state = "dead"
+                    self.dead_reason = f"restart failed: {exc}"
+                    raise
+                self.execution_count = 0
+                self.kernel_changed()
+                job = self._executions.replay(cells, "requested") if replay else None
+            finally:
+                if replay:
+                    self._executions.release()
+        return await job.report if job is not None else None
+
+    async def restart_after_death(self) -> str | None:
+        """Replace a kernel that died under a cell, to replay into it
+        (``auto_replay``; the queue's worker calls this); returns why it failed, if it did."""
+        async with self._lifecycle:
+            if self.state == "closed":
+                return "the session was deleted"
             await self._link.stop()
-            self.kernel_event("kernel_restarted", reason)
+            self.kernel_event("kernel_restarted", "auto_replay: the kernel died")
             if self.metrics is not None:
-                self.metrics.restarts.labels("requested").inc()
+                self.metrics.restarts.labels("died").inc()
             try:
                 await self._start_kernel()
-            except BaseException as exc:
+            except Exception as exc:
                 self.state = "dead"
-                self.dead_reason = f"restart failed: {exc}"
-                raise
+                self.dead_reason = f"restarting the kernel after it died failed: {exc}"
+                return str(exc)
             self.execution_count = 0
             self.kernel_changed()
+            return None
 
     async def restart_after_timeout(self) -> str | None:
         """Replace a kernel that ignored an interrupt (the queue's worker calls
@@ -220,6 +257,7 @@ class KernelSession:
             self.state = "idle"
             self.execution_count = stored.execution_count
             self._status.count_unknown = True
+            self._executions.lineage = Lineage(stored.handle.kernel_id, stored.lineage)
             self._fanout.seed(
                 (
                     (event.seq, event.model_dump_json())
@@ -363,13 +401,16 @@ class KernelSession:
         execution_id: str | None = None,
         timeout: float | None = None,
         client: ClientRequest | None = None,
+        *,
+        replayable: bool = True,
     ) -> QueuedExecution:
         """Queue a cell; returns at once. Await ``execution.done`` for the end.
 
         ``client``: a Jupyter client's request (the channels WebSocket). Both
         faces share one queue, so a cell's timeout starts when the kernel gets
-        it, and every cell is in the history, the event stream and the notebook."""
-        rec = self._executions.submit(code, execution_id, timeout, client)
+        it, and every cell is in the history, the event stream and the notebook.
+        ``replayable=False``: a replay never runs it again (side effects)."""
+        rec = self._executions.submit(code, execution_id, timeout, client, replayable=replayable)
         self.touch()
         return rec
 
@@ -434,4 +475,5 @@ class KernelSession:
             "last_seq": self.last_seq,
             "dead_reason": self.dead_reason,
             "owner": self.owner,
+            "auto_replay": self.config.auto_replay,
         }

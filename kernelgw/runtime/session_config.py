@@ -19,3 +19,6 @@ class SessionConfig:
     replay_buffer_bytes: int = 4 * 1024 * 1024
     max_image_bytes: int = 8 * 1024 * 1024
     max_message_bytes: int = 64 * 1024 * 1024
+    auto_replay: bool = False
+    """Restart and replay the kernel's cells after it dies under a cell (out of
+    memory) or is restarted after ignoring a timeout (`kernelgw.runtime.lineage`)."""

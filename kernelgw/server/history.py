@@ -74,7 +74,8 @@ async def export_notebook(session_id: str, request: Request) -> Response:
     is purged."""
     store = _store(request)
     record = await _record(request, session_id)
-    executions = await store.list_executions(session_id)
+    # replayed executions re-ran earlier cells: the notebook is what the user ran
+    executions = [e for e in await store.list_executions(session_id) if e.replay_of is None]
     notes = await store.list_notes(session_id)
     # Parsing events and validating is CPU work that grows with the outputs: off the loop.
     text = await asyncio.to_thread(
@@ -112,7 +113,8 @@ async def add_note(session_id: str, body: NoteRequest, request: Request) -> dict
 @router.get("/v1/sessions/{session_id}/history", response_model=HistoryResponse)
 async def history(session_id: str, request: Request) -> Response:
     """Every stored execution of the session (code, status, timings, all its events)
-    and its notes, live or deleted."""
+    and its notes, live or deleted. A replayed execution names the one it re-ran
+    in ``replay_of``."""
     store = _store(request)
     record = await _record(request, session_id)
     executions = await store.list_executions(session_id)
@@ -130,6 +132,8 @@ async def history(session_id: str, request: Request) -> Response:
                 "duration_ms": e.duration_ms,
                 "reason": e.reason,
                 "state_lost": e.state_lost,
+                "replay_of": e.replay_of,
+                "replayable": e.replayable,
             }
         )
         # the stored events are the JSON texts clients received: splice them

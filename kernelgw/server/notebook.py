@@ -21,8 +21,10 @@ A cell's ``execution_count`` comes from its ``done`` event. Every cell keeps
 standard ``metadata.execution`` timestamps. Markdown notes sit between the
 executions they were added between (``after_seq``, see `NoteRecord`).
 
-Restore (`replay_plan`, `plan_from_executions`): the code cells to run again in
-a fresh kernel. Cells whose execution did not complete (``timeout``, ``dead``,
+Export leaves out the executions a recovery by replay ran (``replay_of`` set):
+the notebook is what the user ran. Restore (`replay_plan`,
+`plan_from_executions`): the code cells to run again in a fresh kernel (again
+without replayed executions). Cells whose execution did not complete (``timeout``, ``dead``,
 ``interrupted`` in ``metadata.kernelgw.status``) are skipped: running them again
 would most likely hang or kill the new kernel the same way, and what they did
 before being stopped is unknown. Cells that raised are run again (whatever they
@@ -358,5 +360,10 @@ def replay_plan(nb: Mapping[str, Any]) -> list[ReplayStep]:
 
 
 def plan_from_executions(executions: Iterable[Any]) -> list[ReplayStep]:
-    """The stored executions of a session (objects with ``position``, ``code``, ``status``)."""
-    return [ReplayStep(e.position, e.code, _skip_reason(e.status, e.code)) for e in executions]
+    """The stored executions of a session (objects with ``position``, ``code``,
+    ``status``), except replayed ones: they re-ran cells the plan runs already."""
+    return [
+        ReplayStep(e.position, e.code, _skip_reason(e.status, e.code))
+        for e in executions
+        if getattr(e, "replay_of", None) is None
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -15,6 +16,8 @@ from kernelgw.models import (
     ExecuteResponse,
     Health,
     InterruptResponse,
+    RestartedSession,
+    RestartRequest,
     SessionInfo,
     SessionList,
 )
@@ -104,6 +107,7 @@ async def create_session(body: CreateSession, request: Request) -> dict[str, Any
         image=body.image,
         env=body.env,
         runtime=body.runtime,
+        auto_replay=body.auto_replay,
     )
     check_available(gateway_state(request))  # not while draining or while the store cannot write
     steps = await history.restore_plan(body, request)  # validated before a kernel starts
@@ -137,7 +141,7 @@ async def execute(session_id: str, body: ExecuteRequest, request: Request) -> Re
     """Run a cell and wait for it; returns the same events the WebSocket streams."""
     session = session_for(request, session_id)
     await admit(gateway_state(request), principal_of(request), body.code)
-    rec = session.submit(body.code, execution_id=body.execution_id, timeout=body.timeout)
+    rec = session.submit(body.code, execution_id=body.execution_id, timeout=body.timeout, replayable=body.replay)
     done = await rec.done
     # Events were serialised once when published; splice them instead of re-encoding.
     head = ExecuteResponse(
@@ -159,9 +163,23 @@ async def interrupt(session_id: str, request: Request) -> dict[str, bool]:
     return {"interrupted": await session_for(request, session_id).interrupt()}
 
 
-@router.post("/v1/sessions/{session_id}/restart", response_model=SessionInfo, tags=["sessions"])
-async def restart(session_id: str, request: Request) -> dict[str, Any]:
-    """Replace the kernel with a fresh one; all variables are lost."""
+@router.post("/v1/sessions/{session_id}/restart", response_model=RestartedSession, tags=["sessions"])
+async def restart(session_id: str, request: Request, body: RestartRequest | None = None) -> dict[str, Any]:
+    """Replace the kernel with a fresh one; all variables are lost.
+
+    With ``{"replay": true}`` the cells that built the old kernel's state run
+    again in the new one (before any cell sent meanwhile), streaming their
+    events to watchers; the answer comes after the replay, with its report."""
     session = session_for(request, session_id)
-    await session.restart()
-    return session.info()
+    if body is None or not body.replay:
+        await session.restart()
+        return session.info()
+    report = await session.restart(replay=True)
+    replay = None
+    if report is not None:
+        replay = {
+            **dataclasses.asdict(report),
+            "replayed": report.replayed,
+            "complete": report.complete,
+        }
+    return {**session.info(), "replay": replay}

@@ -136,7 +136,7 @@ async def _receive_commands(
         try:
             if isinstance(msg, WsExecute):
                 await admit(gateway_state(websocket), principal, msg.code)
-                session.submit(msg.code, execution_id=msg.execution_id, timeout=msg.timeout)
+                session.submit(msg.code, execution_id=msg.execution_id, timeout=msg.timeout, replayable=msg.replay)
             else:
                 await session.interrupt()
         except KernelGWError as exc:

@@ -41,6 +41,7 @@ def kernel_values(session: RecordedSession) -> dict[str, Any]:
         "connection": handle.connection,
         "spec": dataclasses.asdict(session.spec),
         "exec_timeout_s": session.config.exec_timeout_s,
+        "auto_replay": session.config.auto_replay,
     }
     return {
         "container_id": handle.container_id,
@@ -73,6 +74,7 @@ def stored_session(row: Any) -> StoredSession:
         exec_timeout_s=float(kernel["exec_timeout_s"]),
         execution_count=row.execution_count or 0,
         last_seq=row.last_seq or 0,
+        auto_replay=bool(kernel.get("auto_replay", False)),
     )
 
 

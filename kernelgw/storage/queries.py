@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from kernelgw.runtime.lineage import LineageCell
 from kernelgw.storage import schema
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
 
@@ -55,9 +56,31 @@ async def list_executions(engine: AsyncEngine, session_id: str) -> list[Executio
             reason=row.reason,
             state_lost=bool(row.state_lost),
             events_json=row.events,
+            kernel_id=row.kernel_id,
+            replay_of=row.replay_of,
+            replayable=not row.no_replay,
         )
         for row in rows
     ]
+
+
+async def lineage(engine: AsyncEngine, session_id: str, kernel_id: str) -> list[LineageCell]:
+    """The cells that built the state of the session's kernel ``kernel_id``
+    (`kernelgw.runtime.lineage`), oldest first: what a replay runs again."""
+    t = schema.executions
+    query = (
+        select(t.c.execution_id, t.c.code)
+        .where(
+            t.c.session_id == session_id,
+            t.c.kernel_id == kernel_id,
+            t.c.status == "ok",
+            or_(t.c.no_replay.is_(None), t.c.no_replay.is_(False)),
+        )
+        .order_by(t.c.position, t.c.id)
+    )
+    async with engine.connect() as conn:
+        rows = (await conn.execute(query)).all()
+    return [LineageCell(row.execution_id, row.code) for row in rows]
 
 
 async def list_notes(engine: AsyncEngine, session_id: str) -> list[NoteRecord]:

@@ -49,6 +49,12 @@ class ExecutionRecord:
     events_json: str
     """Every event of the execution, in order, as one JSON array (the texts that
     were sent to clients, spliced, never re-encoded)."""
+    kernel_id: str | None = None
+    """The kernel it ran in (None for rows stored before recovery by replay)."""
+    replay_of: str | None = None
+    """Set for a replayed execution: the execution it re-ran."""
+    replayable: bool = True
+    """False: its client marked it not to be replayed."""
 
     @property
     def events(self) -> list[Event]:

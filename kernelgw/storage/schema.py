@@ -63,6 +63,11 @@ executions = Table(
     Column("reason", Text, nullable=True),
     Column("state_lost", Boolean, nullable=False, default=False),
     Column("events", Text, nullable=False),  # JSON array of the execution's events
+    # recovery by replay: the kernel it ran in (its lineage), the execution a
+    # replayed one re-ran, and a cell marked not to replay; NULL in older rows
+    Column("kernel_id", String(64), nullable=True),
+    Column("replay_of", String(128), nullable=True),
+    Column("no_replay", Boolean, nullable=True),
     Index("kgw_executions_session", "session_id", "position"),
 )
 

@@ -66,6 +66,15 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _replay_values(execution: RecordedExecution) -> dict[str, Any]:
+    """An execution row's columns for recovery by replay (its kernel and lineage)."""
+    return {
+        "kernel_id": execution.kernel_id,
+        "replay_of": execution.replay_of,
+        "no_replay": True if not execution.replayable else None,
+    }
+
+
 # Constant statements (parameters passed apart) are compiled once: building and
 # compiling `insert(...).values(...)` per row cost more than the SQLite write.
 _INSERT_EXECUTION = insert(schema.executions)
@@ -86,7 +95,12 @@ _END_EXECUTION = (
         schema.executions.c.position == bindparam("k_position"),
         schema.executions.c.execution_id == bindparam("k_execution"),
     )
-    .values({c: bindparam(c) for c in ("status", "execution_count", "duration_ms", "reason", "state_lost", "events")})
+    .values(
+        {
+            c: bindparam(c)
+            for c in ("status", "execution_count", "duration_ms", "reason", "state_lost", "events", "kernel_id")
+        }
+    )
 )
 
 
@@ -262,6 +276,7 @@ class Store:
             "reason": None,
             "state_lost": False,
             "events": "[" + ",".join(p.json for p in published) + "]",
+            **_replay_values(execution),
         }
 
         async def write(conn: AsyncConnection) -> None:
@@ -318,6 +333,7 @@ class Store:
             "duration_ms": duration,
             "reason": end.reason,
             "state_lost": end.state_lost,
+            "kernel_id": execution.kernel_id,  # known once the cell was sent, after its start row
             # already serialised when published: splice, do not re-encode
             "events": "[" + ",".join(p.json for p in published) + "]",
         }
@@ -328,6 +344,7 @@ class Store:
             "seq": published[0].seq if published else 0,
             "code": execution.code,
             "started_at": _now() - timedelta(milliseconds=duration),
+            **_replay_values(execution),
             **final,
         }
 
@@ -410,7 +427,8 @@ class Store:
                         parsed = []
                     cut_off = (session.session_id, execution_id) in self._cut_off
                     cells.append(StoredCell(execution_id=execution_id, events=parsed, cut_off=cut_off))
-            stored.append(dataclasses.replace(session, cells=cells))
+            lineage = await queries.lineage(engine, session.session_id, session.handle.kernel_id)
+            stored.append(dataclasses.replace(session, cells=cells, lineage=lineage))
         return stored
 
     async def session_lost(self, session_id: str, reason: str) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic import command
 from sqlalchemy import Connection, MetaData, insert, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -28,7 +29,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from kernelgw.keys import KeyQuotas
 from kernelgw.storage import Store, audit, migrate
 from kernelgw.storage.keys import KeyStore
-from kernelgw.storage.migrations import VERSION_TABLE
+from kernelgw.storage.migrations import REATTACH, VERSION_TABLE
 from kernelgw.storage.store import CRASHED_REASON, async_database_url
 from tests.integration.test_history import (  # the sqlite/postgres fixture, and stand-ins the store records
     _finished_execution,
@@ -138,10 +139,15 @@ def session_columns(conn: Connection) -> set[str]:
     return {c["name"] for c in inspect(conn).get_columns("kgw_sessions")}
 
 
+def execution_columns(conn: Connection) -> set[str]:
+    return {c["name"] for c in inspect(conn).get_columns("kgw_executions")}
+
+
 async def assert_at_head_as_a_new_database_would_be(url: str) -> None:
     assert await on(url, migrate.current_revision) == migrate.head()
     assert await on(url, migrate.differences) == []
     assert {"container_id", "kernel", "execution_count", "last_seq"} <= await on(url, session_columns)
+    assert {"kernel_id", "replay_of", "no_replay"} <= await on(url, execution_columns)
     versions = await on(url, lambda c: c.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all())
     assert versions == [migrate.head()]
 
@@ -159,7 +165,7 @@ async def test_a_previous_release_database_is_upgraded_and_reads_as_before(
     await on(url, old_rows(previous_schema.metadata))
     with caplog.at_level(logging.INFO, logger="kernelgw.storage"):
         store = await started(url, name="old")
-    assert "schema upgraded from 0001 (tables made before migrations) to 0002" in caplog.text
+    assert f"schema upgraded from 0001 (tables made before migrations) to {migrate.head()}" in caplog.text
     try:
         record = await store.get_session(SESSION)
         assert record is not None
@@ -203,6 +209,32 @@ async def test_a_previous_release_database_is_upgraded_and_reads_as_before(
     finally:
         await again.close()
     assert not (await on(url, migrate.upgrade)).changed
+
+
+async def test_a_reattach_release_database_is_upgraded_and_its_executions_are_in_no_lineage(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Revision 0002 (sessions keep their kernel) to recovery by replay: old rows
+    read as before, name no kernel and are neither replayed nor marked."""
+
+    def made_by_0002(conn: Connection) -> None:
+        old_rows(previous_schema.REATTACH_RELEASE)(conn)
+        command.stamp(migrate.alembic_config(conn), REATTACH)
+
+    await on(url, made_by_0002)
+    with caplog.at_level(logging.INFO, logger="kernelgw.storage"):
+        store = await started(url, name="old")
+    try:
+        executions = await store.list_executions(SESSION)
+        assert [(e.code, e.status, e.kernel_id, e.replay_of, e.replayable) for e in executions] == [
+            ("x = 1", "ok", None, None, True),
+            ("1 / 0", "error", None, None, True),
+        ]
+        [note] = await store.list_notes(SESSION)
+        assert note.markdown == "# ünïcode ✓"
+    finally:
+        await store.close()
+    await assert_at_head_as_a_new_database_would_be(url)
 
 
 async def test_a_first_release_database_gets_owners_keys_and_audit(url: str) -> None:

@@ -3,7 +3,9 @@
 The tables are copied verbatim from kernelgw/storage/schema.py at commit
 d7b8a43 (the previous release); never edit them to follow today's schema.
 `FIRST_RELEASE` is the first release's (commit b38172f): no ``owner`` column,
-no API keys, no audit log.
+no API keys, no audit log. `REATTACH_RELEASE` is revision 0002's (commit
+654a967, the last before recovery by replay): sessions keep their kernel,
+executions do not name theirs.
 """
 
 from __future__ import annotations
@@ -120,3 +122,32 @@ Table(
 )
 executions.to_metadata(FIRST_RELEASE)  # unchanged since
 notes.to_metadata(FIRST_RELEASE)
+
+
+# ---------------------------------------------------------------- commit 654a967 (revision 0002)
+REATTACH_RELEASE = MetaData()
+
+Table(
+    "kgw_sessions",
+    REATTACH_RELEASE,
+    Column("id", String(64), primary_key=True),
+    Column("gateway_name", String(255), nullable=False),
+    Column("image", String(512), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True), nullable=True),
+    Column("end_reason", Text, nullable=True),
+    Column("language_info", Text, nullable=False, default="{}"),  # JSON, from kernel_info
+    Column("owner", String(32), nullable=True),  # the API key id that created it
+    # what a restarted gateway needs to reattach the kernel; ``kernel`` is JSON
+    # holding the connection dict with the kernel's HMAC key: protect the store
+    Column("container_id", String(128), nullable=True),
+    Column("kernel", Text, nullable=True),
+    Column("execution_count", Integer, nullable=True),
+    Column("last_seq", Integer, nullable=True),
+    Index("kgw_sessions_ended", "ended_at"),
+    Index("kgw_sessions_gateway_open", "gateway_name", "ended_at"),
+)
+executions.to_metadata(REATTACH_RELEASE)  # unchanged since the release before migrations
+notes.to_metadata(REATTACH_RELEASE)
+api_keys.to_metadata(REATTACH_RELEASE)
+audit.to_metadata(REATTACH_RELEASE)

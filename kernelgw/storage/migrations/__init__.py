@@ -8,6 +8,8 @@ Revisions (``versions/``):
 - ``0001``: the schema of the release before migrations (commit d7b8a43):
   sessions with their owner, executions, notes, API keys, audit.
 - ``0002``: each session keeps its kernel, so a restarted gateway can reattach.
+- ``0003``: each execution names its kernel, the execution it replayed, and
+  whether it may be replayed (recovery by replay).
 
 To change the schema: change `kernelgw.storage.schema` and add a revision after
 the head here (copy the latest file; ``down_revision`` names the one before).
@@ -25,6 +27,8 @@ BASELINE = "0001"
 """The schema of the release before migrations (d7b8a43)."""
 REATTACH = "0002"
 """The schema of the last release without migrations: kernels kept for reattachment."""
+REPLAY = "0003"
+"""Executions name their kernel and what they replayed (recovery by replay)."""
 
 
 class MigrationsNeedAConnection(RuntimeError):

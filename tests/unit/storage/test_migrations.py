@@ -17,7 +17,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, create_engine, inspect, text
 
 from kernelgw.storage import migrate, schema
-from kernelgw.storage.migrations import BASELINE, REATTACH, VERSION_TABLE, MigrationsNeedAConnection
+from kernelgw.storage.migrations import BASELINE, REATTACH, REPLAY, VERSION_TABLE, MigrationsNeedAConnection
 from tests.support import previous_schema
 
 
@@ -49,14 +49,16 @@ def test_the_comparison_sees_a_schema_that_differs(engine: Engine) -> None:
     upgrade(engine)
     found = differences(engine, previous_schema.metadata)
     removed = {(d[2], d[3].name) for d in found if isinstance(d, tuple) and d[0] == "remove_column"}
-    assert removed == {("kgw_sessions", c) for c in ("container_id", "kernel", "execution_count", "last_seq")}
+    assert removed == {("kgw_sessions", c) for c in ("container_id", "kernel", "execution_count", "last_seq")} | {
+        ("kgw_executions", c) for c in ("kernel_id", "replay_of", "no_replay")
+    }
     assert len(found) == len(removed)
 
 
 def test_the_revisions_are_one_line_from_the_baseline() -> None:
     script = ScriptDirectory.from_config(migrate.alembic_config())
     assert script.get_heads() == [migrate.head()]
-    assert [r.revision for r in script.walk_revisions()][-2:] == [REATTACH, BASELINE]
+    assert [r.revision for r in script.walk_revisions()] == [REPLAY, REATTACH, BASELINE]
     assert script.get_base() == BASELINE
 
 
@@ -75,6 +77,36 @@ def test_downgrading_the_reattach_revision_gives_the_previous_release_schema_bac
     assert upgrade(engine).after == migrate.head()
 
 
+def test_downgrading_the_replay_revision_gives_the_reattach_schema_back(engine: Engine) -> None:
+    upgrade(engine)
+    with engine.begin() as conn:
+        command.downgrade(migrate.alembic_config(conn), REATTACH)
+        assert migrate.current_revision(conn) == REATTACH
+    assert differences(engine, previous_schema.REATTACH_RELEASE) == []
+    assert upgrade(engine).after == migrate.head() == REPLAY
+
+
+def test_upgrading_from_the_reattach_revision_keeps_every_execution_replayable_in_no_lineage(
+    engine: Engine,
+) -> None:
+    """Rows stored before recovery by replay name no kernel: no replay runs them
+    (their kernel is unknown), and nothing marks them replayed or not to replay."""
+    with engine.begin() as conn:
+        command.upgrade(migrate.alembic_config(conn), REATTACH)
+        conn.execute(
+            text(
+                "INSERT INTO kgw_executions (session_id, position, execution_id, seq, code, status, "
+                "started_at, duration_ms, state_lost, events) "
+                "VALUES ('s', 0, 'e0', 1, 'x = 1', 'ok', '2025-01-01 00:00:00', 1.0, 0, '[]')"
+            )
+        )
+    assert upgrade(engine).after == REPLAY
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT kernel_id, replay_of, no_replay FROM kgw_executions")).one()
+    assert tuple(row) == (None, None, None)
+    assert differences(engine) == []
+
+
 def test_a_second_upgrade_changes_nothing(engine: Engine) -> None:
     upgrade(engine)
     again = upgrade(engine)
@@ -85,7 +117,11 @@ def test_a_second_upgrade_changes_nothing(engine: Engine) -> None:
 
 @pytest.mark.parametrize(
     ("metadata", "adopted"),
-    [(previous_schema.metadata, BASELINE), (previous_schema.FIRST_RELEASE, BASELINE), (schema.metadata, REATTACH)],
+    [
+        (previous_schema.metadata, BASELINE),
+        (previous_schema.FIRST_RELEASE, BASELINE),
+        (previous_schema.REATTACH_RELEASE, REATTACH),
+    ],
     ids=["previous-release", "first-release", "last-release-before-migrations"],
 )
 def test_tables_made_before_migrations_are_recognised(engine: Engine, metadata: MetaData, adopted: str) -> None:
