@@ -176,6 +176,11 @@ class FileNotFoundInWorkspace(KernelGWError):
     code = "file_not_found"
 
 
+class WorkspaceCopyFailed(KernelGWError):
+    status_code = 500
+    code = "workspace_copy_failed"
+
+
 class PackageNotAllowed(BadRequest):
     code = "package_not_allowed"
 

@@ -203,7 +203,7 @@ class Done(_Event):
     """Workspace files this execution created or changed (for UIs to offer)."""
 
 
-ReplayTrigger = Literal["requested", "kernel_died", "timeout"]
+ReplayTrigger = Literal["requested", "kernel_died", "timeout", "fork"]
 
 
 class Replay(_Event):
@@ -216,7 +216,8 @@ class Replay(_Event):
     phase: Literal["started", "cell", "finished"]
     trigger: ReplayTrigger
     """``requested`` (a restart asked for it), or ``auto_replay`` after the kernel
-    ``kernel_died`` (out of memory, most often) or was restarted after a ``timeout``."""
+    ``kernel_died`` (out of memory, most often) or was restarted after a ``timeout``,
+    or ``fork`` (a new session rebuilds the state of the one it was forked from)."""
     cells: int
     """How many cells the replay runs."""
     index: int | None = None

@@ -67,6 +67,13 @@ class CreateSession(_Body):
         description="After the kernel dies under a cell (out of memory) or is restarted after ignoring "
         "a timeout, restart it and replay the cells that built its state.",
     )
+    fork_of: str | None = Field(
+        None,
+        alias="from",
+        description="Fork: a live session of the same API key to copy. The new session gets a copy of its "
+        "workspace and installed packages, its settings (unless given here), and its state rebuilt by "
+        "replaying the cells that built it; then both go their own way.",
+    )
 
     @field_validator("env")
     @classmethod
@@ -83,8 +90,8 @@ class CreateSession(_Body):
 
     @model_validator(mode="after")
     def _one_source(self) -> CreateSession:
-        if self.notebook is not None and self.from_session is not None:
-            raise ValueError("give either notebook or from_session, not both")
+        if sum(x is not None for x in (self.notebook, self.from_session, self.fork_of)) > 1:
+            raise ValueError("give at most one of notebook, from_session and from")
         return self
 
 
@@ -127,14 +134,6 @@ class ReplayedCell(_Response):
     duration_ms: float | None = None
 
 
-class CreatedSession(SessionInfo):
-    replay: list[ReplayedCell] | None = Field(
-        None,
-        description="Restores only: one entry per code cell, in order. A failing cell does not stop "
-        "the replay; a cell that loses the kernel's state (died, or restarted after a timeout) does.",
-    )
-
-
 class RestartRequest(_Body):
     replay: bool = Field(
         False,
@@ -157,7 +156,7 @@ class ReplayReportCell(_Response):
 
 
 class ReplayReport(_Response):
-    trigger: Literal["requested", "kernel_died", "timeout"]
+    trigger: Literal["requested", "kernel_died", "timeout", "fork"]
     cells: list[ReplayReportCell]
     replayed: int = Field(0, description="Cells that ran ok.")
     complete: bool = Field(False, description="Every cell ran ok: the state is rebuilt.")
@@ -168,6 +167,24 @@ class RestartedSession(SessionInfo):
     replay: ReplayReport | None = Field(
         None, description="With replay: the replay's report. It stops at the first cell that does not end ok."
     )
+
+
+class ForkReport(_Response):
+    """How a forked session was made from its source."""
+
+    source: str = Field(description="The session it was forked from.")
+    copied_bytes: int = Field(description="Bytes of workspace and installed packages copied (as a tar stream).")
+    copy_ms: float = Field(description="How long copying the files took.")
+    replay: ReplayReport = Field(description="Rebuilding the source's state in the new kernel.")
+
+
+class CreatedSession(SessionInfo):
+    replay: list[ReplayedCell] | None = Field(
+        None,
+        description="Restores only: one entry per code cell, in order. A failing cell does not stop "
+        "the replay; a cell that loses the kernel's state (died, or restarted after a timeout) does.",
+    )
+    fork: ForkReport | None = Field(None, description="Forks only: what was copied and replayed.")
 
 
 class NoteRequest(_Body):

@@ -55,6 +55,7 @@ runsc_tests=(
   tests/integration/test_artifacts.py
   tests/integration/test_reattach.py
   tests/integration/test_workspace.py
+  tests/integration/test_fork.py
   tests/security
   -k "not postgres")
 

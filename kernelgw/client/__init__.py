@@ -32,7 +32,7 @@ from kernelgw.client._base import DEFAULT_URL
 from kernelgw.client._errors import error_from_close, error_from_response
 from kernelgw.client._sync import Client, Session
 from kernelgw.client.execution import Execution, ExecutionBuilder, ExecutionError, Output
-from kernelgw.models import ReplayedCell, ReplayReport, ReplayReportCell, RestartedSession, SessionInfo
+from kernelgw.models import ForkReport, ReplayedCell, ReplayReport, ReplayReportCell, RestartedSession, SessionInfo
 
 __all__ = [
     "DEFAULT_URL",
@@ -42,6 +42,7 @@ __all__ = [
     "Execution",
     "ExecutionBuilder",
     "ExecutionError",
+    "ForkReport",
     "Output",
     "ReplayReport",
     "ReplayReportCell",

@@ -67,6 +67,16 @@ class AsyncSession(_SessionBase["AsyncClient"]):
     async def interrupt(self) -> bool:
         return await self._client._send(self._interrupt_call())
 
+    async def fork(
+        self, *, memory_mb: int | None = None, cpus: float | None = None, timeout: float | None = None
+    ) -> AsyncSession:
+        """A new session with a copy of this one's files and installed packages and
+        its state rebuilt by replaying the cells that built it; then the two go
+        their own way. Settings are this session's unless given. ``fork_report``
+        of the new session says what was copied and replayed."""
+        forked: AsyncSession = await self._client._send(self._fork_call(memory_mb, cpus, timeout))
+        return forked
+
     async def restart(self, *, replay: bool = False) -> RestartedSession:
         return await self._client._send(self._restart_call(replay))
 

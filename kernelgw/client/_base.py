@@ -24,6 +24,7 @@ from kernelgw.models import (
     CreatedSession,
     FileEntry,
     FileList,
+    ForkReport,
     ImageList,
     InstallResult,
     ReplayedCell,
@@ -191,6 +192,7 @@ class _BaseClient:
         notebook: NotebookSource | None = None,
         from_session: str | None = None,
         auto_replay: bool = False,
+        fork_of: str | None = None,
     ) -> _Call[Any]:
         body = {
             k: v
@@ -203,10 +205,11 @@ class _BaseClient:
                 "notebook": _notebook_json(notebook) if notebook is not None else None,
                 "from_session": from_session,
                 "auto_replay": True if auto_replay else None,  # sent only when asked: older gateways refuse it
+                "from": fork_of,
             }.items()
             if v is not None
         }
-        restoring = notebook is not None or from_session is not None
+        restoring = notebook is not None or from_session is not None or fork_of is not None
         return _Call(
             "POST",
             "/v1/sessions",
@@ -253,6 +256,8 @@ class _SessionBase(Generic[C]):
         """The per-execution timeout the session was created with, if known."""
         self.replay: list[ReplayedCell] | None = info.replay if isinstance(info, CreatedSession) else None
         """For a restored session: how each code cell fared (else None)."""
+        self.fork_report: ForkReport | None = info.fork if isinstance(info, CreatedSession) else None
+        """For a fork (`fork`): what was copied and replayed (else None)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self.id!r}, state={self.last_info.state!r})"
@@ -288,6 +293,11 @@ class _SessionBase(Generic[C]):
             "POST",
             _session_path(self.id, "/interrupt"),
             lambda r: bool(r.json().get("interrupted", True)),
+        )
+
+    def _fork_call(self, memory_mb: int | None, cpus: float | None, timeout: float | None) -> _Call[Any]:
+        return self._client._create_call(
+            memory_mb=memory_mb, cpus=cpus, env=None, image=None, timeout=timeout, fork_of=self.id
         )
 
     def _restart_call(self, replay: bool = False) -> _Call[RestartedSession]:

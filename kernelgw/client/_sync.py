@@ -73,6 +73,14 @@ class Session(_SessionBase["Client"]):
         """Interrupt the running execution (like Ctrl-C); True if one was running."""
         return self._client._send(self._interrupt_call())
 
+    def fork(self, *, memory_mb: int | None = None, cpus: float | None = None, timeout: float | None = None) -> Session:
+        """A new session with a copy of this one's files and installed packages and
+        its state rebuilt by replaying the cells that built it; then the two go
+        their own way. Settings are this session's unless given. ``fork_report``
+        of the new session says what was copied and replayed."""
+        forked: Session = self._client._send(self._fork_call(memory_mb, cpus, timeout))
+        return forked
+
     def restart(self, *, replay: bool = False) -> RestartedSession:
         """Restart the kernel: its variables are lost, the session id stays.
 

@@ -17,13 +17,15 @@ import uuid
 from dataclasses import dataclass, field
 
 from kernelgw.config import Settings
-from kernelgw.errors import LimitExceeded, SessionLimitReached, SessionNotFound, StorageUnavailable
+from kernelgw.errors import KernelDied, LimitExceeded, SessionLimitReached, SessionNotFound, StorageUnavailable
 from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
 from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelSpec
+from kernelgw.runtime.lineage import ReplayReport
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.pool import PoolProfile, WarmPool
 from kernelgw.runtime.recorder import Recorder, StoredSession
 from kernelgw.runtime.session import KernelSession, SessionConfig
+from kernelgw.runtime.workspace import copy_session_files
 from kernelgw.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,16 @@ class SessionOptions:
     env: dict[str, str] = field(default_factory=dict)
     runtime: str | None = None
     auto_replay: bool = False
+
+
+@dataclass(frozen=True)
+class Fork:
+    """How a forked session was made (``ForkReport`` on the wire)."""
+
+    source: str
+    copied_bytes: int
+    copy_ms: float
+    replay: ReplayReport
 
 
 class SessionManager:
@@ -294,6 +306,47 @@ class SessionManager:
         await self._record("session_started", session)
         log.info("session %s created (%s)", session.id, source)
         return session
+
+    def fork_options(self, source: KernelSession, opts: SessionOptions) -> SessionOptions:
+        """A fork's options: what the request gave, else the source's."""
+        spec, config = source.spec, source.config
+        return SessionOptions(
+            memory_mb=opts.memory_mb if opts.memory_mb is not None else spec.memory_mb,
+            cpus=opts.cpus if opts.cpus is not None else spec.cpus,
+            timeout=opts.timeout if opts.timeout is not None else config.exec_timeout_s,
+            image=opts.image if opts.image is not None else spec.image,
+            env=dict(opts.env) if opts.env else dict(spec.env),
+            runtime=opts.runtime if opts.runtime is not None else spec.runtime,
+            auto_replay=opts.auto_replay or config.auto_replay,
+        )
+
+    async def fork(
+        self, source: KernelSession, opts: SessionOptions, principal: Principal = ANONYMOUS
+    ) -> tuple[KernelSession, Fork]:
+        """A new session from a live one: its workspace and packages copied, then
+        the cells that built its kernel's state replayed (files first: the cells
+        may read them). The source goes on meanwhile; what it does after the
+        lineage and files were read is not part of the fork. A fork that fails
+        or is abandoned is deleted, never left half made."""
+        handle = source.handle
+        if handle is None or source.state == "dead":
+            raise KernelDied(f"Session {source.id} has no running kernel to fork; restart it first.")
+        cells = source.lineage
+        session = await self.create(self.fork_options(source, opts), principal)
+        try:
+            target = session.handle
+            assert target is not None
+            started = time.perf_counter()
+            copied = await copy_session_files(self.backend, handle, target, self.settings.file_io_timeout_s)
+            copy_ms = (time.perf_counter() - started) * 1000
+            report = await session.replay(cells, "fork")
+        except BaseException:
+            try:
+                await asyncio.shield(self.delete(session.id, reason="fork failed"))
+            except (SessionNotFound, asyncio.CancelledError):
+                pass
+            raise
+        return session, Fork(source.id, copied, copy_ms, report)
 
     def get(self, session_id: str, principal: Principal = ANONYMOUS) -> KernelSession:
         """The session, if it exists and ``principal`` may see it: another key's

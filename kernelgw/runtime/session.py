@@ -21,6 +21,7 @@ from typing import Any
 
 from kernelgw import events as ev
 from kernelgw.errors import KernelStartFailed
+from kernelgw.events import ReplayTrigger
 from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec
 from kernelgw.runtime.execution import (
     ARTIFACTS_EXPRESSION,
@@ -33,7 +34,7 @@ from kernelgw.runtime.execution import (
 from kernelgw.runtime.execution_queue import ExecutionQueue
 from kernelgw.runtime.fanout import EventFanout, Published, Subscription
 from kernelgw.runtime.kernel_link import KernelLink
-from kernelgw.runtime.lineage import Lineage, ReplayReport
+from kernelgw.runtime.lineage import Lineage, LineageCell, ReplayReport
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.recorder import Recorder, StoredSession
 from kernelgw.runtime.session_config import SessionConfig
@@ -201,6 +202,16 @@ class KernelSession:
                 if replay:
                     self._executions.release()
         return await job.report if job is not None else None
+
+    @property
+    def lineage(self) -> tuple[LineageCell, ...]:
+        """The cells that built the running kernel's state, oldest first."""
+        return self._executions.lineage.cells
+
+    async def replay(self, cells: tuple[LineageCell, ...], trigger: ReplayTrigger) -> ReplayReport:
+        """Run ``cells`` in this kernel before any queued cell (a fork rebuilds its
+        source's state this way); returns once they ran, or the first did not end ok."""
+        return await self._executions.replay(cells, trigger).report
 
     async def restart_after_death(self) -> str | None:
         """Replace a kernel that died under a cell, to replay into it

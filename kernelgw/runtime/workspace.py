@@ -36,10 +36,11 @@ from kernelgw.errors import (
     InvalidPath,
     KernelGWError,
     QuotaExceeded,
+    WorkspaceCopyFailed,
 )
 from kernelgw.models import FileEntry, FileList, UploadResult
 from kernelgw.paths import validate_path
-from kernelgw.runtime.backends.base import Backend, ExecProcess, KernelHandle
+from kernelgw.runtime.backends.base import SESSION_DIRS, Backend, ExecProcess, KernelHandle
 
 log = logging.getLogger(__name__)
 
@@ -356,3 +357,49 @@ class WorkspaceFiles:
         finally:
             await proc.close()
         return str(data.get("type", "file"))
+
+
+async def copy_session_files(backend: Backend, source: KernelHandle, target: KernelHandle, timeout: float) -> int:
+    """Copy a session's workspace and installed packages into another session's
+    kernel (a fork); returns the bytes moved.
+
+    GNU tar runs in each container as that kernel's user (``tar c`` in the
+    source, ``tar x`` in the target) and the stream passes through the gateway
+    about 1 MiB at a time: neither side gets more rights than its own kernel
+    has, and a hostile stream can only write what the target's code could."""
+    moved = 0
+    for path in SESSION_DIRS:
+        moved += await _copy_tree(backend, source, target, path, timeout)
+    return moved
+
+
+async def _copy_tree(backend: Backend, source: KernelHandle, target: KernelHandle, path: str, timeout: float) -> int:
+    reader = await backend.exec(source, ["tar", "-C", path, "-cf", "-", "."], timeout=timeout)
+    try:
+        writer = await backend.exec(
+            target,
+            ["tar", "-C", path, "-xf", "-", "--no-same-owner", "--delay-directory-restore"],
+            stdin=True,
+            timeout=timeout,
+        )
+        try:
+            moved = 0
+            while chunk := await reader.read():
+                await writer.write(chunk)
+                moved += len(chunk)
+            await writer.close_stdin()
+            while await writer.read():
+                pass
+            # tar c exits 1 when a file changed while it was read: still a copy
+            if (await reader.exit_code()) not in (0, 1) or (await writer.exit_code()) != 0:
+                detail = (writer.stderr or reader.stderr).decode("utf-8", "replace").strip()
+                if "No space left" in detail:
+                    raise QuotaExceeded(f"{path} does not fit into the new session: {detail.splitlines()[-1]}")
+                raise WorkspaceCopyFailed(
+                    f"Copying {path} into the new session failed: {detail.splitlines()[-1] if detail else 'no output'}"
+                )
+            return moved
+        finally:
+            await writer.close()
+    finally:
+        await reader.close()

@@ -21,6 +21,7 @@ from kernelgw.models import (
     SessionInfo,
     SessionList,
 )
+from kernelgw.runtime.lineage import ReplayReport
 from kernelgw.runtime.manager import SessionManager, SessionOptions
 from kernelgw.server import history
 from kernelgw.server.admission import admit
@@ -99,7 +100,9 @@ async def create_session(body: CreateSession, request: Request) -> dict[str, Any
     """Start a kernel in a new network-less container (a warm one when pooled).
 
     With ``notebook`` or ``from_session`` the session is restored: the code cells
-    are replayed in order before it is returned, and ``replay`` reports each one."""
+    are replayed in order before it is returned, and ``replay`` reports each one.
+    With ``from`` it is a fork of a live session of the same key: files copied,
+    state replayed, reported in ``fork``."""
     opts = SessionOptions(
         memory_mb=body.memory_mb,
         cpus=body.cpus,
@@ -110,6 +113,10 @@ async def create_session(body: CreateSession, request: Request) -> dict[str, Any
         auto_replay=body.auto_replay,
     )
     check_available(gateway_state(request))  # not while draining or while the store cannot write
+    if body.fork_of is not None:
+        source = session_for(request, body.fork_of)  # another key's session is not found
+        session, fork = await _manager(request).fork(source, opts, principal_of(request))
+        return {**session.info(), "fork": {**dataclasses.asdict(fork), "replay": _replay_json(fork.replay)}}
     steps = await history.restore_plan(body, request)  # validated before a kernel starts
     session = await _manager(request).create(opts, principal_of(request))
     if steps is None:
@@ -175,11 +182,8 @@ async def restart(session_id: str, request: Request, body: RestartRequest | None
         await session.restart()
         return session.info()
     report = await session.restart(replay=True)
-    replay = None
-    if report is not None:
-        replay = {
-            **dataclasses.asdict(report),
-            "replayed": report.replayed,
-            "complete": report.complete,
-        }
-    return {**session.info(), "replay": replay}
+    return {**session.info(), "replay": _replay_json(report) if report is not None else None}
+
+
+def _replay_json(report: ReplayReport) -> dict[str, Any]:
+    return {**dataclasses.asdict(report), "replayed": report.replayed, "complete": report.complete}

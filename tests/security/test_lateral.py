@@ -252,3 +252,15 @@ def test_jupyter_channels_of_another_keys_kernel_are_closed(
     }
     assert codes == {"header": 4404, "query-token": 4404}, codes
     _alice_is_untouched(alice_client, alice)
+
+
+def test_another_key_cannot_fork_a_session(alice_client: httpx.Client, mallory: httpx.Client, alice: Alice) -> None:
+    """A fork copies files and replays code: it reads a session as fully as its
+    owner does, so only the owner's key may fork, and others learn nothing."""
+    sessions_before = mallory.get("/v1/sessions").json()["sessions"]
+    for sid in (alice.live, alice.deleted, alice.live.upper()):
+        resp = mallory.post("/v1/sessions", json={"from": sid})
+        assert resp.status_code == 404, (sid, resp.status_code, resp.text[:300])
+        assert resp.json()["error"]["code"] == "session_not_found", resp.text[:300]
+    assert mallory.get("/v1/sessions").json()["sessions"] == sessions_before  # nothing was created
+    _alice_is_untouched(alice_client, alice)

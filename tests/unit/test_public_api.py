@@ -26,6 +26,7 @@ def test_sdk_names() -> None:
         "Execution",
         "ExecutionBuilder",
         "ExecutionError",
+        "ForkReport",
         "Output",
         "ReplayReport",
         "ReplayReportCell",

@@ -14,6 +14,13 @@ from typing import Any, Literal, Protocol
 
 KernelStatus = Literal["running", "exited", "missing"]
 
+WORKSPACE_DIR = "/workspace"
+"""The kernel's working directory: uploads, downloads and what its code writes."""
+PACKAGES_DIR = "/opt/kernelgw/packages"
+"""Where packages installed into a session go (on the kernel's ``sys.path``)."""
+SESSION_DIRS = (WORKSPACE_DIR, PACKAGES_DIR)
+"""What a session keeps across its kernels, and what a fork copies."""
+
 IPC_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 """With ipc transport a "port" only names a socket file: ``{ip}-{port}``."""
 

@@ -52,6 +52,8 @@ from kernelgw.config import DEFAULT_KERNEL_UID
 from kernelgw.errors import BackendError, EngineUnavailable, ImageNotFound, KernelDied, KernelStartFailed
 from kernelgw.runtime.backends.base import (
     IPC_PORTS,
+    PACKAGES_DIR,
+    WORKSPACE_DIR,
     EngineHealth,
     KernelContainer,
     KernelHandle,
@@ -76,8 +78,6 @@ STORE_MOUNT_MODE = "rw,nocopy"
 """nocopy: the engine would otherwise copy the image's directory (and its owner
 and mode) into an empty volume on its first mount."""
 CONTAINER_CONN_DIR = "/conn"
-CONTAINER_WORKDIR = "/workspace"
-CONTAINER_PACKAGES_DIR = "/opt/kernelgw/packages"
 KERNEL_COMMAND = ["/opt/kernelgw/start-kernel", f"{CONTAINER_CONN_DIR}/kernel.json"]
 # sun_path is 108 bytes including the terminating NUL
 MAX_SOCKET_PATH = 107
@@ -276,7 +276,7 @@ class DockerBackend:
                 tmpfs=tmpfs,
                 shm_size=f"{spec.shm_size_mb}m",
                 volumes=volumes,
-                working_dir=CONTAINER_WORKDIR,
+                working_dir=WORKSPACE_DIR,
                 **self._identity(),
                 security_opt=["no-new-privileges", "seccomp=" + seccomp_profile()],
                 **process_limits(spec),
@@ -318,8 +318,8 @@ class DockerBackend:
         mount; why the workspace too, and /dev/shm not: docs/security.md."""
         owner = f"uid={self.uid},gid={self.gid}"
         return {
-            CONTAINER_WORKDIR: f"rw,exec,nosuid,nodev,size={spec.workspace_size_mb}m,{owner},mode=0700",
-            CONTAINER_PACKAGES_DIR: f"rw,exec,nosuid,nodev,size={spec.packages_size_mb}m,{owner},mode=0755",
+            WORKSPACE_DIR: f"rw,exec,nosuid,nodev,size={spec.workspace_size_mb}m,{owner},mode=0700",
+            PACKAGES_DIR: f"rw,exec,nosuid,nodev,size={spec.packages_size_mb}m,{owner},mode=0755",
         }
 
     def _store_name(self, session_id: str) -> str:
