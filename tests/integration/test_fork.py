@@ -50,10 +50,7 @@ def test_a_fork_has_the_state_and_files_then_diverges_from_its_parent(http: http
         # then they diverge: neither sees the other's changes
         run(http, child, "df['y'] = 0\nopen('made.txt', 'w').write('by the child')\nopen('new.txt', 'w').write('c')")
         run(http, parent, "df['x'] = 1")
-        assert (
-            value(http, parent, "int(df.y.sum()), open('made.txt').read()")
-            == f"{2 * sum(range(100))} by the parent"
-        )
+        assert value(http, parent, "int(df.y.sum()), open('made.txt').read()") == f"{2 * sum(range(100))} by the parent"
         assert value(http, parent, "__import__('os').path.exists('new.txt')") == "False"
         assert value(http, child, "int(df.x.sum()), int(df.y.sum())") == f"{sum(range(100))} 0"
         # each is its own kernel: deleting the parent leaves the child
