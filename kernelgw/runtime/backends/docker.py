@@ -73,6 +73,8 @@ LABEL_STORE = "kernelgw.store"
 """On a session's store container and volumes (value: the session id)."""
 STORE_RUNTIMES = frozenset({"runc"})
 """Runtimes whose kernels get a workspace that outlives them (see the module doc)."""
+OOM_RECHECKS = 5
+OOM_RECHECK_S = 0.1
 STORE_COMMAND = ["sleep", "infinity"]
 STORE_MOUNT_MODE = "rw,nocopy"
 """nocopy: the engine would otherwise copy the image's directory (and its owner
@@ -426,6 +428,18 @@ class DockerBackend:
             log.info("signal %s to %s failed: %s", signum, handle.container_id[:12], exc)
 
     async def state(self, handle: KernelHandle) -> KernelState:
+        state = await self._state(handle)
+        # The engine learns of an out-of-memory kill from a separate event that can
+        # come after the exit (seen under load with gVisor): a SIGKILL exit is asked
+        # about again for a moment before it is called anything but out-of-memory.
+        for _ in range(OOM_RECHECKS):
+            if state.status != "exited" or state.oom_killed or state.exit_code != 128 + 9:
+                break
+            await asyncio.sleep(OOM_RECHECK_S)
+            state = await self._state(handle)
+        return state
+
+    async def _state(self, handle: KernelHandle) -> KernelState:
         try:
             info = await self._run(self._client().api.inspect_container, handle.container_id)
         except docker.errors.NotFound:

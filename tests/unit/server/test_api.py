@@ -158,4 +158,6 @@ async def test_restores_are_checked_before_touching_the_engine(client: httpx.Asy
     resp = await client.post("/v1/sessions", json={"from_session": "gone"})
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "history_not_found"
     resp = await client.post("/v1/sessions", json={"from_session": "a", "notebook": {}})
-    assert resp.status_code == 422 and "not both" in resp.json()["error"]["message"]
+    assert (
+        resp.status_code == 422 and "at most one of notebook, from_session and from" in resp.json()["error"]["message"]
+    )
