@@ -165,6 +165,8 @@ class DockerBackend:
         self.gateway_name = gateway_name
         self.base_dir = Path(runtime_dir) / gateway_name
         self.keep_workspaces = keep_workspaces
+        self._store_starts: dict[str, asyncio.Future[None]] = {}
+        """Store containers being started, by session id (see ``end_session``)."""
         if os.geteuid() == 0:
             self.uid, self.gid = kernel_uid, kernel_gid
             warn_if_host_account(kernel_uid)
@@ -251,22 +253,41 @@ class DockerBackend:
 
     # ---------------------------------------------------------------- protocol
     async def start(self, spec: KernelSpec) -> KernelHandle:
-        return await self._run(self._start_sync, spec)
+        if not (self.keep_workspaces and spec.runtime in STORE_RUNTIMES):
+            return await self._run(self._start_sync, spec, None)
+        volumes, missing = await self._run(self._prepare_store, spec)
+        if not missing:
+            return await self._run(self._start_sync, spec, volumes)
+        # The kernel does not wait for its store (about 0.6 s to start under runc):
+        # the volumes exist, and whichever container starts first mounts them.
+        store = asyncio.ensure_future(self._run(self._run_store, spec, volumes))
+        self._store_starts[spec.session_id] = store
+        try:
+            handle = await self._run(self._start_sync, spec, volumes)
+        except BaseException:
+            await asyncio.wait([store])
+            raise
+        finally:
+            store.add_done_callback(lambda _: self._store_starts.pop(spec.session_id, None))
+        try:
+            await store
+        except BaseException:
+            await self.stop(handle)
+            raise
+        return handle
 
-    def _start_sync(self, spec: KernelSpec) -> KernelHandle:
+    def _start_sync(self, spec: KernelSpec, store_volumes: dict[str, str] | None) -> KernelHandle:
         client = self._client()
         kernel_id = secrets.token_hex(6)
         key = secrets.token_hex(32)
         conn_dir = self._make_conn_dir(kernel_id, key)
-        mounts = self._session_mounts(spec)
         volumes = {str(conn_dir): {"bind": CONTAINER_CONN_DIR, "mode": "rw"}}
         tmpfs = {"/tmp": f"rw,exec,nosuid,nodev,size={spec.tmp_size_mb}m,mode=1777"}
+        if store_volumes is None:
+            tmpfs.update(self._session_mounts(spec))
+        else:
+            volumes.update({volume: {"bind": path, "mode": STORE_MOUNT_MODE} for path, volume in store_volumes.items()})
         try:
-            if self.keep_workspaces and spec.runtime in STORE_RUNTIMES:
-                for path, volume in self._ensure_store(spec, mounts).items():
-                    volumes[volume] = {"bind": path, "mode": STORE_MOUNT_MODE}
-            else:
-                tmpfs.update(mounts)
             container = client.containers.run(
                 spec.image,
                 command=self._command(),
@@ -327,53 +348,60 @@ class DockerBackend:
     def _store_name(self, session_id: str) -> str:
         return f"kernelgw-{self.gateway_name}-{session_id}-store"
 
-    def _ensure_store(self, spec: KernelSpec, mounts: dict[str, str]) -> dict[str, str]:
-        """The session's volumes by mount path, created with its store container
-        on the first start and reused by every later kernel of the session."""
-        client = self._client()
-        labels = {LABEL_GATEWAY: self.gateway_name, LABEL_STORE: spec.session_id}
-        volumes = {
-            path: f"{self._store_name(spec.session_id)}-{path.rstrip('/').rsplit('/', 1)[-1]}" for path in mounts
-        }
+    def _prepare_store(self, spec: KernelSpec) -> tuple[dict[str, str], bool]:
+        """The session's volumes by mount path, and whether its store container
+        must be started: created on the first start, reused by later kernels."""
+        mounts = self._session_mounts(spec)
         name = self._store_name(spec.session_id)
+        volumes = {path: f"{name}-{path.rstrip('/').rsplit('/', 1)[-1]}" for path in mounts}
+        client = self._client()
         try:
-            running = client.api.inspect_container(name).get("State", {}).get("Running", False)
-        except docker.errors.NotFound:
-            running = None
-        if running:
-            return volumes
-        if running is not None:
-            # stopped (say, the engine restarted): its tmpfs volumes were unmounted
-            # and their files are gone; start over with empty ones
-            self._remove_store_sync(spec.session_id)
-        for path, volume in volumes.items():
-            # the engine's options field is mount(8)'s: the flags go through as flags
-            client.volumes.create(
-                volume,
-                driver="local",
-                driver_opts={"type": "tmpfs", "device": "tmpfs", "o": mounts[path].removeprefix("rw,")},
-                labels=labels,
+            try:
+                running = client.api.inspect_container(name).get("State", {}).get("Running", False)
+            except docker.errors.NotFound:
+                running = None
+            if running:
+                return volumes, False
+            if running is not None:
+                # stopped (say, the engine restarted): its tmpfs volumes were unmounted
+                # and their files are gone; start over with empty ones
+                self._remove_store_sync(spec.session_id)
+            for path, volume in volumes.items():
+                # the engine's options field is mount(8)'s: the flags go through as flags
+                client.volumes.create(
+                    volume,
+                    driver="local",
+                    driver_opts={"type": "tmpfs", "device": "tmpfs", "o": mounts[path].removeprefix("rw,")},
+                    labels={LABEL_GATEWAY: self.gateway_name, LABEL_STORE: spec.session_id},
+                )
+        except docker.errors.DockerException as exc:
+            raise KernelStartFailed(f"Could not create the session's workspace volumes: {exc}") from exc
+        return volumes, True
+
+    def _run_store(self, spec: KernelSpec, volumes: dict[str, str]) -> None:
+        """Start the container that keeps the session's volumes mounted."""
+        try:
+            self._client().containers.run(
+                spec.image,
+                command=STORE_COMMAND,
+                name=self._store_name(spec.session_id),
+                detach=True,
+                labels={LABEL_GATEWAY: self.gateway_name, LABEL_STORE: spec.session_id},
+                network_mode="none",
+                read_only=True,
+                user=f"{self.uid}:{self.gid}",
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges", "seccomp=" + seccomp_profile()],
+                pids_limit=4,
+                mem_limit="16m",
+                memswap_limit="16m",
+                nano_cpus=int(0.05 * 1e9),
+                volumes={volume: {"bind": path, "mode": STORE_MOUNT_MODE} for path, volume in volumes.items()},
+                working_dir="/",
+                runtime="runc",  # it runs only the image's sleep, never user code
             )
-        client.containers.run(
-            spec.image,
-            command=STORE_COMMAND,
-            name=name,
-            detach=True,
-            labels=labels,
-            network_mode="none",
-            read_only=True,
-            user=f"{self.uid}:{self.gid}",
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges", "seccomp=" + seccomp_profile()],
-            pids_limit=4,
-            mem_limit="16m",
-            memswap_limit="16m",
-            nano_cpus=int(0.05 * 1e9),
-            volumes={volume: {"bind": path, "mode": STORE_MOUNT_MODE} for path, volume in volumes.items()},
-            working_dir="/",
-            runtime="runc",  # it runs only the image's sleep, never user code
-        )
-        return volumes
+        except docker.errors.DockerException as exc:
+            raise KernelStartFailed(f"Could not start the session's workspace store: {exc}") from exc
 
     def _remove_store_sync(self, session_id: str) -> None:
         """Remove the session's store container, then its volumes (a volume in use
@@ -415,6 +443,9 @@ class DockerBackend:
         shutil.rmtree(handle.conn_dir, ignore_errors=True)
 
     async def end_session(self, session_id: str) -> None:
+        starting = self._store_starts.get(session_id)
+        if starting is not None:  # its store may still be on its way: remove it after
+            await asyncio.wait([starting])
         try:
             await self._run(self._remove_store_sync, session_id)
         except docker.errors.DockerException as exc:
