@@ -558,6 +558,98 @@ def _flood_cause(flood: dict[str, Any], ok: bool) -> str:
     return "".join(parts)
 
 
+POOL_WARM_UP = [
+    "### The pool's warm-up cell (2026-11-26)\n",
+    "The pool is on by default now (`pool_size` 2), and a pooled kernel runs a silent warm-up cell before "
+    "hand-over (issue 15, item 0: create plus first result within 2x of a later `1+1`). Measured by hand with "
+    "`bench_start.py --skip-llm-sandbox --n 6 --n-warm 20` (REST), twice in a row on the same machine (load "
+    "average about 1), the second time with the warm-up turned off by hand; not part of `scripts/bench.sh`:\n",
+    "| warm pool (n=20)                     | create + first 1+1, p50 | a later 1+1 on the same session, p50 | ratio |",
+    "|--------------------------------------|------------------------:|-------------------------------------:|------:|",
+    "| no warm-up (the tree before)         |                33.9 ms |                              14.1 ms | 2.40x |",
+    "| silent warm-up cell (this tree)      |                22.3 ms |                              14.1 ms | 1.58x |",
+    "",
+    "In-process (ipykernel's InProcessKernelManager, no sockets) the first `run_cell` costs about 29 ms against "
+    "0.7 ms later; after one silent cell that formats a result, about 1.5-2.4 ms. The warm-up leaves no trace: "
+    "tests/integration/test_pool.py compares names, `In`, `Out`, `_` and IPython's counter with a cold kernel.\n",
+]
+
+
+def jupyter_section(d: Path, out: Path, jupyter: dict[str, Any] | None) -> list[str]:
+    if not jupyter:
+        return []
+    rows = jupyter["rows"]
+    v1, channels = row(rows, "kernelgw /v1"), row(rows, "kernelgw Jupyter")
+    goal = jupyter.get("goal_ms", 1.0)
+    lines = [
+        "## Jupyter channels (bench_jupyter.py)\n",
+        f"`benchmarks/bench_jupyter.py` ({_when(jupyter)}): `1+1` on one kernelgw session over raw jupyter_client "
+        "to its kernel's sockets (floor), the /v1 WebSocket and the Jupyter channels WebSocket (JSON frames, until "
+        f"the reply and the idle status); and a stock Jupyter Kernel Gateway {jupyter.get('kernel_gateway_version')} "
+        "(no sandbox) in a container of the same kernel image on the host's network, its own kernel, the same "
+        "client code; samples shuffled in rounds.\n",
+        table(rows, rows[0]["name"]),
+        f"\n![Jupyter channels]({rel(d / 'jupyter.png', out)})\n",
+    ]
+    if v1 and channels:
+        delta = channels["p50_ms"] - v1["p50_ms"]
+        lines.append(
+            f"- Goal (issue 13): the channels within {goal:g} ms of the /v1 WebSocket at p50: {delta:+.2f} ms, "
+            f"{verdict(delta <= goal)}."
+        )
+    lines.append(
+        "- A stock Kernel Gateway's constant ~37 ms over the floor (measured 2026-11-26, p50 to p99 within 5 ms, "
+        "with and without docker-proxy) is the signature of Nagle's algorithm meeting delayed ACKs on a socket that "
+        "writes several small frames per answer; not investigated further, so read it as what a client of that "
+        "server sees on this machine, not as the cost of its design.\n"
+    )
+    return lines
+
+
+def continuity_section(d: Path, out: Path, cont: dict[str, Any] | None) -> list[str]:
+    if not cont:
+        return []
+    life, replay, fork = cont["lifecycle"], cont["replay"], cont["fork"]
+    first, alone = row(replay, "20 cells, first run"), row(replay, "replay alone")
+    lines = [
+        "## Session continuity (bench_continuity.py)\n",
+        f"`benchmarks/bench_continuity.py` ({_when(cont)}), gateways without a pool (cold starts). What keeping a "
+        "session's files across its kernels costs (`persistent_workspace`: a store container and two tmpfs "
+        "volumes per session, started beside the kernel), interleaved in rounds with a gateway that keeps them in "
+        "the kernel's container; then a "
+        f"{cont['analysis_cells']}-cell pandas analysis of an uploaded {cont['csv_bytes'] / 2**20:.1f} MB CSV "
+        '(read, clean, group, join, a least-squares fit), restarted with `{"replay": true}`, and forked '
+        '(`{"from": id}`) with more files in its workspace each time.\n',
+        table(life, life[0]["name"], "off"),
+        "",
+        table(replay, replay[0]["name"], "first run"),
+        "",
+        table(fork, None),
+        f"\n![session continuity]({rel(d / 'continuity.png', out)})\n",
+    ]
+    if first and alone:
+        lines.append(
+            f"- A replay runs the cells at {alone['p50_ms'] / first['p50_ms']:.2f}x their first run; the restart "
+            "around it (a new container and kernel) is most of the rest of the request."
+        )
+    replays = [r for r in fork if r["name"].endswith(": replay") and r.get("n")]
+    copies = [r for r in fork if r["name"].endswith(": copy") and r.get("n")]
+    if replays and copies:
+        lines.append(
+            "- A fork is a cold session start, a copy (tar in each container, streamed through the gateway) and "
+            f"the replay. The copy grows with the files: {copies[-1]['name'].split(':')[0][6:]} took "
+            f"{copies[-1]['p50_ms']:.0f} ms at p50. The replay is the same cells each time: "
+            f"{min(r['p50_ms'] for r in replays):.0f} to {max(r['p50_ms'] for r in replays):.0f} ms at p50 "
+            "across the sizes (more files in the session is more of its memory in tmpfs pages)."
+        )
+    lines += [
+        "- For comparison, E2B publishes pause at about 4 s per GiB and resume at about 1 s; kernelgw has no "
+        "pause yet (issue 16, item 4), and a fork here rebuilds state by replay instead of restoring memory, so "
+        "it costs what the cells cost, whatever the size of the state.\n",
+    ]
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, default=DOCS_BENCH, help="where the JSON results and charts are")
@@ -666,6 +758,7 @@ def main() -> None:
             "kernelgw's create returns once the kernel has answered `kernel_info`, so 'open + first run' is the "
             "comparable pair.\n"
         )
+        md.extend(POOL_WARM_UP)
 
     if exec_:
         w("## Execute round trip\n")
@@ -802,6 +895,9 @@ def main() -> None:
         w("The original core benchmark (transports in blocks per round), kept for continuity with the README.\n")
         w(table(core["rows"], row(core["rows"], "1+1 raw")["name"]))
         w(f"\n![core]({rel(d / 'core.png', out)})\n")
+
+    md.extend(jupyter_section(d, out, load(d, "jupyter")))
+    md.extend(continuity_section(d, out, load(d, "continuity")))
 
     w("## Fairness and caveats\n")
     w(

@@ -63,6 +63,8 @@ run flood
 run scale
 run security
 run reattach --sessions 20
+run continuity
+run jupyter
 ack_before=${KERNELGW_ACK_BEFORE:-d7b8a43}
 ack_tree=$(mktemp -d /tmp/kgw_before.XXXXXX)
 trap 'rm -rf "$ack_tree"' EXIT
