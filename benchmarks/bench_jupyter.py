@@ -258,7 +258,10 @@ def main() -> None:
     ap.add_argument("--image", default=DEFAULT_IMAGE)
     ap.add_argument("--json", type=Path, default=DOCS_BENCH / "jupyter.json")
     ap.add_argument("--chart", type=Path, default=DOCS_BENCH / "jupyter.png")
+    ap.add_argument("--quick", action="store_true", help="10 rounds (a smoke run)")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds = min(args.rounds, 10)
 
     machine = machine_info(args.image)
     version = build_kernel_gateway_image(args.image)
