@@ -26,6 +26,7 @@ CONTEXT_FILES = (
     "kernelgw_kernel/fs.py",
     "kernelgw_kernel/pkg.py",
     "kernelgw_kernel/launcher.py",
+    "kernelgw_kernel/namespace.py",
 )
 
 
