@@ -144,6 +144,13 @@ class Settings(BaseSettings):
     # --- sessions
     max_sessions: int = 50
     idle_timeout_s: float = 1800.0
+    idle_action: Literal["end", "pause"] = "end"
+    """What happens to a session idle for ``idle_timeout_s`` with nobody watching:
+    ``end`` it, or ``pause`` it (container freed, state kept on disk, resumed by
+    its next request)."""
+    snapshot_max_bytes: int = Field(4 * 1024**3, gt=0)
+    """Most a paused session's pickled namespace may take; names past it are
+    reported as not saved."""
     reap_interval_s: float = 30.0
     kernel_start_timeout_s: float = 60.0
     on_shutdown: Literal["keep", "stop"] = "keep"

@@ -203,7 +203,7 @@ class Done(_Event):
     """Workspace files this execution created or changed (for UIs to offer)."""
 
 
-ReplayTrigger = Literal["requested", "kernel_died", "timeout", "fork"]
+ReplayTrigger = Literal["requested", "kernel_died", "timeout", "fork", "resume"]
 
 
 class Replay(_Event):
@@ -217,7 +217,8 @@ class Replay(_Event):
     trigger: ReplayTrigger
     """``requested`` (a restart asked for it), or ``auto_replay`` after the kernel
     ``kernel_died`` (out of memory, most often) or was restarted after a ``timeout``,
-    or ``fork`` (a new session rebuilds the state of the one it was forked from)."""
+    or ``fork`` (a new session rebuilds the state of the one it was forked from), or
+    ``resume`` (a paused session asked to rebuild what its snapshot could not hold)."""
     cells: int
     """How many cells the replay runs."""
     index: int | None = None

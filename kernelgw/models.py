@@ -99,7 +99,7 @@ class SessionInfo(_Response):
     """A session as the gateway describes it."""
 
     id: str
-    state: Literal["starting", "idle", "busy", "dead", "closed"]
+    state: Literal["starting", "idle", "busy", "dead", "paused", "closed"]
     image: str | None = None
     runtime: str | None = Field(None, description="Container runtime: runc, or runsc (gVisor).")
     memory_mb: int | None = None
@@ -156,7 +156,7 @@ class ReplayReportCell(_Response):
 
 
 class ReplayReport(_Response):
-    trigger: Literal["requested", "kernel_died", "timeout", "fork"]
+    trigger: Literal["requested", "kernel_died", "timeout", "fork", "resume"]
     cells: list[ReplayReportCell]
     replayed: int = Field(0, description="Cells that ran ok.")
     complete: bool = Field(False, description="Every cell ran ok: the state is rebuilt.")
@@ -185,6 +185,38 @@ class CreatedSession(SessionInfo):
         "the replay; a cell that loses the kernel's state (died, or restarted after a timeout) does.",
     )
     fork: ForkReport | None = Field(None, description="Forks only: what was copied and replayed.")
+
+
+class NamespaceReport(_Response):
+    """What a pause saved of the kernel's variables, or a resume restored."""
+
+    names: list[str] = Field(description="Variables saved (pause) or restored (resume).")
+    modules: dict[str, str] = Field(default_factory=dict, description="Names bound to modules: re-imported.")
+    failed: dict[str, str] = Field(
+        default_factory=dict, description="Variables that could not be saved or restored, with why."
+    )
+    bytes: int = Field(0, description="Size of the pickled namespace.")
+
+
+class PausedSession(SessionInfo):
+    namespace: NamespaceReport | None = None
+    stored_bytes: int = Field(0, description="Bytes kept on the gateway's disk (files, packages, namespace).")
+    duration_ms: float = 0.0
+
+
+class ResumeRequest(_Body):
+    replay: bool = Field(
+        False,
+        description="Run the cells that built the state first (only when some variables could not be saved); "
+        "the saved values are loaded over what they rebuild.",
+    )
+
+
+class ResumedSession(SessionInfo):
+    namespace: NamespaceReport | None = None
+    restored_bytes: int = 0
+    duration_ms: float = 0.0
+    replay: ReplayReport | None = None
 
 
 class NoteRequest(_Body):

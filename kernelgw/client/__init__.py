@@ -32,7 +32,17 @@ from kernelgw.client._base import DEFAULT_URL
 from kernelgw.client._errors import error_from_close, error_from_response
 from kernelgw.client._sync import Client, Session
 from kernelgw.client.execution import Execution, ExecutionBuilder, ExecutionError, Output
-from kernelgw.models import ForkReport, ReplayedCell, ReplayReport, ReplayReportCell, RestartedSession, SessionInfo
+from kernelgw.models import (
+    ForkReport,
+    NamespaceReport,
+    PausedSession,
+    ReplayedCell,
+    ReplayReport,
+    ReplayReportCell,
+    RestartedSession,
+    ResumedSession,
+    SessionInfo,
+)
 
 __all__ = [
     "DEFAULT_URL",
@@ -43,11 +53,14 @@ __all__ = [
     "ExecutionBuilder",
     "ExecutionError",
     "ForkReport",
+    "NamespaceReport",
     "Output",
+    "PausedSession",
     "ReplayReport",
     "ReplayReportCell",
     "ReplayedCell",
     "RestartedSession",
+    "ResumedSession",
     "Session",
     "SessionInfo",
     "error_from_close",

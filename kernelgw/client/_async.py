@@ -35,7 +35,16 @@ from kernelgw.client._base import (
 )
 from kernelgw.client.execution import Execution
 from kernelgw.events import Event
-from kernelgw.models import FileEntry, ImageList, InstallResult, RestartedSession, SessionInfo, UploadResult
+from kernelgw.models import (
+    FileEntry,
+    ImageList,
+    InstallResult,
+    PausedSession,
+    RestartedSession,
+    ResumedSession,
+    SessionInfo,
+    UploadResult,
+)
 
 
 class AsyncSession(_SessionBase["AsyncClient"]):
@@ -76,6 +85,17 @@ class AsyncSession(_SessionBase["AsyncClient"]):
         of the new session says what was copied and replayed."""
         forked: AsyncSession = await self._client._send(self._fork_call(memory_mb, cpus, timeout))
         return forked
+
+    async def pause(self) -> PausedSession:
+        """Free the kernel's container and keep the session's state on the gateway's
+        disk: files, packages and the variables that pickle (``.namespace.failed``
+        names the others). The next run, file or package call resumes it."""
+        return await self._client._send(self._pause_call())
+
+    async def resume(self, *, replay: bool = False) -> ResumedSession:
+        """Bring a paused session back now. ``replay=True``: rebuild by replay what
+        could not be pickled (the saved values are loaded over it)."""
+        return await self._client._send(self._resume_call(replay))
 
     async def restart(self, *, replay: bool = False) -> RestartedSession:
         return await self._client._send(self._restart_call(replay))

@@ -27,8 +27,10 @@ from kernelgw.models import (
     ForkReport,
     ImageList,
     InstallResult,
+    PausedSession,
     ReplayedCell,
     RestartedSession,
+    ResumedSession,
     SessionInfo,
     UploadResult,
 )
@@ -298,6 +300,31 @@ class _SessionBase(Generic[C]):
     def _fork_call(self, memory_mb: int | None, cpus: float | None, timeout: float | None) -> _Call[Any]:
         return self._client._create_call(
             memory_mb=memory_mb, cpus=cpus, env=None, image=None, timeout=timeout, fork_of=self.id
+        )
+
+    def _pause_call(self) -> _Call[PausedSession]:
+        def parse(response: httpx.Response) -> PausedSession:
+            info = PausedSession.model_validate(response.json())
+            self.last_info = info
+            return info
+
+        # saving a large namespace takes a while: no read timeout
+        return _Call(
+            "POST", _session_path(self.id, "/pause"), parse, timeout=httpx.Timeout(self._client.timeout, read=None)
+        )
+
+    def _resume_call(self, replay: bool) -> _Call[ResumedSession]:
+        def parse(response: httpx.Response) -> ResumedSession:
+            info = ResumedSession.model_validate(response.json())
+            self.last_info = info
+            return info
+
+        return _Call(
+            "POST",
+            _session_path(self.id, "/resume"),
+            parse,
+            json={"replay": True} if replay else None,
+            timeout=httpx.Timeout(self._client.timeout, read=None),
         )
 
     def _restart_call(self, replay: bool = False) -> _Call[RestartedSession]:

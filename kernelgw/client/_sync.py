@@ -33,7 +33,16 @@ from kernelgw.client._base import (
 )
 from kernelgw.client.execution import Execution
 from kernelgw.events import Event
-from kernelgw.models import FileEntry, ImageList, InstallResult, RestartedSession, SessionInfo, UploadResult
+from kernelgw.models import (
+    FileEntry,
+    ImageList,
+    InstallResult,
+    PausedSession,
+    RestartedSession,
+    ResumedSession,
+    SessionInfo,
+    UploadResult,
+)
 
 
 class Session(_SessionBase["Client"]):
@@ -80,6 +89,17 @@ class Session(_SessionBase["Client"]):
         of the new session says what was copied and replayed."""
         forked: Session = self._client._send(self._fork_call(memory_mb, cpus, timeout))
         return forked
+
+    def pause(self) -> PausedSession:
+        """Free the kernel's container and keep the session's state on the gateway's
+        disk: files, packages and the variables that pickle (``.namespace.failed``
+        names the others). The next run, file or package call resumes it."""
+        return self._client._send(self._pause_call())
+
+    def resume(self, *, replay: bool = False) -> ResumedSession:
+        """Bring a paused session back now. ``replay=True``: rebuild by replay what
+        could not be pickled (the saved values are loaded over it)."""
+        return self._client._send(self._resume_call(replay))
 
     def restart(self, *, replay: bool = False) -> RestartedSession:
         """Restart the kernel: its variables are lost, the session id stays.

@@ -100,6 +100,10 @@ class SessionHooks(Protocol):
         """Replace a kernel that ignored an interrupt; returns why it failed, if it did."""
         ...
 
+    async def resume_paused(self) -> str | None:
+        """Bring a paused session back before its next cell; why it failed, if it did."""
+        ...
+
     async def restart_after_death(self) -> str | None:
         """Replace a kernel that died under a cell (``auto_replay``); returns why it failed, if it did."""
         ...
@@ -423,6 +427,11 @@ class ExecutionQueue:
         if status.state == "closed":
             self._finish(rec, "dead", "the session was deleted before this execution ran")
             return
+        if status.state == "paused":
+            failure = await self._hooks.resume_paused()
+            if failure is not None:
+                self._finish(rec, "dead", f"the session is paused and could not be resumed: {failure}")
+                return
         if status.state == "dead" or not self._link.connected:
             self._finish(rec, "dead", status.dead_reason or "the kernel is not running; restart the session")
             return

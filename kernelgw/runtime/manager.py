@@ -15,16 +15,24 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kernelgw.config import Settings
-from kernelgw.errors import KernelDied, LimitExceeded, SessionLimitReached, SessionNotFound, StorageUnavailable
+from kernelgw.errors import (
+    KernelDied,
+    KernelGWError,
+    LimitExceeded,
+    SessionLimitReached,
+    SessionNotFound,
+    StorageUnavailable,
+)
 from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
 from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelSpec
 from kernelgw.runtime.lineage import ReplayReport
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.pool import PoolProfile, WarmPool
 from kernelgw.runtime.recorder import Recorder, StoredSession
-from kernelgw.runtime.session import KernelSession, SessionConfig
+from kernelgw.runtime.session import KernelSession, Paused, SessionConfig
 from kernelgw.runtime.workspace import copy_session_files
 from kernelgw.tasks import cancel_and_wait
 
@@ -385,19 +393,36 @@ class SessionManager:
 
     # ------------------------------------------------------------------ reaping
     async def reap_idle(self) -> builtins.list[str]:
-        """Delete sessions idle longer than the timeout with nobody watching."""
+        """End (or, with ``idle_action=pause``, pause) sessions idle longer than the
+        timeout with nobody watching. Paused sessions stay until deleted."""
         now = time.monotonic()
         idle = [
-            s.id
+            s
             for s in self._sessions.values()
-            if s.queue_length == 0 and s.subscriber_count == 0 and now - s.last_activity > self.settings.idle_timeout_s
+            if s.state != "paused"
+            and s.queue_length == 0
+            and s.subscriber_count == 0
+            and now - s.last_activity > self.settings.idle_timeout_s
         ]
-        for session_id in idle:
+        for session in idle:
             try:
-                await self.delete(session_id, reason="reaped")
+                if self.settings.idle_action == "pause" and session.state == "idle":
+                    await self.pause(session)
+                else:
+                    await self.delete(session.id, reason="reaped")
             except SessionNotFound:
                 pass
-        return idle
+            except KernelGWError as exc:  # say, busy again: the next round decides
+                log.info("session %s was not paused: %s", session.id, exc.message)
+        return [s.id for s in idle]
+
+    def snapshot_dir(self, session_id: str) -> Path:
+        return Path(self.settings.data_dir) / "paused" / session_id
+
+    async def pause(self, session: KernelSession) -> Paused:
+        """Free a session's container, keeping its state on disk (``KernelSession.pause``)."""
+        s = self.settings
+        return await session.pause(self.snapshot_dir(session.id), s.snapshot_max_bytes, s.file_io_timeout_s)
 
     async def _reap_loop(self) -> None:
         while True:

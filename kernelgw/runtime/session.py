@@ -16,11 +16,13 @@ import dataclasses
 import json
 import logging
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from kernelgw import events as ev
-from kernelgw.errors import KernelStartFailed
+from kernelgw.errors import KernelGWError, KernelStartFailed, SessionBusy
 from kernelgw.events import ReplayTrigger
 from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec
 from kernelgw.runtime.execution import (
@@ -36,6 +38,14 @@ from kernelgw.runtime.fanout import EventFanout, Published, Subscription
 from kernelgw.runtime.kernel_link import KernelLink
 from kernelgw.runtime.lineage import Lineage, LineageCell, ReplayReport
 from kernelgw.runtime.metrics import Metrics
+from kernelgw.runtime.pause import (
+    NamespaceSummary,
+    load_namespace,
+    remove_snapshot,
+    restore_files,
+    save_files,
+    save_namespace,
+)
 from kernelgw.runtime.recorder import Recorder, StoredSession
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.runtime.session_state import SessionState, SessionStatus
@@ -64,6 +74,21 @@ RECORD_TIMEOUT_S = 10.0
 ``done`` goes out marked as not stored rather than hanging the session."""
 
 
+@dataclass(frozen=True)
+class Paused:
+    namespace: NamespaceSummary
+    stored_bytes: int
+    duration_ms: float
+
+
+@dataclass(frozen=True)
+class Resumed:
+    namespace: NamespaceSummary
+    restored_bytes: int
+    duration_ms: float
+    replay: ReplayReport | None
+
+
 class KernelSession:
     def __init__(
         self,
@@ -90,6 +115,9 @@ class KernelSession:
         self._fanout.on_reserve = self.kernel_changed
         self._executions = ExecutionQueue(session_id, self._link, self._fanout, self._status, config, self, metrics)
         self._config = config
+        self._snapshot: Path | None = None
+        """Where a paused session's state lies (see `pause`)."""
+        self._paused_lineage: tuple[LineageCell, ...] = ()
 
     # ------------------------------------------------------------- attributes
     @property
@@ -213,6 +241,85 @@ class KernelSession:
         source's state this way); returns once they ran, or the first did not end ok."""
         return await self._executions.replay(cells, trigger).report
 
+    # ------------------------------------------------------------- pause
+    async def pause(self, directory: Path, max_bytes: int, timeout: float) -> Paused:
+        """Save the namespace, the workspace and the packages into ``directory`` and
+        remove the container (memory and CPU freed). Only between cells: a cell
+        running or queued is a 409. Cells sent meanwhile wait and resume it."""
+        async with self._lifecycle:
+            if self.state == "paused":
+                raise SessionBusy("The session is already paused.")
+            handle = self._link.handle
+            if self.state != "idle" or handle is None or self._executions.current is not None or self.queue_length:
+                raise SessionBusy(f"Only an idle session can be paused (it is {self.state}); try again after its cell.")
+            self._executions.hold()
+            try:
+                started = time.perf_counter()
+                try:
+                    namespace = await save_namespace(self._link, max_bytes, timeout)
+                    stored = await save_files(self.backend, handle, directory, timeout)
+                except BaseException:
+                    await remove_snapshot(directory)  # the session goes on as it was
+                    raise
+                self._paused_lineage = self.lineage
+                await self._link.stop()
+                await self.backend.end_session(self.id)
+                self.state = "paused"
+                self.kernel_event("session_paused", f"{stored} bytes saved")
+            finally:
+                self._executions.release()
+            self._snapshot = directory
+            return Paused(namespace, stored, (time.perf_counter() - started) * 1000)
+
+    async def resume(self, *, replay: bool = False, timeout: float = 300.0) -> Resumed | None:
+        """A new kernel with what ``pause`` saved: files and packages, then the
+        namespace. ``replay``: the cells that built the state run first, when
+        some names could not be saved, so those come back too (the saved values
+        are loaded over them). None when the session was not paused."""
+        async with self._lifecycle:
+            directory = self._snapshot
+            if self.state != "paused" or directory is None:
+                return None
+            started = time.perf_counter()
+            cells = self._paused_lineage
+            self._executions.hold()  # cells sent meanwhile run in the restored state
+            try:
+                try:
+                    await self._start_kernel()
+                    handle = self._link.handle
+                    assert handle is not None
+                    restored = await restore_files(self.backend, handle, directory, timeout)
+                    job = self._executions.replay(cells, "resume") if replay and cells else None
+                    report = await job.report if job is not None else None
+                    namespace = await load_namespace(self._link, timeout)
+                except BaseException as exc:
+                    # the snapshot stays on disk: no half-restored kernel, still paused
+                    await self._link.stop()
+                    await self.backend.end_session(self.id)
+                    self.state = "paused"
+                    if isinstance(exc, Exception) and not isinstance(exc, KernelGWError):
+                        raise KernelStartFailed(f"The session could not be resumed: {exc}") from exc
+                    raise
+            finally:
+                self._executions.release()
+            self._executions.lineage = Lineage(handle.kernel_id, cells)
+            self.execution_count = 0
+            self.kernel_changed()
+            self.kernel_event("session_resumed", f"{restored} bytes restored")
+            self._snapshot = None
+            self._paused_lineage = ()
+        await remove_snapshot(directory)
+        return Resumed(namespace, restored, (time.perf_counter() - started) * 1000, report)
+
+    async def resume_paused(self) -> str | None:
+        """Resume a paused session for the cell about to run (the queue's worker
+        calls this); returns why it failed, if it did."""
+        try:
+            await self.resume()
+        except Exception as exc:
+            return str(exc)
+        return None
+
     async def restart_after_death(self) -> str | None:
         """Replace a kernel that died under a cell, to replay into it
         (``auto_replay``; the queue's worker calls this); returns why it failed, if it did."""
@@ -317,6 +424,9 @@ class KernelSession:
             unrecorded = await self._executions.stop()
             await self._link.stop()
             await self.backend.end_session(self.id)
+            if self._snapshot is not None:
+                await remove_snapshot(self._snapshot)
+                self._snapshot = None
             self._fanout.close_all()
         # History keeps every execution, including those the deletion ended.
         for rec in unrecorded:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-SessionState = Literal["starting", "idle", "busy", "dead", "closed"]
+SessionState = Literal["starting", "idle", "busy", "dead", "paused", "closed"]
 
 
 @dataclass

@@ -20,10 +20,11 @@ gateway's memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import mimetypes
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -369,37 +370,56 @@ async def copy_session_files(backend: Backend, source: KernelHandle, target: Ker
     has, and a hostile stream can only write what the target's code could."""
     moved = 0
     for path in SESSION_DIRS:
-        moved += await _copy_tree(backend, source, target, path, timeout)
+        async with contextlib.aclosing(read_tree(backend, source, path, timeout)) as stream:
+            moved += await write_tree(backend, target, path, stream, timeout)
     return moved
 
 
-async def _copy_tree(backend: Backend, source: KernelHandle, target: KernelHandle, path: str, timeout: float) -> int:
-    reader = await backend.exec(source, ["tar", "-C", path, "-cf", "-", "."], timeout=timeout)
+async def read_tree(
+    backend: Backend, handle: KernelHandle, path: str, timeout: float, members: tuple[str, ...] = (".",)
+) -> AsyncGenerator[bytes, None]:
+    """A directory of a kernel's container (or ``members`` of it) as a tar stream,
+    made by ``tar c`` as the kernel's user."""
+    proc = await backend.exec(handle, ["tar", "-C", path, "-cf", "-", "--", *members], timeout=timeout)
     try:
-        writer = await backend.exec(
-            target,
-            ["tar", "-C", path, "-xf", "-", "--no-same-owner", "--delay-directory-restore"],
-            stdin=True,
-            timeout=timeout,
-        )
-        try:
-            moved = 0
-            while chunk := await reader.read():
-                await writer.write(chunk)
-                moved += len(chunk)
-            await writer.close_stdin()
-            while await writer.read():
-                pass
-            # tar c exits 1 when a file changed while it was read: still a copy
-            if (await reader.exit_code()) not in (0, 1) or (await writer.exit_code()) != 0:
-                detail = (writer.stderr or reader.stderr).decode("utf-8", "replace").strip()
-                if "No space left" in detail:
-                    raise QuotaExceeded(f"{path} does not fit into the new session: {detail.splitlines()[-1]}")
-                raise WorkspaceCopyFailed(
-                    f"Copying {path} into the new session failed: {detail.splitlines()[-1] if detail else 'no output'}"
-                )
-            return moved
-        finally:
-            await writer.close()
+        while chunk := await proc.read():
+            yield chunk
+        # tar c exits 1 when a file changed while it was read: still a copy
+        if (await proc.exit_code()) not in (0, 1):
+            raise WorkspaceCopyFailed(f"Reading {path} from the kernel failed: {_last_line(proc.stderr)}")
     finally:
-        await reader.close()
+        await proc.close()
+
+
+async def write_tree(
+    backend: Backend, handle: KernelHandle, path: str, stream: AsyncIterable[bytes], timeout: float
+) -> int:
+    """Unpack a tar stream into a directory of a kernel's container, as the kernel's
+    user (``tar x``); returns the bytes it took. A full tmpfs is a 413."""
+    proc = await backend.exec(
+        handle,
+        ["tar", "-C", path, "-xf", "-", "--no-same-owner", "--delay-directory-restore"],
+        stdin=True,
+        timeout=timeout,
+    )
+    try:
+        moved = 0
+        async for chunk in stream:
+            await proc.write(chunk)
+            moved += len(chunk)
+        await proc.close_stdin()
+        while await proc.read():
+            pass
+        if (await proc.exit_code()) != 0:
+            detail = _last_line(proc.stderr)
+            if "No space left" in detail:
+                raise QuotaExceeded(f"{path} does not fit into the session: {detail}")
+            raise WorkspaceCopyFailed(f"Writing {path} into the kernel failed: {detail}")
+        return moved
+    finally:
+        await proc.close()
+
+
+def _last_line(stderr: bytes) -> str:
+    lines = stderr.decode("utf-8", "replace").strip().splitlines()
+    return lines[-1] if lines else "no output"

@@ -37,11 +37,13 @@ def workspace_files(request: Request) -> WorkspaceFiles:
     return gateway_state(request).workspace_files
 
 
-def session_handle(request: Request, session_id: str) -> tuple[KernelSession, KernelHandle]:
-    """The session and its running container, or a 404/409."""
+async def session_handle(request: Request, session_id: str) -> tuple[KernelSession, KernelHandle]:
+    """The session and its running container (a paused session is resumed), or a 404/409."""
     session: KernelSession = session_for(request, session_id)
     if session.state == "closed":
         raise BadRequest("The session is being deleted.")
+    if session.state == "paused":
+        await session.resume()
     handle = session.handle
     if handle is None:
         if session.state == "dead":
@@ -79,7 +81,7 @@ async def upload_file(session_id: str, path: str, request: Request) -> Response:
     except ValueError:
         raise BadRequest("Content-Length is not a number.") from None
     workspace_files(request).check_length(content_length)  # 413 before the body is read
-    session, handle = session_handle(request, session_id)
+    session, handle = await session_handle(request, session_id)
     try:
         result = await workspace_files(request).upload(
             handle, rel, request.stream(), quota_bytes=quota_bytes(request, session), content_length=content_length
@@ -95,7 +97,7 @@ async def upload_file(session_id: str, path: str, request: Request) -> Response:
 async def download_file(session_id: str, path: str, request: Request) -> Response:
     """The file's bytes, streamed, with its MIME type (from the file name)."""
     rel = validate_path(path)
-    _, handle = session_handle(request, session_id)
+    _, handle = await session_handle(request, session_id)
     download = await workspace_files(request).download(handle, rel)
     name = rel.rsplit("/", 1)[-1]
     headers = {
@@ -135,7 +137,7 @@ async def list_files(
 ) -> dict[str, Any]:
     """Entries with type, size and mtime. Symbolic links are listed, never followed."""
     rel = validate_path(path, allow_root=True)
-    _, handle = session_handle(request, session_id)
+    _, handle = await session_handle(request, session_id)
     listing = await workspace_files(request).list(handle, rel, recursive=recursive)
     return listing.model_dump(mode="json")
 
@@ -145,6 +147,6 @@ async def delete_file(session_id: str, path: str, request: Request) -> Response:
     """Remove a file, a directory with its contents, or a symbolic link itself
     (never what it points to)."""
     rel = validate_path(path)
-    _, handle = session_handle(request, session_id)
+    _, handle = await session_handle(request, session_id)
     await workspace_files(request).delete(handle, rel)
     return Response(status_code=204)

@@ -32,7 +32,7 @@ async def install_packages(session_id: str, body: InstallRequest, request: Reque
     422: no fitting wheel, or a conflict with what the image has."""
     installer = package_installer(request)
     check_request(body.packages, installer.allowlist)  # 400 before the session is touched
-    session, handle = session_handle(request, session_id)
+    session, handle = await session_handle(request, session_id)
     result = await installer.install(handle, session.spec.image, body.packages)
     session.touch()
     return result.model_dump(mode="json")

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from kernelgw.errors import SessionBusy
 from kernelgw.models import (
     CreatedSession,
     CreateSession,
@@ -16,13 +17,17 @@ from kernelgw.models import (
     ExecuteResponse,
     Health,
     InterruptResponse,
+    PausedSession,
     RestartedSession,
     RestartRequest,
+    ResumedSession,
+    ResumeRequest,
     SessionInfo,
     SessionList,
 )
 from kernelgw.runtime.lineage import ReplayReport
 from kernelgw.runtime.manager import SessionManager, SessionOptions
+from kernelgw.runtime.pause import NamespaceSummary
 from kernelgw.server import history
 from kernelgw.server.admission import admit
 from kernelgw.server.auth import authenticate, principal_of, require_admin, session_for
@@ -183,6 +188,42 @@ async def restart(session_id: str, request: Request, body: RestartRequest | None
         return session.info()
     report = await session.restart(replay=True)
     return {**session.info(), "replay": _replay_json(report) if report is not None else None}
+
+
+@router.post("/v1/sessions/{session_id}/pause", response_model=PausedSession, tags=["sessions"])
+async def pause(session_id: str, request: Request) -> dict[str, Any]:
+    """Free the session's container and keep its state on the gateway's disk: the
+    workspace, the installed packages and the kernel's variables (pickled one by
+    one; ``namespace.failed`` names what could not be). The next request that
+    needs the kernel (execute, files, packages) or ``/resume`` brings it back."""
+    session = session_for(request, session_id)
+    paused = await _manager(request).pause(session)
+    return {
+        **session.info(),
+        "namespace": _namespace_json(paused.namespace),
+        "stored_bytes": paused.stored_bytes,
+        "duration_ms": paused.duration_ms,
+    }
+
+
+@router.post("/v1/sessions/{session_id}/resume", response_model=ResumedSession, tags=["sessions"])
+async def resume(session_id: str, request: Request, body: ResumeRequest | None = None) -> dict[str, Any]:
+    """Start a kernel with what the pause saved. 409 when the session is not paused."""
+    session = session_for(request, session_id)
+    resumed = await session.resume(replay=body is not None and body.replay)
+    if resumed is None:
+        raise SessionBusy(f"The session is not paused (it is {session.state}).")
+    return {
+        **session.info(),
+        "namespace": _namespace_json(resumed.namespace),
+        "restored_bytes": resumed.restored_bytes,
+        "duration_ms": resumed.duration_ms,
+        "replay": _replay_json(resumed.replay) if resumed.replay is not None else None,
+    }
+
+
+def _namespace_json(summary: NamespaceSummary) -> dict[str, Any]:
+    return {"names": summary.done, "modules": summary.modules, "failed": summary.failed, "bytes": summary.bytes}
 
 
 def _replay_json(report: ReplayReport) -> dict[str, Any]:

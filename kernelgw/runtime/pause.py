@@ -1,0 +1,147 @@
+"""Pause and resume: a session's state moved out of its container and back.
+
+A paused session has no container: its workspace, installed packages and the
+kernel's namespace lie in a directory of the gateway's disk (``snapshot_dir``),
+as tar streams made by ``tar`` in the container, as the kernel's user. The
+namespace is pickled inside the kernel by the image's ``kernelgw_kernel.namespace``
+(cloudpickle, one variable at a time, so what cannot be pickled is reported by
+name); the gateway only moves its bytes and reads the JSON summary. Nothing the
+kernel made is ever unpickled outside a kernel: a resume hands the file to the
+new kernel, which loads it in its own sandbox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from kernelgw.errors import BackendError
+from kernelgw.runtime.backends.base import PACKAGES_DIR, WORKSPACE_DIR, Backend, KernelHandle
+from kernelgw.runtime.kernel_link import KernelLink
+from kernelgw.runtime.workspace import read_tree, write_tree
+
+SNAPSHOT_DIR_IN_KERNEL = "/tmp"
+SNAPSHOT_NAME = "kernelgw-snapshot"
+"""The namespace file in the kernel's /tmp while it moves."""
+PARTS = {
+    "workspace.tar": (WORKSPACE_DIR, "."),
+    "packages.tar": (PACKAGES_DIR, "."),
+    "namespace.tar": ("/tmp", SNAPSHOT_NAME),
+}
+"""The snapshot's files: which directory (and member) of the kernel each holds."""
+MAX_SUMMARY_CHARS = 1 << 20
+MAX_NAMES_REPORTED = 1000
+
+
+class SnapshotFailed(BackendError):
+    code = "snapshot_failed"
+
+
+@dataclass(frozen=True)
+class NamespaceSummary:
+    """What the kernel's snapshot module said it saved or restored."""
+
+    done: list[str] = field(default_factory=list)
+    """Names saved (pause) or restored (resume)."""
+    modules: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    """Name: why it could not be saved or restored."""
+    bytes: int = 0
+
+
+def parse_summary(reply: dict[str, Any] | None, key: str, done_key: str) -> NamespaceSummary:
+    """The snapshot module's JSON answer from an execute reply's user_expressions,
+    checked as the untrusted text it is."""
+    if reply is None:
+        raise SnapshotFailed("The kernel did not answer the snapshot request in time.")
+    found = (reply.get("user_expressions") or {}).get(key) or {}
+    if found.get("status") != "ok":
+        raise SnapshotFailed(
+            f"The kernel's snapshot helper failed: {found.get('ename', '?')}: {str(found.get('evalue', ''))[:300]}"
+        )
+    text = (found.get("data") or {}).get("text/plain", "")
+    if not isinstance(text, str) or len(text) > MAX_SUMMARY_CHARS:
+        raise SnapshotFailed("The kernel's snapshot helper gave no usable summary.")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise SnapshotFailed("The kernel's snapshot helper gave no usable summary.") from None
+    if not isinstance(data, dict):
+        raise SnapshotFailed("The kernel's snapshot helper gave no usable summary.")
+
+    def names(value: Any) -> list[str]:
+        return [str(v)[:200] for v in value][:MAX_NAMES_REPORTED] if isinstance(value, list) else []
+
+    def mapping(value: Any) -> dict[str, str]:
+        if not isinstance(value, dict):
+            return {}
+        return {str(k)[:200]: str(v)[:500] for k, v in list(value.items())[:MAX_NAMES_REPORTED]}
+
+    size = data.get("bytes", 0)
+    return NamespaceSummary(
+        done=names(data.get(done_key)),
+        modules=mapping(data.get("modules")),
+        failed=mapping(data.get("failed")),
+        bytes=size if isinstance(size, int) and size >= 0 else 0,
+    )
+
+
+async def save_namespace(link: KernelLink, max_bytes: int, timeout: float) -> NamespaceSummary:
+    path = f"{SNAPSHOT_DIR_IN_KERNEL}/{SNAPSHOT_NAME}"
+    expression = f"__import__('kernelgw_kernel.namespace', fromlist=['save']).save({path!r}, {int(max_bytes)})"
+    reply = await link.silent_request("", {"snapshot": expression}, timeout=timeout)
+    return parse_summary(reply, "snapshot", "saved")
+
+
+async def load_namespace(link: KernelLink, timeout: float) -> NamespaceSummary:
+    path = f"{SNAPSHOT_DIR_IN_KERNEL}/{SNAPSHOT_NAME}"
+    expression = f"__import__('kernelgw_kernel.namespace', fromlist=['load']).load({path!r})"
+    reply = await link.silent_request("", {"snapshot": expression}, timeout=timeout)
+    return parse_summary(reply, "snapshot", "restored")
+
+
+async def save_files(backend: Backend, handle: KernelHandle, directory: Path, timeout: float) -> int:
+    """The workspace, the packages and the namespace file, out of the kernel into
+    ``directory`` (made afresh); returns the bytes written."""
+    await anyio.to_thread.run_sync(_fresh_dir, directory)
+    written = 0
+    for name, (path, member) in PARTS.items():
+        async with (
+            contextlib.aclosing(read_tree(backend, handle, path, timeout, (member,))) as stream,
+            await anyio.open_file(directory / name, "wb") as f,
+        ):
+            async for chunk in stream:
+                await f.write(chunk)
+                written += len(chunk)
+    return written
+
+
+async def restore_files(backend: Backend, handle: KernelHandle, directory: Path, timeout: float) -> int:
+    """Put what ``save_files`` wrote back into a (new) kernel; returns the bytes."""
+    moved = 0
+    for name, (path, _member) in PARTS.items():
+        async with contextlib.aclosing(_chunks(directory / name)) as stream:
+            moved += await write_tree(backend, handle, path, stream, timeout)
+    return moved
+
+
+async def _chunks(path: Path, size: int = 1 << 20) -> AsyncGenerator[bytes, None]:
+    async with await anyio.open_file(path, "rb") as f:
+        while chunk := await f.read(size):
+            yield chunk
+
+
+def _fresh_dir(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True, mode=0o700)
+
+
+async def remove_snapshot(directory: Path) -> None:
+    await anyio.to_thread.run_sync(lambda: shutil.rmtree(directory, ignore_errors=True))

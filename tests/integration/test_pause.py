@@ -1,0 +1,128 @@
+"""Pause and resume: the container goes away while a session is paused, and the
+session comes back with its variables and files; what cannot be pickled is
+named, and a replay rebuilds it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+
+from kernelgw.runtime.backends.docker import LABEL_SESSION, LABEL_STORE
+from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway, stdout
+
+pytestmark = pytest.mark.integration
+
+
+def containers_of(client: docker.DockerClient, sid: str) -> list[str]:
+    """The session's kernel and store containers, running or not."""
+    found = client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={sid}"})
+    found += client.containers.list(all=True, filters={"label": f"{LABEL_STORE}={sid}"})
+    return [str(c.name) for c in found]
+
+
+def test_pause_frees_the_container_and_resume_gives_back_variables_and_files(
+    docker_client: docker.DockerClient, gateway: RunningGateway, http: httpx.Client, session_id: str
+) -> None:
+    sid = session_id
+    assert http.put(f"/v1/sessions/{sid}/files/in.csv", content=b"x\n1\n2\n3\n").status_code == 201
+    cells = [
+        "import pandas as pd\ndf = pd.read_csv('in.csv')",
+        "def double(v):\n    return 2 * v",
+        "df['y'] = double(df.x)",
+        "log = open('/tmp/log.txt', 'w')",  # an open file cannot be pickled
+        "gen = (i for i in range(3))",  # nor a generator
+    ]
+    for code in cells:
+        assert run(http, sid, code)["status"] == "ok", code
+
+    resp = http.post(f"/v1/sessions/{sid}/pause")
+    assert resp.status_code == 200, resp.text
+    paused = resp.json()
+    assert paused["state"] == "paused" and paused["stored_bytes"] > 0
+    namespace = paused["namespace"]
+    assert {"df", "double"} <= set(namespace["names"]) and namespace["modules"].get("pd") == "pandas"
+    assert set(namespace["failed"]) == {"log", "gen"}, namespace["failed"]
+    # nothing of the session runs while it is paused; its state is on the gateway's disk
+    assert containers_of(docker_client, sid) == []
+    snapshot = Path(gateway.settings.data_dir) / "paused" / sid
+    assert snapshot.is_dir() and any(snapshot.iterdir())
+    assert http.get(f"/v1/sessions/{sid}").json()["state"] == "paused"
+    # a second pause is refused; so is a resume of a session that is not paused
+    assert http.post(f"/v1/sessions/{sid}/pause").status_code == 409
+
+    resp = http.post(f"/v1/sessions/{sid}/resume")
+    assert resp.status_code == 200, resp.text
+    resumed = resp.json()
+    assert resumed["state"] == "idle" and resumed["replay"] is None
+    assert {"df", "double"} <= set(resumed["namespace"]["names"]) and resumed["namespace"]["failed"] == {}
+    assert stdout(run(http, sid, "print(int(df.y.sum()), double(21), pd.__name__)")) == "12 42 pandas\n"
+    assert stdout(run(http, sid, "print(open('in.csv').read().split())")) == "['x', '1', '2', '3']\n"
+    assert stdout(run(http, sid, "print('gen' in dir(), 'log' in dir())")) == "False False\n"
+    assert not snapshot.exists()
+    assert len(containers_of(docker_client, sid)) >= 1
+    assert http.post(f"/v1/sessions/{sid}/resume").status_code == 409
+
+
+def test_what_cannot_be_pickled_is_rebuilt_by_replay_and_the_next_request_resumes(
+    http: httpx.Client, session_id: str
+) -> None:
+    sid = session_id
+    run(http, sid, "import itertools\ncounter = itertools.count(10)\ntotal = sum(range(10))")
+    run(http, sid, "total += 1")  # the saved value is the one to keep
+    paused = http.post(f"/v1/sessions/{sid}/pause").json()
+    assert "counter" in paused["namespace"]["failed"] or "counter" in paused["namespace"]["names"]
+    resumed = http.post(f"/v1/sessions/{sid}/resume", json={"replay": True}).json()
+    assert resumed["replay"]["trigger"] == "resume" and resumed["replay"]["complete"] is True
+    assert stdout(run(http, sid, "print(total, next(counter) >= 10)")) == "46 True\n"
+
+    # the next execute resumes a paused session by itself
+    assert http.post(f"/v1/sessions/{sid}/pause").status_code == 200
+    result = run(http, sid, "print(total)")
+    assert result["status"] == "ok" and stdout(result) == "46\n"
+    # so does a file request
+    assert http.post(f"/v1/sessions/{sid}/pause").status_code == 200
+    assert http.get(f"/v1/sessions/{sid}/files").status_code == 200
+    assert http.get(f"/v1/sessions/{sid}").json()["state"] == "idle"
+
+
+def test_a_busy_session_is_not_paused_and_a_deleted_paused_one_leaves_nothing(
+    docker_client: docker.DockerClient, gateway: RunningGateway, http: httpx.Client
+) -> None:
+    sid = http.post("/v1/sessions", json={}).json()["id"]
+    with httpx.Client(base_url=gateway.url, timeout=60) as other:
+        import threading
+
+        cell = threading.Thread(target=run, args=(other, sid, "import time; time.sleep(3)"))
+        cell.start()
+        time.sleep(1)
+        busy = http.post(f"/v1/sessions/{sid}/pause")
+        cell.join()
+    assert busy.status_code == 409 and "idle" in busy.json()["error"]["message"], busy.text
+    assert http.post(f"/v1/sessions/{sid}/pause").status_code == 200
+    snapshot = Path(gateway.settings.data_dir) / "paused" / sid
+    assert snapshot.is_dir()
+    assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert not snapshot.exists() and containers_of(docker_client, sid) == []
+
+
+def test_idle_sessions_are_paused_instead_of_ended(docker_client: docker.DockerClient) -> None:
+    settings = gateway_settings(
+        gateway_name=f"{gateway_settings().gateway_name}ip", idle_action="pause", idle_timeout_s=1, reap_interval_s=0.5
+    )
+    gw = start_gateway(settings)
+    try:
+        with httpx.Client(base_url=gw.url, timeout=120) as http:
+            sid = http.post("/v1/sessions", json={}).json()["id"]
+            run(http, sid, "kept = 'across the pause'")
+            deadline = time.monotonic() + 30
+            while http.get(f"/v1/sessions/{sid}").json()["state"] != "paused":
+                assert time.monotonic() < deadline, "never paused"
+                time.sleep(0.3)
+            assert containers_of(docker_client, sid) == []
+            assert stdout(run(http, sid, "print(kept)")) == "across the pause\n"
+    finally:
+        gw.stop()
