@@ -12,6 +12,7 @@ import asyncio
 import builtins
 import dataclasses
 import logging
+import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -95,6 +96,7 @@ class SessionManager:
         does not answer; remove every other container. Returns the reattached ids."""
         if self.recorder is None:
             await self.backend.reap_orphans()
+            await self._remove_stray_snapshots()
             return []
         try:
             stored = {s.session_id: s for s in await self.recorder.open_sessions(self.settings.replay_buffer_bytes)}
@@ -109,14 +111,17 @@ class SessionManager:
         )
         reattached = [sid for sid, ok in zip(stored, results, strict=True) if ok]
         await self.recorder.flush()  # their new seq reservations, before anything is served
-        keep = {stored[sid].handle.kernel_id for sid in reattached}
+        keep = {stored[sid].handle.kernel_id for sid in reattached if not stored[sid].paused}
         await self.backend.reap_except(keep)
+        await self._remove_stray_snapshots()
         if reattached:
             log.warning("reattached %d session(s) left by a previous gateway", len(reattached))
         return reattached
 
     async def _reattach_one(self, stored: StoredSession, container: KernelContainer | None) -> bool:
         assert self.recorder is not None
+        if stored.paused:
+            return await self._restore_paused(stored)
         if container is None or not container.running or container.session_id != stored.session_id:
             await self.recorder.session_lost(stored.session_id, KERNEL_GONE_REASON)
             return False
@@ -140,6 +145,44 @@ class SessionManager:
         if self.metrics is not None:
             self.metrics.sessions_active.set(len(self._sessions))
         return True
+
+    async def _restore_paused(self, stored: StoredSession) -> bool:
+        """A session a previous gateway process left paused: back as paused, if its
+        snapshot is still on disk."""
+        assert self.recorder is not None
+        directory = self.snapshot_dir(stored.session_id)
+        if not await asyncio.to_thread(directory.is_dir):
+            await self.recorder.session_lost(
+                stored.session_id, f"the session was paused and its snapshot ({directory}) is gone"
+            )
+            return False
+        config = dataclasses.replace(
+            self._session_config(SessionOptions()), exec_timeout_s=stored.exec_timeout_s, auto_replay=stored.auto_replay
+        )
+        session = KernelSession(stored.session_id, stored.spec, self.backend, config, self.recorder, self.metrics)
+        session.owner = stored.owner
+        session.created_at = stored.created_at
+        await session.restore_paused(stored, directory)
+        self._sessions[session.id] = session
+        return True
+
+    async def _remove_stray_snapshots(self) -> None:
+        """Snapshot directories of no paused session (ended while no gateway ran, or
+        a pause cut off by a crash) are removed."""
+        root = Path(self.settings.data_dir) / "paused"
+        keep = {sid for sid, s in self._sessions.items() if s.state == "paused"}
+
+        def sweep() -> list[str]:
+            if not root.is_dir():
+                return []
+            gone = [d for d in root.iterdir() if d.name not in keep]
+            for d in gone:
+                shutil.rmtree(d, ignore_errors=True)
+            return [d.name for d in gone]
+
+        removed = await asyncio.to_thread(sweep)
+        if removed:
+            log.warning("removed %d snapshot(s) of sessions no longer paused: %s", len(removed), removed)
 
     def _start_pools(self) -> None:
         s = self.settings

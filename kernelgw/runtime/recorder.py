@@ -48,6 +48,9 @@ class RecordedSession(Protocol):
     def handle(self) -> KernelHandle | None: ...
 
     @property
+    def paused_from(self) -> KernelHandle | None: ...
+
+    @property
     def config(self) -> SessionConfig: ...
 
     @property
@@ -91,6 +94,8 @@ class StoredSession:
     lineage: Sequence[LineageCell] = ()
     """The cells that built the kernel's state (what a replay runs again)."""
     auto_replay: bool = False
+    paused: bool = False
+    """Paused: no container to reach; its state is in the gateway's snapshot directory."""
 
 
 class RecordedExecution(Protocol):

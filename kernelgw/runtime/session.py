@@ -118,6 +118,7 @@ class KernelSession:
         self._snapshot: Path | None = None
         """Where a paused session's state lies (see `pause`)."""
         self._paused_lineage: tuple[LineageCell, ...] = ()
+        self._paused_from: KernelHandle | None = None
 
     # ------------------------------------------------------------- attributes
     @property
@@ -165,6 +166,11 @@ class KernelSession:
     def kernel_info(self) -> dict[str, Any]:
         """The kernel's kernel_info reply (language, versions)."""
         return self._link.kernel_info
+
+    @property
+    def paused_from(self) -> KernelHandle | None:
+        """While paused: the kernel it was paused from (its lineage is stored under it)."""
+        return self._paused_from
 
     @property
     def handle(self) -> KernelHandle | None:
@@ -262,9 +268,11 @@ class KernelSession:
                     await remove_snapshot(directory)  # the session goes on as it was
                     raise
                 self._paused_lineage = self.lineage
+                self._paused_from = handle
                 await self._link.stop()
                 await self.backend.end_session(self.id)
                 self.state = "paused"
+                self.kernel_changed()  # a restarted gateway brings it back paused
                 self.kernel_event("session_paused", f"{stored} bytes saved")
             finally:
                 self._executions.release()
@@ -304,6 +312,7 @@ class KernelSession:
                 self._executions.release()
             self._executions.lineage = Lineage(handle.kernel_id, cells)
             self.execution_count = 0
+            self._paused_from = None
             self.kernel_changed()
             self.kernel_event("session_resumed", f"{restored} bytes restored")
             self._snapshot = None
@@ -376,27 +385,44 @@ class KernelSession:
             self.execution_count = stored.execution_count
             self._status.count_unknown = True
             self._executions.lineage = Lineage(stored.handle.kernel_id, stored.lineage)
-            self._fanout.seed(
-                (
-                    (event.seq, event.model_dump_json())
-                    for cell in stored.cells
-                    for event in cell.events
-                    if event.seq is not None
-                ),
-                stored.last_seq,
-            )
-            for cell in stored.cells:
-                if cell.cut_off:
-                    self._fanout.publish(
-                        ev.Done(
-                            execution_id=cell.execution_id,
-                            status="dead",
-                            reason=CUT_OFF_DONE_REASON,
-                            duration_ms=0.0,
-                            state_lost=False,
-                        )
-                    )
+            self._seed(stored)
         self._executions.start()
+
+    async def restore_paused(self, stored: StoredSession, directory: Path) -> None:
+        """Take over a session a previous gateway process left paused: no kernel
+        until it is resumed, its snapshot in ``directory``, its events replayable."""
+        async with self._lifecycle:
+            self.state = "paused"
+            self._snapshot = directory
+            self._paused_from = stored.handle
+            self._paused_lineage = tuple(stored.lineage)
+            self.execution_count = stored.execution_count
+            self._seed(stored)
+        self._executions.start()
+
+    def _seed(self, stored: StoredSession) -> None:
+        """The replay buffer refilled from the stored cells; numbering goes on
+        after the stored reservation; cells a crash cut off get their ``done``."""
+        self._fanout.seed(
+            (
+                (event.seq, event.model_dump_json())
+                for cell in stored.cells
+                for event in cell.events
+                if event.seq is not None
+            ),
+            stored.last_seq,
+        )
+        for cell in stored.cells:
+            if cell.cut_off:
+                self._fanout.publish(
+                    ev.Done(
+                        execution_id=cell.execution_id,
+                        status="dead",
+                        reason=CUT_OFF_DONE_REASON,
+                        duration_ms=0.0,
+                        state_lost=False,
+                    )
+                )
 
     async def detach(self) -> None:
         """Leave the kernel running for the next gateway process (on_shutdown=keep):

@@ -32,7 +32,7 @@ CRASHED_REASON = "the gateway stopped without ending the session"
 def kernel_values(session: RecordedSession) -> dict[str, Any]:
     """The session row's columns a restarted gateway reattaches from (the
     connection dict holds the kernel's HMAC key)."""
-    handle = session.handle
+    handle = session.handle or session.paused_from
     if handle is None:
         return {}
     kernel = {
@@ -42,6 +42,7 @@ def kernel_values(session: RecordedSession) -> dict[str, Any]:
         "spec": dataclasses.asdict(session.spec),
         "exec_timeout_s": session.config.exec_timeout_s,
         "auto_replay": session.config.auto_replay,
+        "paused": session.paused_from is not None,
     }
     return {
         "container_id": handle.container_id,
@@ -75,6 +76,7 @@ def stored_session(row: Any) -> StoredSession:
         execution_count=row.execution_count or 0,
         last_seq=row.last_seq or 0,
         auto_replay=bool(kernel.get("auto_replay", False)),
+        paused=bool(kernel.get("paused", False)),
     )
 
 

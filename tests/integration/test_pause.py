@@ -126,3 +126,30 @@ def test_idle_sessions_are_paused_instead_of_ended(docker_client: docker.DockerC
             assert stdout(run(http, sid, "print(kept)")) == "across the pause\n"
     finally:
         gw.stop()
+
+
+def test_a_paused_session_survives_a_gateway_restart(docker_client: docker.DockerClient) -> None:
+    name = f"{gateway_settings().gateway_name}pr"
+    settings = gateway_settings(gateway_name=name, data_dir=f"/tmp/kgwt-data-{name}", on_shutdown="keep")
+    stray = Path(settings.data_dir) / "paused" / "no-such-session"
+    first = start_gateway(settings)
+    try:
+        with httpx.Client(base_url=first.url, timeout=120) as http:
+            sid = http.post("/v1/sessions", json={}).json()["id"]
+            run(http, sid, "kept = [1, 2, 3]\nopen('notes.txt', 'w').write('paused')")
+            assert http.post(f"/v1/sessions/{sid}/pause").status_code == 200
+    finally:
+        first.stop()
+    stray.mkdir(parents=True)  # a snapshot no session owns
+
+    second = start_gateway(settings.model_copy(update={"on_shutdown": "stop"}))
+    try:
+        with httpx.Client(base_url=second.url, timeout=120) as http:
+            assert http.get(f"/v1/sessions/{sid}").json()["state"] == "paused"
+            assert containers_of(docker_client, sid) == []
+            assert not stray.exists()
+            result = run(http, sid, "print(sum(kept), open('notes.txt').read())")
+            assert stdout(result) == "6 paused\n", result["events"][-1]
+    finally:
+        second.stop()
+    assert not (Path(settings.data_dir) / "paused" / sid).exists()
