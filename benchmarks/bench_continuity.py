@@ -5,6 +5,8 @@ All in one run, same machine, same image, gateways without a pool (cold starts):
   - create, restart and delete with ``persistent_workspace`` on (the default: a
     store container and two tmpfs volumes per session) and off (the tmpfs inside
     the kernel's container), interleaved in rounds
+  - pause and resume of a session holding nothing, and one holding a 100 MiB
+    DataFrame (the snapshot is pickled, moved to the gateway's disk and back)
   - a 20-cell pandas analysis (a 2.2 MB CSV of 100,000 rows uploaded, read, cleaned, grouped,
     joined, modelled with numpy): the 20 cells as first run (the floor), then
     ``restart {"replay": true}`` (wall time of the request, and the replay's own
@@ -60,6 +62,12 @@ ANALYSIS = [
     "report = {'regions': len(by_region), 'months': len(by_month), 'outliers': len(outliers)}",
     "report['total'] = float(df.revenue.sum())",
 ]
+
+
+PAUSE_DATAFRAME = (
+    "import numpy as np, pandas as pd\n"
+    "df = pd.DataFrame(np.random.default_rng(1).random((1_310_720, 10)))  # 10 float64 columns: 100 MiB"
+)
 
 
 def sales_csv(rows: int = 100_000) -> bytes:
@@ -170,6 +178,26 @@ def main() -> None:
             finally:
                 c_on.delete(f"/v1/sessions/{sid}")
 
+        # ---- 3: pause and resume, an empty namespace and a 100 MB DataFrame
+        for i in range(analyses):
+            print(f"pause and resume {i + 1}/{analyses}", flush=True)
+            for label, code in (("empty", "x = 1"), ("100mb", PAUSE_DATAFRAME)):
+                sid = c_on.post("/v1/sessions", json={}).json()["id"]
+                try:
+                    c_on.post(f"/v1/sessions/{sid}/execute", json={"code": code}).raise_for_status()
+                    ms, r = timed(c_on.post, f"/v1/sessions/{sid}/pause")
+                    r.raise_for_status()
+                    assert not r.json()["namespace"]["failed"], r.json()["namespace"]
+                    add(f"pause_{label}", ms)
+                    add(f"pause_{label}_mb", r.json()["stored_bytes"] / 2**20)
+                    ms, r = timed(c_on.post, f"/v1/sessions/{sid}/resume")
+                    r.raise_for_status()
+                    add(f"resume_{label}", ms)
+                    check = c_on.post(f"/v1/sessions/{sid}/execute", json={"code": "print('df' in dir() or x == 1)"})
+                    assert "True" in check.text, check.text
+                finally:
+                    c_on.delete(f"/v1/sessions/{sid}")
+
     lifecycle_rows = [
         summary("create, files in the kernel's container (off)", s["off_create"]),
         summary("create, files in a store (default)", s["on_create"]),
@@ -191,6 +219,13 @@ def main() -> None:
             summary(f"fork, {mb:.0f} MB: copy", s[f"fork_{extra}_copy"]),
             summary(f"fork, {mb:.0f} MB: replay", s[f"fork_{extra}_replay"]),
         ]
+    pause_rows = []
+    for label, what in (("empty", "an empty namespace"), ("100mb", "a 100 MB DataFrame")):
+        mb = sum(s[f"pause_{label}_mb"]) / len(s[f"pause_{label}_mb"])
+        pause_rows += [
+            summary(f"pause, {what} ({mb:.0f} MB kept)", s[f"pause_{label}"]),
+            summary(f"resume, {what}", s[f"resume_{label}"]),
+        ]
     print_table(
         "Session lifecycle: persistent_workspace on (default) and off",
         lifecycle_rows,
@@ -202,6 +237,7 @@ def main() -> None:
         floor="20 cells, first run (sum of their durations)",
     )
     print_table("Fork of that session", fork_rows, floor=None)
+    print_table("Pause and resume", pause_rows, floor=None)
     data = {
         "benchmark": "continuity",
         "date": started,
@@ -213,10 +249,16 @@ def main() -> None:
         "lifecycle": lifecycle_rows,
         "replay": replay_rows,
         "fork": fork_rows,
+        "pause": pause_rows,
     }
     write_json(args.json, data)
     draw_bars(
-        [("session lifecycle", lifecycle_rows), ("replay, 20 cells", replay_rows), ("fork", fork_rows)],
+        [
+            ("session lifecycle", lifecycle_rows),
+            ("replay, 20 cells", replay_rows),
+            ("fork", fork_rows),
+            ("pause and resume", pause_rows),
+        ],
         args.chart,
         title="Session continuity (p50 bars; p95 |, p99 x)",
         floor_names=["create, files in the kernel's container (off)", "20 cells, first run (sum of their durations)"],

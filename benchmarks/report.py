@@ -642,10 +642,25 @@ def continuity_section(d: Path, out: Path, cont: dict[str, Any] | None) -> list[
             f"{min(r['p50_ms'] for r in replays):.0f} to {max(r['p50_ms'] for r in replays):.0f} ms at p50 "
             "across the sizes (more files in the session is more of its memory in tmpfs pages)."
         )
+    pause = cont.get("pause") or []
+    if pause:
+        lines += ["", table(pause, None), ""]
+        p0, r0 = row(pause, "pause, an empty"), row(pause, "resume, an empty")
+        p1, r1 = row(pause, "pause, a 100 MB"), row(pause, "resume, a 100 MB")
+        if p0 and r0 and p1 and r1:
+            per_pause = (p1["p50_ms"] - p0["p50_ms"]) / 1000
+            per_resume = (r1["p50_ms"] - r0["p50_ms"]) / 1000
+            lines.append(
+                f"- Pause costs {p0['p50_ms'] / 1000:.2f} s plus about {per_pause:.2f} s per 100 MB of variables "
+                f"(about {per_pause * 10.24:.0f} s per GiB), resume {r0['p50_ms'] / 1000:.2f} s (a cold kernel "
+                f"start is most of it) plus about {per_resume:.2f} s per 100 MB, at p50. E2B publishes about 4 s "
+                "per GiB to pause and about 1 s to resume, for a memory snapshot of the whole sandbox; kernelgw "
+                "pickles the variables in the kernel and moves them through the gateway's disk, so it pays per "
+                "byte of state twice (pickle and tar), and only what pickles comes back without a replay."
+            )
     lines += [
-        "- For comparison, E2B publishes pause at about 4 s per GiB and resume at about 1 s; kernelgw has no "
-        "pause yet (issue 16, item 4), and a fork here rebuilds state by replay instead of restoring memory, so "
-        "it costs what the cells cost, whatever the size of the state.\n",
+        "- A fork rebuilds state by replay instead of restoring memory, so it costs what the cells cost, "
+        "whatever the size of the state.\n",
     ]
     return lines
 

@@ -100,10 +100,6 @@ class SessionHooks(Protocol):
         """Replace a kernel that ignored an interrupt; returns why it failed, if it did."""
         ...
 
-    async def resume_paused(self) -> str | None:
-        """Bring a paused session back before its next cell; why it failed, if it did."""
-        ...
-
     async def restart_after_death(self) -> str | None:
         """Replace a kernel that died under a cell (``auto_replay``); returns why it failed, if it did."""
         ...
@@ -220,6 +216,14 @@ class ExecutionQueue:
         self._wake.set()
         return rec
 
+    async def fail_queued(self, reason: str) -> None:
+        """End every queued cell as dead with ``reason`` (stored, then announced):
+        a paused session that cannot be resumed runs none of them."""
+        while self._cells:
+            rec = self._cells.popleft()
+            self._finish(rec, "dead", reason)
+            await self._store_then_announce(rec)
+
     def hold(self) -> None:
         """Take no queued cell until `release` (a restart that replays holds the
         cells sent meanwhile, so they run after the replay, in the rebuilt state)."""
@@ -291,7 +295,7 @@ class ExecutionQueue:
         while True:
             if self._replays:
                 return self._replays.popleft()
-            if self._cells and not self._holds:
+            if self._cells and not self._holds and self._status.state != "paused":
                 return self._cells.popleft()
             self._wake.clear()
             await self._wake.wait()
@@ -427,11 +431,6 @@ class ExecutionQueue:
         if status.state == "closed":
             self._finish(rec, "dead", "the session was deleted before this execution ran")
             return
-        if status.state == "paused":
-            failure = await self._hooks.resume_paused()
-            if failure is not None:
-                self._finish(rec, "dead", f"the session is paused and could not be resumed: {failure}")
-                return
         if status.state == "dead" or not self._link.connected:
             self._finish(rec, "dead", status.dead_reason or "the kernel is not running; restart the session")
             return

@@ -27,15 +27,11 @@ from kernelgw.runtime.backends.base import PACKAGES_DIR, WORKSPACE_DIR, Backend,
 from kernelgw.runtime.kernel_link import KernelLink
 from kernelgw.runtime.workspace import read_tree, write_tree
 
-SNAPSHOT_DIR_IN_KERNEL = "/tmp"
-SNAPSHOT_NAME = "kernelgw-snapshot"
-"""The namespace file in the kernel's /tmp while it moves."""
-PARTS = {
-    "workspace.tar": (WORKSPACE_DIR, "."),
-    "packages.tar": (PACKAGES_DIR, "."),
-    "namespace.tar": ("/tmp", SNAPSHOT_NAME),
-}
-"""The snapshot's files: which directory (and member) of the kernel each holds."""
+NAMESPACE_FILE = f"{WORKSPACE_DIR}/.kernelgw-namespace"
+"""Where the kernel writes its pickled variables for a pause and reads them on a
+resume: in the workspace (the session's largest tmpfs), so it travels with it."""
+PARTS = {"workspace.tar": WORKSPACE_DIR, "packages.tar": PACKAGES_DIR}
+"""The snapshot's files: which directory of the kernel each holds."""
 MAX_SUMMARY_CHARS = 1 << 20
 MAX_NAMES_REPORTED = 1000
 
@@ -94,27 +90,33 @@ def parse_summary(reply: dict[str, Any] | None, key: str, done_key: str) -> Name
 
 
 async def save_namespace(link: KernelLink, max_bytes: int, timeout: float) -> NamespaceSummary:
-    path = f"{SNAPSHOT_DIR_IN_KERNEL}/{SNAPSHOT_NAME}"
-    expression = f"__import__('kernelgw_kernel.namespace', fromlist=['save']).save({path!r}, {int(max_bytes)})"
+    expression = (
+        f"__import__('kernelgw_kernel.namespace', fromlist=['save']).save({NAMESPACE_FILE!r}, {int(max_bytes)})"
+    )
     reply = await link.silent_request("", {"snapshot": expression}, timeout=timeout)
     return parse_summary(reply, "snapshot", "saved")
 
 
 async def load_namespace(link: KernelLink, timeout: float) -> NamespaceSummary:
-    path = f"{SNAPSHOT_DIR_IN_KERNEL}/{SNAPSHOT_NAME}"
-    expression = f"__import__('kernelgw_kernel.namespace', fromlist=['load']).load({path!r})"
+    expression = f"__import__('kernelgw_kernel.namespace', fromlist=['load']).load({NAMESPACE_FILE!r})"
     reply = await link.silent_request("", {"snapshot": expression}, timeout=timeout)
     return parse_summary(reply, "snapshot", "restored")
 
 
+async def discard_namespace(link: KernelLink) -> None:
+    """Remove the namespace file a failed pause left in the workspace."""
+    # an expression that raises (no such file) is only reported in the reply
+    await link.silent_request("", {"discard": f"__import__('os').remove({NAMESPACE_FILE!r})"}, timeout=10.0)
+
+
 async def save_files(backend: Backend, handle: KernelHandle, directory: Path, timeout: float) -> int:
-    """The workspace, the packages and the namespace file, out of the kernel into
-    ``directory`` (made afresh); returns the bytes written."""
+    """The workspace (with the namespace file) and the packages, out of the kernel
+    into ``directory`` (made afresh); returns the bytes written."""
     await anyio.to_thread.run_sync(_fresh_dir, directory)
     written = 0
-    for name, (path, member) in PARTS.items():
+    for name, path in PARTS.items():
         async with (
-            contextlib.aclosing(read_tree(backend, handle, path, timeout, (member,))) as stream,
+            contextlib.aclosing(read_tree(backend, handle, path, timeout)) as stream,
             await anyio.open_file(directory / name, "wb") as f,
         ):
             async for chunk in stream:
@@ -126,7 +128,7 @@ async def save_files(backend: Backend, handle: KernelHandle, directory: Path, ti
 async def restore_files(backend: Backend, handle: KernelHandle, directory: Path, timeout: float) -> int:
     """Put what ``save_files`` wrote back into a (new) kernel; returns the bytes."""
     moved = 0
-    for name, (path, _member) in PARTS.items():
+    for name, path in PARTS.items():
         async with contextlib.aclosing(_chunks(directory / name)) as stream:
             moved += await write_tree(backend, handle, path, stream, timeout)
     return moved

@@ -12,6 +12,7 @@ old kernel's cells into the new one (`kernelgw.runtime.lineage`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -40,6 +41,7 @@ from kernelgw.runtime.lineage import Lineage, LineageCell, ReplayReport
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.pause import (
     NamespaceSummary,
+    discard_namespace,
     load_namespace,
     remove_snapshot,
     restore_files,
@@ -119,6 +121,7 @@ class KernelSession:
         """Where a paused session's state lies (see `pause`)."""
         self._paused_lineage: tuple[LineageCell, ...] = ()
         self._paused_from: KernelHandle | None = None
+        self._resuming: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------- attributes
     @property
@@ -265,7 +268,10 @@ class KernelSession:
                     namespace = await save_namespace(self._link, max_bytes, timeout)
                     stored = await save_files(self.backend, handle, directory, timeout)
                 except BaseException:
-                    await remove_snapshot(directory)  # the session goes on as it was
+                    # the session goes on as it was
+                    await remove_snapshot(directory)
+                    with contextlib.suppress(Exception):
+                        await discard_namespace(self._link)
                     raise
                 self._paused_lineage = self.lineage
                 self._paused_from = handle
@@ -281,9 +287,9 @@ class KernelSession:
 
     async def resume(self, *, replay: bool = False, timeout: float = 300.0) -> Resumed | None:
         """A new kernel with what ``pause`` saved: files and packages, then the
-        namespace. ``replay``: the cells that built the state run first, when
-        some names could not be saved, so those come back too (the saved values
-        are loaded over them). None when the session was not paused."""
+        namespace. ``replay``: the cells that built the state run first, so what
+        could not be pickled comes back too; the saved values are loaded over
+        what they rebuilt. None when the session was not paused."""
         async with self._lifecycle:
             directory = self._snapshot
             if self.state != "paused" or directory is None:
@@ -319,15 +325,6 @@ class KernelSession:
             self._paused_lineage = ()
         await remove_snapshot(directory)
         return Resumed(namespace, restored, (time.perf_counter() - started) * 1000, report)
-
-    async def resume_paused(self) -> str | None:
-        """Resume a paused session for the cell about to run (the queue's worker
-        calls this); returns why it failed, if it did."""
-        try:
-            await self.resume()
-        except Exception as exc:
-            return str(exc)
-        return None
 
     async def restart_after_death(self) -> str | None:
         """Replace a kernel that died under a cell, to replay into it
@@ -559,7 +556,17 @@ class KernelSession:
         ``replayable=False``: a replay never runs it again (side effects)."""
         rec = self._executions.submit(code, execution_id, timeout, client, replayable=replayable)
         self.touch()
+        if self.state == "paused" and (self._resuming is None or self._resuming.done()):
+            # the queue takes no cell while paused: this brings the kernel back for it
+            self._resuming = asyncio.create_task(self._resume_for_queued(), name=f"resume-{self.id}")
         return rec
+
+    async def _resume_for_queued(self) -> None:
+        try:
+            await self.resume()
+        except Exception as exc:
+            log.warning("session %s could not be resumed for its queued cells: %s", self.id, exc)
+            await self._executions.fail_queued(f"the session is paused and could not be resumed: {exc}")
 
     def send_stdin(self, msg: dict[str, Any]) -> bool:
         """A Jupyter client's ``input_reply`` for the running cell's ``input_request``."""
