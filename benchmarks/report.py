@@ -619,7 +619,8 @@ def continuity_section(d: Path, out: Path, cont: dict[str, Any] | None) -> list[
         "the kernel's container; then a "
         f"{cont['analysis_cells']}-cell pandas analysis of an uploaded {cont['csv_bytes'] / 2**20:.1f} MB CSV "
         '(read, clean, group, join, a least-squares fit), restarted with `{"replay": true}`, and forked '
-        '(`{"from": id}`) with more files in its workspace each time.\n',
+        '(`{"from": id}`) with more files in its workspace each time; last, pause and resume of a session '
+        "holding nothing and of one holding a 100 MiB DataFrame.\n",
         table(life, life[0]["name"], "off"),
         "",
         table(replay, replay[0]["name"], "first run"),
