@@ -52,6 +52,7 @@ gateway answers."""
 
 T = TypeVar("T")
 C = TypeVar("C", bound="_BaseClient")
+InfoT = TypeVar("InfoT", bound=SessionInfo)
 
 
 # --- history, notebooks and restore
@@ -302,41 +303,35 @@ class _SessionBase(Generic[C]):
             memory_mb=memory_mb, cpus=cpus, env=None, image=None, timeout=timeout, fork_of=self.id
         )
 
-    def _pause_call(self) -> _Call[PausedSession]:
-        def parse(response: httpx.Response) -> PausedSession:
-            info = PausedSession.model_validate(response.json())
+    def _parse_info(self, model: type[InfoT]) -> Callable[[httpx.Response], InfoT]:
+        """A parser that reads the answer as ``model`` and keeps it as ``last_info``."""
+
+        def parse(response: httpx.Response) -> InfoT:
+            info = model.model_validate(response.json())
             self.last_info = info
             return info
 
+        return parse
+
+    def _pause_call(self) -> _Call[PausedSession]:
         # saving a large namespace takes a while: no read timeout
-        return _Call(
-            "POST", _session_path(self.id, "/pause"), parse, timeout=httpx.Timeout(self._client.timeout, read=None)
-        )
+        long = httpx.Timeout(self._client.timeout, read=None)
+        return _Call("POST", _session_path(self.id, "/pause"), self._parse_info(PausedSession), timeout=long)
 
     def _resume_call(self, replay: bool) -> _Call[ResumedSession]:
-        def parse(response: httpx.Response) -> ResumedSession:
-            info = ResumedSession.model_validate(response.json())
-            self.last_info = info
-            return info
-
         return _Call(
             "POST",
             _session_path(self.id, "/resume"),
-            parse,
+            self._parse_info(ResumedSession),
             json={"replay": True} if replay else None,
             timeout=httpx.Timeout(self._client.timeout, read=None),
         )
 
     def _restart_call(self, replay: bool = False) -> _Call[RestartedSession]:
-        def parse(response: httpx.Response) -> RestartedSession:
-            info = RestartedSession.model_validate(response.json())
-            self.last_info = info
-            return info
-
         return _Call(
             "POST",
             _session_path(self.id, "/restart"),
-            parse,
+            self._parse_info(RestartedSession),
             json={"replay": True} if replay else None,
             # a replay answers after re-running every cell: no read timeout then
             timeout=httpx.Timeout(self._client.timeout, read=None) if replay else self._client._start_timeout(),
