@@ -24,7 +24,7 @@ The kernel-output shapes map one to one onto nbformat v4 output types
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
@@ -262,6 +262,9 @@ Event = Annotated[
     | ProtocolError,
     Field(discriminator="type"),
 ]
+
+EVENT_TYPES: frozenset[str] = frozenset(model.model_fields["type"].default for model in get_args(get_args(Event)[0]))
+"""Every event ``type`` this version knows; a client meets newer ones from newer gateways."""
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 EVENT_LIST_ADAPTER: TypeAdapter[list[Event]] = TypeAdapter(list[Event])

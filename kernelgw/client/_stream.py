@@ -13,7 +13,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from kernelgw.client._errors import error_from_close, error_from_response
 from kernelgw.errors import ClientError
-from kernelgw.events import Done, Event, Gap, ProtocolError, parse_event
+from kernelgw.events import EVENT_TYPES, Done, Event, Gap, ProtocolError, parse_event
 
 MAX_RESUMES = 3
 """How often a stream reconnects (with ``last_seq``) after the connection drops."""
@@ -77,8 +77,18 @@ class _StreamState:
         return None if self.accepted else self._message
 
     def feed(self, frame: str | bytes) -> Event | None:
-        """Parse one frame; return the event if it belongs to this execution."""
-        event = parse_event(frame)
+        """Parse one frame; return the event if it belongs to this execution.
+        Event types newer than this SDK are passed over (their ``seq`` counts)."""
+        try:
+            data: str | bytes | dict[str, Any] = json.loads(frame)
+        except ValueError:
+            data = frame  # parse_event says what is wrong with it
+        if isinstance(data, dict) and data.get("type") not in EVENT_TYPES:
+            seq = data.get("seq")
+            if isinstance(seq, int) and (self.last_seq is None or seq > self.last_seq):
+                self.last_seq = seq
+            return None
+        event = parse_event(data)
         if event.seq is not None:
             if self.last_seq is not None and event.seq <= self.last_seq:
                 return None  # replayed after a reconnect, already seen

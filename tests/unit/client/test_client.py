@@ -7,6 +7,7 @@ import json
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from kernelgw import models
 from kernelgw.client import (
@@ -186,6 +187,21 @@ def test_stream_state_filters_by_execution_id_and_stops_at_done():
     assert not state.finished
     assert state.feed(frame("done", 4, eid, status="ok", duration_ms=1.0)).type == "done"
     assert state.finished
+
+
+def test_stream_state_passes_over_event_types_newer_than_the_sdk():
+    """A newer gateway may send event types this SDK does not know (say, a
+    session-level event while a cell streams): they are skipped, their seq
+    still counts for a resume, and the cell's own events go on."""
+    state = new_state()
+    eid = state.execution_id
+    assert state.feed(frame("queued", 1, eid, code="c")).type == "queued"
+    assert state.feed(frame("kernel_weather", 2, None, forecast="sunny")) is None
+    assert state.feed(frame("kernel_weather", 3, eid)) is None
+    assert state.last_seq == 3
+    assert state.feed(frame("done", 4, eid, status="ok", duration_ms=1.0)).type == "done"
+    with pytest.raises(ValidationError):
+        state.feed("not json at all")  # malformed frames are still errors
 
 
 def test_stream_state_resumes_without_resending_and_skips_replayed_events():
