@@ -51,6 +51,9 @@ class RecordedSession(Protocol):
     def paused_from(self) -> KernelHandle | None: ...
 
     @property
+    def lineage_kernels(self) -> tuple[str, ...]: ...
+
+    @property
     def config(self) -> SessionConfig: ...
 
     @property
@@ -96,6 +99,8 @@ class StoredSession:
     auto_replay: bool = False
     paused: bool = False
     """Paused: no container to reach; its state is in the gateway's snapshot directory."""
+    lineage_kernels: tuple[str, ...] = ()
+    """The kernels whose stored cells make the lineage (empty: the handle's alone)."""
 
 
 class RecordedExecution(Protocol):

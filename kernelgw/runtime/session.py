@@ -121,7 +121,11 @@ class KernelSession:
         """Where a paused session's state lies (see `pause`)."""
         self._paused_lineage: tuple[LineageCell, ...] = ()
         self._paused_from: KernelHandle | None = None
+        self._paused_kernels: tuple[str, ...] = ()
         self._resuming: asyncio.Task[None] | None = None
+        self.lineage_kernels: tuple[str, ...] = ()
+        """The kernels whose stored cells make the lineage: the running one, and
+        those it was resumed from (a resume carries the state without re-running)."""
 
     # ------------------------------------------------------------- attributes
     @property
@@ -197,6 +201,7 @@ class KernelSession:
         self.dead_reason = None
         handle = self._link.handle
         self._executions.lineage.new_kernel(handle.kernel_id if handle is not None else None)
+        self.lineage_kernels = (handle.kernel_id,) if handle is not None else ()
 
     async def warm_up(self, timeout: float = 10.0) -> None:
         """Run a kernel's first-use work before anyone waits on it: IPython's first
@@ -274,6 +279,7 @@ class KernelSession:
                         await discard_namespace(self._link)
                     raise
                 self._paused_lineage = self.lineage
+                self._paused_kernels = self.lineage_kernels
                 self._paused_from = handle
                 await self._link.stop()
                 await self.backend.end_session(self.id)
@@ -317,6 +323,7 @@ class KernelSession:
             finally:
                 self._executions.release()
             self._executions.lineage = Lineage(handle.kernel_id, cells)
+            self.lineage_kernels = (*self._paused_kernels, handle.kernel_id)
             self.execution_count = 0
             self._paused_from = None
             self.kernel_changed()
@@ -382,6 +389,7 @@ class KernelSession:
             self.execution_count = stored.execution_count
             self._status.count_unknown = True
             self._executions.lineage = Lineage(stored.handle.kernel_id, stored.lineage)
+            self.lineage_kernels = stored.lineage_kernels or (stored.handle.kernel_id,)
             self._seed(stored)
         self._executions.start()
 
@@ -393,6 +401,7 @@ class KernelSession:
             self._snapshot = directory
             self._paused_from = stored.handle
             self._paused_lineage = tuple(stored.lineage)
+            self._paused_kernels = stored.lineage_kernels or (stored.handle.kernel_id,)
             self.execution_count = stored.execution_count
             self._seed(stored)
         self._executions.start()

@@ -43,6 +43,8 @@ def kernel_values(session: RecordedSession) -> dict[str, Any]:
         "exec_timeout_s": session.config.exec_timeout_s,
         "auto_replay": session.config.auto_replay,
         "paused": session.paused_from is not None,
+        # a paused session's lineage is that of the kernel it was paused from
+        "lineage_kernels": list(session.lineage_kernels),
     }
     return {
         "container_id": handle.container_id,
@@ -77,6 +79,7 @@ def stored_session(row: Any) -> StoredSession:
         last_seq=row.last_seq or 0,
         auto_replay=bool(kernel.get("auto_replay", False)),
         paused=bool(kernel.get("paused", False)),
+        lineage_kernels=tuple(str(k) for k in kernel.get("lineage_kernels") or [kernel["kernel_id"]]),
     )
 
 

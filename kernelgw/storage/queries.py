@@ -7,6 +7,7 @@ Plain functions of an engine; the store calls them once its queue is flushed
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy import or_, select
@@ -64,15 +65,16 @@ async def list_executions(engine: AsyncEngine, session_id: str) -> list[Executio
     ]
 
 
-async def lineage(engine: AsyncEngine, session_id: str, kernel_id: str) -> list[LineageCell]:
-    """The cells that built the state of the session's kernel ``kernel_id``
-    (`kernelgw.runtime.lineage`), oldest first: what a replay runs again."""
+async def lineage(engine: AsyncEngine, session_id: str, kernel_ids: Sequence[str]) -> list[LineageCell]:
+    """The cells that built the state of the session's kernel (`kernelgw.runtime.lineage`),
+    oldest first: what a replay runs again. ``kernel_ids``: that kernel, and those
+    its state was resumed from."""
     t = schema.executions
     query = (
         select(t.c.execution_id, t.c.code)
         .where(
             t.c.session_id == session_id,
-            t.c.kernel_id == kernel_id,
+            t.c.kernel_id.in_(list(kernel_ids)),
             t.c.status == "ok",
             or_(t.c.no_replay.is_(None), t.c.no_replay.is_(False)),
         )

@@ -427,7 +427,9 @@ class Store:
                         parsed = []
                     cut_off = (session.session_id, execution_id) in self._cut_off
                     cells.append(StoredCell(execution_id=execution_id, events=parsed, cut_off=cut_off))
-            lineage = await queries.lineage(engine, session.session_id, session.handle.kernel_id)
+            lineage = await queries.lineage(
+                engine, session.session_id, session.lineage_kernels or (session.handle.kernel_id,)
+            )
             stored.append(dataclasses.replace(session, cells=cells, lineage=lineage))
         return stored
 

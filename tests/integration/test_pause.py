@@ -143,7 +143,7 @@ def test_a_paused_session_survives_a_gateway_restart(docker_client: docker.Docke
         first.stop()
     stray.mkdir(parents=True)  # a snapshot no session owns
 
-    second = start_gateway(settings.model_copy(update={"on_shutdown": "stop"}))
+    second = start_gateway(settings)
     try:
         with httpx.Client(base_url=second.url, timeout=120) as http:
             assert http.get(f"/v1/sessions/{sid}").json()["state"] == "paused"
@@ -154,3 +154,13 @@ def test_a_paused_session_survives_a_gateway_restart(docker_client: docker.Docke
     finally:
         second.stop()
     assert not (Path(settings.data_dir) / "paused" / sid).exists()
+
+    # the cells from before the pause still count for a replay after yet another restart
+    third = start_gateway(settings.model_copy(update={"on_shutdown": "stop"}))
+    try:
+        with httpx.Client(base_url=third.url, timeout=120) as http:
+            report = http.post(f"/v1/sessions/{sid}/restart", json={"replay": True}).json()["replay"]
+            assert report["complete"] is True and report["replayed"] == 2, report
+            assert stdout(run(http, sid, "print(sum(kept))")) == "6\n"
+    finally:
+        third.stop()

@@ -256,7 +256,7 @@ async def test_the_store_records_kernels_and_replays_and_rebuilds_the_lineage(
     assert first.kernel_id != replayed.kernel_id == last.kernel_id == session.handle.kernel_id
     # what a restarted gateway reattaches with
     engine = await store.read_engine()
-    stored = await queries.lineage(engine, session.id, session.handle.kernel_id)
+    stored = await queries.lineage(engine, session.id, [session.handle.kernel_id])
     assert [(c.execution_id, c.code) for c in stored] == [
         (replayed.execution_id, "x = 1"),
         (last.execution_id, "y = 2"),
