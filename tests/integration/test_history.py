@@ -402,7 +402,7 @@ def test_invalid_restores_are_refused_before_a_kernel_starts(http: httpx.Client)
         ({"notebook": {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": "x = 1"}}, 400, "cells"),
         ({"notebook": "x = 1"}, 422, "notebook"),
         ({"from_session": "no-such-session"}, 404, "no-such-session"),
-        ({"from_session": "a", "notebook": {"nbformat": 4}}, 422, "not both"),
+        ({"from_session": "a", "notebook": {"nbformat": 4}}, 422, "at most one of"),
     ]:
         resp = http.post("/v1/sessions", json=body)
         assert resp.status_code == status, (body, resp.text)
@@ -485,6 +485,8 @@ def _stand_in_session(session_id: str) -> Any:
         created_at=datetime.now(UTC),
         kernel_info={"language_info": {"name": "python", "version": "3.11"}},
         handle=None,  # no kernel to reattach: a restart of the store's gateway ends it
+        paused_from=None,
+        lineage_kernels=(),
     )
 
 

@@ -38,6 +38,7 @@ import shutil
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -73,6 +74,8 @@ LABEL_STORE = "kernelgw.store"
 """On a session's store container and volumes (value: the session id)."""
 STORE_RUNTIMES = frozenset({"runc"})
 """Runtimes whose kernels get a workspace that outlives them (see the module doc)."""
+START_ATTEMPTS = 3
+RACED_START = ("cannot start a stopped process", "cannot start an already running container")
 OOM_RECHECKS = 5
 OOM_RECHECK_S = 0.1
 STORE_COMMAND = ["sleep", "infinity"]
@@ -277,7 +280,7 @@ class DockerBackend:
         return handle
 
     def _start_sync(self, spec: KernelSpec, store_volumes: dict[str, str] | None) -> KernelHandle:
-        client = self._client()
+        self._client()  # an engine that does not answer fails here, before anything is made
         kernel_id = secrets.token_hex(6)
         key = secrets.token_hex(32)
         conn_dir = self._make_conn_dir(kernel_id, key)
@@ -288,7 +291,7 @@ class DockerBackend:
         else:
             volumes.update({volume: {"bind": path, "mode": STORE_MOUNT_MODE} for path, volume in store_volumes.items()})
         try:
-            container = client.containers.run(
+            container = self._run_container(
                 spec.image,
                 command=self._command(),
                 name=f"kernelgw-{self.gateway_name}-{kernel_id}",
@@ -334,6 +337,27 @@ class DockerBackend:
             conn_dir=conn_dir,
             connection=connection_info(str(conn_dir / "k"), key),
         )
+
+    def _run_container(self, image: str, *, name: str, **options: Any) -> Container:
+        """``containers.run``, tried again when the engine says the start raced
+        itself ("cannot start a stopped process", "cannot start an already running
+        container": seen with Docker 20.10 and containerd when many containers
+        start at once, the CI's two test passes side by side); the half-made
+        container is removed first. Any other error is raised at once."""
+        client = self._client()
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                container: Container = client.containers.run(image, name=name, **options)
+                return container
+            except docker.errors.APIError as exc:
+                text = str(exc.explanation or exc)
+                if attempt == START_ATTEMPTS or not any(t in text for t in RACED_START):
+                    raise
+                log.warning("starting container %s failed (%s); trying again", name, text)
+                with contextlib.suppress(docker.errors.DockerException):
+                    client.api.remove_container(name, force=True)
+                time.sleep(0.2 * attempt)
+        raise AssertionError("unreachable")
 
     def _session_mounts(self, spec: KernelSpec) -> dict[str, str]:
         """The session's own tmpfs mounts and their options. exec on all of them
@@ -381,7 +405,7 @@ class DockerBackend:
     def _run_store(self, spec: KernelSpec, volumes: dict[str, str]) -> None:
         """Start the container that keeps the session's volumes mounted."""
         try:
-            self._client().containers.run(
+            self._run_container(
                 spec.image,
                 command=STORE_COMMAND,
                 name=self._store_name(spec.session_id),
