@@ -575,6 +575,31 @@ POOL_WARM_UP = [
 ]
 
 
+def pool_section(d: Path, out: Path, pool: dict[str, Any] | None) -> list[str]:
+    if not pool:
+        return []
+    rows = pool["rows"]
+    lines = [
+        "## The warm pool under sustained demand (bench_pool.py)\n",
+        f"`benchmarks/bench_pool.py` ({_when(pool)}): a gateway with the default pool (`pool_size` 2) gets one "
+        f"`POST /v1/sessions` every 1, 0.5 or 0.25 s ({pool['creates']} creates each; every session runs `1+1` and "
+        "is deleted), with the workspace store on (the default) and off. A create the pool cannot serve is a cold "
+        "start.\n",
+        table(rows, None),
+        "",
+    ]
+    lines += [f"- {r['name']}: {r['pool_hits']} of {r['creates']} served by the pool" for r in rows]
+    lines += [
+        f"\n![pool]({rel(d / 'pool.png', out)})\n",
+        "- Goal (issue 15, item 0): with `pool_size` 2 and one create every 0.5 s, the pool keeps up (a held-out "
+        "run got 4.3 ms at p50). Each session with a store is two containers to start and remove, and on two cores "
+        "the refills fall behind at that rate; with `persistent_workspace=false` the pool keeps up. A store created "
+        "only once a session has files (its first upload, install or cell that writes one) would spare the sessions "
+        "that never write any; not built yet.\n",
+    ]
+    return lines
+
+
 def jupyter_section(d: Path, out: Path, jupyter: dict[str, Any] | None) -> list[str]:
     if not jupyter:
         return []
@@ -912,6 +937,7 @@ def main() -> None:
         w(table(core["rows"], row(core["rows"], "1+1 raw")["name"]))
         w(f"\n![core]({rel(d / 'core.png', out)})\n")
 
+    md.extend(pool_section(d, out, load(d, "pool")))
     md.extend(jupyter_section(d, out, load(d, "jupyter")))
     md.extend(continuity_section(d, out, load(d, "continuity")))
 

@@ -64,6 +64,7 @@ run scale
 run security
 run reattach --sessions 20
 run continuity
+run pool
 run jupyter
 ack_before=${KERNELGW_ACK_BEFORE:-d7b8a43}
 ack_tree=$(mktemp -d /tmp/kgw_before.XXXXXX)
