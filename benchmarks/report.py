@@ -592,10 +592,10 @@ def pool_section(d: Path, out: Path, pool: dict[str, Any] | None) -> list[str]:
     lines += [
         f"\n![pool]({rel(d / 'pool.png', out)})\n",
         "- Goal (issue 15, item 0): with `pool_size` 2 and one create every 0.5 s, the pool keeps up (a held-out "
-        "run got 4.3 ms at p50). Each session with a store is two containers to start and remove, and on two cores "
-        "the refills fall behind at that rate; with `persistent_workspace=false` the pool keeps up. A store created "
-        "only once a session has files (its first upload, install or cell that writes one) would spare the sessions "
-        "that never write any; not built yet.\n",
+        "run got 4.3 ms at p50). These sessions write no file, so they never get a workspace store (it starts with "
+        "a session's first file): store on and off cost the same here, and the rows differ by the machine's noise. "
+        "One create every 0.5 s is near what two cores refill (a kernel start is about 0.7 s of mostly CPU work): "
+        "p50 stays at a pool hit, the slowest few are cold starts.\n",
     ]
     return lines
 

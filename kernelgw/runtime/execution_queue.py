@@ -100,6 +100,10 @@ class SessionHooks(Protocol):
         """Replace a kernel that ignored an interrupt; returns why it failed, if it did."""
         ...
 
+    async def keep_files(self) -> None:
+        """The session has files now: keep them past its kernel (logs, never raises)."""
+        ...
+
     async def restart_after_death(self) -> str | None:
         """Replace a kernel that died under a cell (``auto_replay``); returns why it failed, if it did."""
         ...
@@ -328,6 +332,10 @@ class ExecutionQueue:
             status=done.status,
             replayable=rec.replayable,
         )
+        if done.artifacts:
+            # after its done went out, before the next cell: that cell's kernel
+            # may die, and these files must outlive it
+            await self._hooks.keep_files()
         return done
 
     async def _replay(self, job: ReplayJob) -> None:

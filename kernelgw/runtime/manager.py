@@ -389,6 +389,7 @@ class SessionManager:
             assert target is not None
             started = time.perf_counter()
             copied = await copy_session_files(self.backend, handle, target, self.settings.file_io_timeout_s)
+            await session.keep_files()
             copy_ms = (time.perf_counter() - started) * 1000
             report = await session.replay(cells, "fork")
         except BaseException:

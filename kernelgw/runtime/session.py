@@ -124,6 +124,8 @@ class KernelSession:
         self._paused_kernels: tuple[str, ...] = ()
         self._resuming: asyncio.Task[None] | None = None
         self.lineage_kernels: tuple[str, ...] = ()
+        self._files_kept = False
+        """The backend was told to keep the files past the kernel (`keep_files`)."""
         """The kernels whose stored cells make the lineage: the running one, and
         those it was resumed from (a resume carries the state without re-running)."""
 
@@ -226,6 +228,7 @@ class KernelSession:
                 self._executions.hold()  # cells sent from now on run after the replay
             try:
                 self._executions.abort_current(reason)
+                await self.keep_files()
                 await self._link.stop()
                 self.kernel_event("kernel_restarted", reason)
                 if self.metrics is not None:
@@ -255,6 +258,20 @@ class KernelSession:
         source's state this way); returns once they ran, or the first did not end ok."""
         return await self._executions.replay(cells, trigger).report
 
+    async def keep_files(self) -> None:
+        """Have the backend keep the workspace and packages past this kernel, from
+        the session's first file on (an upload, an install, a cell that wrote one)
+        and before any restart. Once per session; a failure is logged, and the
+        next call tries again."""
+        if self._files_kept:
+            return
+        try:
+            await self.backend.keep_workspace(self.spec)
+        except Exception as exc:
+            log.warning("session %s: its files may not outlive its kernel: %s", self.id, exc)
+            return
+        self._files_kept = True
+
     # ------------------------------------------------------------- pause
     async def pause(self, directory: Path, max_bytes: int, timeout: float) -> Paused:
         """Save the namespace, the workspace and the packages into ``directory`` and
@@ -283,6 +300,7 @@ class KernelSession:
                 self._paused_from = handle
                 await self._link.stop()
                 await self.backend.end_session(self.id)
+                self._files_kept = False
                 self.state = "paused"
                 self.kernel_changed()  # a restarted gateway brings it back paused
                 self.kernel_event("session_paused", f"{stored} bytes saved")
@@ -309,6 +327,7 @@ class KernelSession:
                     handle = self._link.handle
                     assert handle is not None
                     restored = await restore_files(self.backend, handle, directory, timeout)
+                    await self.keep_files()
                     job = self._executions.replay(cells, "resume") if replay and cells else None
                     report = await job.report if job is not None else None
                     namespace = await load_namespace(self._link, timeout)
@@ -359,6 +378,7 @@ class KernelSession:
         async with self._lifecycle:
             if self.state == "closed":
                 return None
+            await self.keep_files()
             await self._link.stop()
             self.kernel_event("kernel_restarted", "the kernel ignored an interrupt after a timeout")
             if self.metrics is not None:

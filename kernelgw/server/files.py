@@ -90,6 +90,7 @@ async def upload_file(session_id: str, path: str, request: Request) -> Response:
         # nobody reads the answer; the helper saw no commit and discarded the upload
         raise BadRequest("The client disconnected before the upload ended; nothing was written.") from None
     session.touch()
+    await session.keep_files()  # the session has a file now: it outlives the kernel
     return JSONResponse(result.model_dump(mode="json"), status_code=201 if result.created else 200)
 
 

@@ -35,6 +35,7 @@ async def install_packages(session_id: str, body: InstallRequest, request: Reque
     session, handle = await session_handle(request, session_id)
     result = await installer.install(handle, session.spec.image, body.packages)
     session.touch()
+    await session.keep_files()  # installed packages outlive the kernel too
     return result.model_dump(mode="json")
 
 

@@ -162,6 +162,9 @@ class LocalBackend:
     async def list_kernels(self) -> list[KernelContainer]:
         return []  # kernel subprocesses die with the test's gateway: nothing to reattach
 
+    async def keep_workspace(self, spec: KernelSpec) -> None:
+        """Each kernel has its own workspace directory, removed with it."""
+
     async def end_session(self, session_id: str) -> None:
         """Each kernel has its own workspace directory, removed with it."""
 

@@ -163,6 +163,13 @@ class Backend(Protocol):
         session's workspace: see ``end_session``). Idempotent."""
         ...
 
+    async def keep_workspace(self, spec: KernelSpec) -> None:
+        """From now on, keep the session's workspace and packages past its kernel
+        (a restart or an out-of-memory kill keeps them). Called once the session
+        has files, and before a restart; idempotent, cheap once done. A backend
+        whose kernels keep no files apart does nothing."""
+        ...
+
     async def end_session(self, session_id: str) -> None:
         """Remove what a session keeps across its kernels (its workspace and
         installed packages, where the backend keeps them apart from the kernel).

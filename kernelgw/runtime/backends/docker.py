@@ -14,8 +14,11 @@ A session's workspace and installed packages outlive its kernel containers: they
 are tmpfs volumes of the engine (same sizes and mount options as before, so the
 quota is still the kernel's ``ENOSPC``), kept mounted between kernels by a small
 store container per session that only sleeps. The engine unmounts a tmpfs volume,
-and loses its files, when no container uses it; the store is that container. A
-restart, a timeout's restart or an out-of-memory kill replaces only the kernel's
+and loses its files, when no container uses it; the store is that container. It
+starts once the session has files to keep (``keep_workspace``: the first upload,
+install or cell that wrote a file, and any restart), not with every kernel, so a
+session that never writes a file costs one container as before. A restart, a
+timeout's restart or an out-of-memory kill then replaces only the kernel's
 container; ending the session removes the store and its volumes. Only for
 runtimes in ``STORE_RUNTIMES``: gVisor 20221219 (Debian's) answers ``statx`` on a
 bind-mounted volume with EINVAL, so ``ls`` and ``cp`` in ``/workspace`` would
@@ -256,28 +259,28 @@ class DockerBackend:
 
     # ---------------------------------------------------------------- protocol
     async def start(self, spec: KernelSpec) -> KernelHandle:
-        if not (self.keep_workspaces and spec.runtime in STORE_RUNTIMES):
+        if not self._keeps(spec):
             return await self._run(self._start_sync, spec, None)
-        volumes, missing = await self._run(self._prepare_store, spec)
-        if not missing:
-            return await self._run(self._start_sync, spec, volumes)
-        # The kernel does not wait for its store (about 0.6 s to start under runc):
-        # the volumes exist, and whichever container starts first mounts them.
-        store = asyncio.ensure_future(self._run(self._run_store, spec, volumes))
+        # the volumes only: the store starts once there are files to keep
+        volumes, _ = await self._run(self._prepare_store, spec)
+        return await self._run(self._start_sync, spec, volumes)
+
+    def _keeps(self, spec: KernelSpec) -> bool:
+        return self.keep_workspaces and spec.runtime in STORE_RUNTIMES
+
+    async def keep_workspace(self, spec: KernelSpec) -> None:
+        if not self._keeps(spec):
+            return
+        # end_session waits for it: a store must not appear after its session ended
+        store = asyncio.ensure_future(self._run(self._ensure_store_running, spec))
         self._store_starts[spec.session_id] = store
-        try:
-            handle = await self._run(self._start_sync, spec, volumes)
-        except BaseException:
-            await asyncio.wait([store])
-            raise
-        finally:
-            store.add_done_callback(lambda _: self._store_starts.pop(spec.session_id, None))
-        try:
-            await store
-        except BaseException:
-            await self.stop(handle)
-            raise
-        return handle
+        store.add_done_callback(lambda _: self._store_starts.pop(spec.session_id, None))
+        await store
+
+    def _ensure_store_running(self, spec: KernelSpec) -> None:
+        volumes, missing = self._prepare_store(spec)
+        if missing:
+            self._run_store(spec, volumes)
 
     def _start_sync(self, spec: KernelSpec, store_volumes: dict[str, str] | None) -> KernelHandle:
         self._client()  # an engine that does not answer fails here, before anything is made

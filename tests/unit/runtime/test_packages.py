@@ -132,6 +132,9 @@ class EngineDown:
     async def list_kernels(self) -> list[object]:
         return []
 
+    async def keep_workspace(self, spec: KernelSpec) -> None:
+        return None
+
     async def end_session(self, session_id: str) -> None:
         return None
 

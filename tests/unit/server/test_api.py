@@ -37,6 +37,9 @@ class EngineDown:
     async def list_kernels(self) -> list[object]:
         raise EngineUnavailable("The Docker engine does not answer.")
 
+    async def keep_workspace(self, spec: KernelSpec) -> None:
+        return None
+
     async def end_session(self, session_id: str) -> None:
         return None
 
