@@ -656,6 +656,11 @@ def continuity_section(d: Path, out: Path, cont: dict[str, Any] | None) -> list[
         table(fork, None),
         f"\n![session continuity]({rel(d / 'continuity.png', out)})\n",
     ]
+    lines.append(
+        "- With the store on, a session's store starts with its first file (here the lifecycle's cell writes one): "
+        "`create` never waits for it; the `restart` row does, because it comes right after that first cell, and a "
+        "fork's copy includes starting the new session's store.\n"
+    )
     if first and alone:
         lines.append(
             f"- A replay runs the cells at {alone['p50_ms'] / first['p50_ms']:.2f}x their first run; the restart "

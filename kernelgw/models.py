@@ -174,7 +174,9 @@ class ForkReport(_Response):
 
     source: str = Field(description="The session it was forked from.")
     copied_bytes: int = Field(description="Bytes of workspace and installed packages copied (as a tar stream).")
-    copy_ms: float = Field(description="How long copying the files took.")
+    copy_ms: float = Field(
+        description="How long copying the files took, with starting the store that keeps them past the new kernel."
+    )
     replay: ReplayReport = Field(description="Rebuilding the source's state in the new kernel.")
 
 
