@@ -35,3 +35,10 @@ def http_fixture(gateway: str = "gateway", *, scope: Scope = "session", timeout:
         [inspect.Parameter(gateway, inspect.Parameter.KEYWORD_ONLY)]
     )
     return pytest.fixture(scope=scope, name="http")(http)
+
+
+async def execute(http: httpx.AsyncClient, sid: str, code: str, **extra: Any) -> dict[str, Any]:
+    """Blocking execute on an in-process gateway; the JSON body (status, events, ...)."""
+    resp = await http.post(f"/v1/sessions/{sid}/execute", json={"code": code, **extra})
+    assert resp.status_code == 200, resp.text
+    return resp.json()  # type: ignore[no-any-return]

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.support.app import local_settings, serve
+from tests.support.http import execute as run
 from tests.support.local_backend import LocalBackend
 
 
@@ -29,12 +30,6 @@ async def sid(http: httpx.AsyncClient) -> str:
     resp = await http.post("/v1/sessions", json={})
     assert resp.status_code == 201, resp.text
     return str(resp.json()["id"])
-
-
-async def run(http: httpx.AsyncClient, sid: str, code: str, **extra: Any) -> dict[str, Any]:
-    resp = await http.post(f"/v1/sessions/{sid}/execute", json={"code": code, **extra})
-    assert resp.status_code == 200, resp.text
-    return resp.json()  # type: ignore[no-any-return]
 
 
 def stdout(result: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from kernelgw.client import AsyncClient
 from kernelgw.models import RestartedSession
 from kernelgw.server.notebook import plan_from_executions
 from tests.support.app import local_settings, serve
+from tests.support.http import execute as run
 from tests.support.local_backend import LocalBackend
 
 
@@ -37,12 +38,6 @@ async def create(http: httpx.AsyncClient, **body: Any) -> str:
     resp = await http.post("/v1/sessions", json=body)
     assert resp.status_code == 201, resp.text
     return str(resp.json()["id"])
-
-
-async def run(http: httpx.AsyncClient, sid: str, code: str, **extra: Any) -> dict[str, Any]:
-    resp = await http.post(f"/v1/sessions/{sid}/execute", json={"code": code, **extra})
-    assert resp.status_code == 200, resp.text
-    return resp.json()  # type: ignore[no-any-return]
 
 
 def result(answer: dict[str, Any]) -> str:
