@@ -122,6 +122,8 @@ class ExecutionQueue:
     ) -> None:
         self.session_id = session_id
         self.current: QueuedExecution | None = None
+        self._ending: QueuedExecution | None = None
+        """A cell that ended and whose ``done`` waits for its record (see `length`)."""
         self.metrics = metrics
         self._link = link
         self._fanout = fanout
@@ -189,7 +191,10 @@ class ExecutionQueue:
     # ------------------------------------------------------------- the queue
     @property
     def length(self) -> int:
-        return len(self._cells) + (1 if self.current is not None else 0)
+        """Cells queued, running, or ended but with their ``done`` not yet out (a
+        drain waits for that ``done``, and a pause for the cell to be over)."""
+        busy = self.current is not None or self._ending is not None
+        return len(self._cells) + (1 if busy else 0)
 
     def submit(
         self,
@@ -321,9 +326,11 @@ class ExecutionQueue:
         finally:
             self.current = None
             self._hooks.touch()
+        self._ending = rec
         try:
             await self._store_then_announce(rec)
         finally:
+            self._ending = None
             self._between_cells.set()
         done = rec.done.result()
         self.lineage.note(
