@@ -18,16 +18,11 @@ from kernelgw.image.errors import ImageBuildError
 # Bump when the way the image is built changes in a way the hashed files do
 # not show (e.g. the wheel download options), to force one rebuild.
 BUILD_FORMAT = "1"
-CONTEXT_FILES = (
-    "Dockerfile",
-    "requirements.txt",
-    "start-kernel",
-    "kernelgw_kernel/__init__.py",
-    "kernelgw_kernel/fs.py",
-    "kernelgw_kernel/pkg.py",
-    "kernelgw_kernel/launcher.py",
-    "kernelgw_kernel/namespace.py",
-)
+CONTEXT_FILES = ("Dockerfile", "requirements.txt", "start-kernel")
+"""The files every Python image context has; ``kernelgw_kernel/*.py`` come on top."""
+HELPER_PACKAGE = "kernelgw_kernel"
+"""The in-kernel helper package (artifacts, files, packages, the shim and the
+kernels of our own for other languages): every module of it is in the context."""
 
 
 INSTALLED_IMAGE_DIR = Path("share") / "kernelgw" / "images" / "python"
@@ -51,9 +46,19 @@ def default_image_dir() -> Path:
     return source  # missing: read_context_files names it in its error
 
 
+def context_names(image_dir: Path) -> list[str]:
+    """The files that make up the context: :data:`CONTEXT_FILES` and every module
+    of :data:`HELPER_PACKAGE`, relative to ``image_dir``."""
+    modules = sorted(p.relative_to(image_dir).as_posix() for p in (image_dir / HELPER_PACKAGE).glob("*.py"))
+    return [*CONTEXT_FILES, *modules]
+
+
 def read_context_files(image_dir: Path) -> dict[str, bytes]:
     files = {}
-    for name in CONTEXT_FILES:
+    names = context_names(image_dir)
+    if len(names) == len(CONTEXT_FILES):
+        names.append(f"{HELPER_PACKAGE}/__init__.py")  # missing: named in the error below
+    for name in names:
         path = image_dir / name
         try:
             files[name] = path.read_bytes()
