@@ -1,0 +1,332 @@
+"""The Bash kernel's entry point: bash_kernel (PyPI), started fast, with stderr
+apart from stdout and readable errors. Only the Bash image runs it (it imports
+bash_kernel, which the Python image does not have).
+
+``python -m kernelgw_kernel.bash_launcher -f CONNECTION_FILE`` starts
+bash_kernel's kernel with these changes, made from outside its source:
+
+- **Start-up.** pexpect sleeps ``delaybeforesend`` (50 ms) before every write to
+  bash, and ``sendline`` writes twice. bash_kernel's start-up sends about 25
+  lines (the prompt change, ``PAGER``, its ``display`` helpers), which cost
+  2.2 s, and every cell paid 100 ms or more (its lines and the ``echo $?`` that
+  reads the exit status). The delay guards programs that turn the terminal's
+  echo off late; bash_kernel spawns bash with echo off from the start, so the
+  launcher spawns it with no delay.
+- **stderr.** bash runs in a pseudo-terminal, so what a command writes to
+  stderr arrived as stdout. Each cell now runs as ``{ :; CELL; } 2>>FIFO`` (a
+  group in the same shell: variables, functions and ``cd`` persist as before;
+  the ``:`` keeps a cell of comments valid, and the group's status is the last
+  command's). A thread reads the FIFO and sends ``stderr`` stream messages as
+  lines come; what is left is sent before the cell's error and reply. The
+  ``display`` helpers announce their files on stderr, so stderr lines go
+  through bash_kernel's ``extract_contents`` too (images and HTML still show).
+  bash's own messages outside a cell (a syntax error in the cell) stay on the
+  terminal, as stdout.
+- **Errors.** A cell whose last command failed gave ``ename ''`` and
+  ``evalue '2'``. It is now ``ename 'ExitStatus'``, an ``evalue`` that says the
+  status and the cell's last line of stderr, and a traceback that says so too
+  (frontends show only the traceback). An interrupted cell answered with
+  status ``abort``; it now answers as IPython does (status ``error``, ``ename``
+  ``KeyboardInterrupt``), so a gateway tells an interrupt from a failure.
+
+``python -m kernelgw_kernel.bash_launcher --check`` starts bash the kernel's
+way, runs one command and says how long it took (the image build's self-check).
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import select
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+MAX_PENDING = 1 << 20
+"""Bytes of stderr read but not sent yet, at most (a background job's output
+waits for the next cell, as its stdout does in the terminal); more is dropped."""
+MAX_LINE = 1 << 16
+"""A partial line is held back (it may be the start of a display helper's
+announcement) only up to this length."""
+DISPLAY_PREFIX = "bash_kernel: saved "
+EVALUE_MAX = 500
+
+
+def fast_spawn() -> type:
+    """pexpect.spawn without the delay before each write (see the module doc)."""
+    import pexpect
+
+    class FastSpawn(pexpect.spawn):  # type: ignore[misc,name-defined]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.delaybeforesend = None
+
+    return FastSpawn
+
+
+def use_fast_spawn() -> None:
+    """Make every pexpect.spawn of this process (bash_kernel's) a FastSpawn."""
+    import pexpect
+
+    if getattr(pexpect.spawn, "__name__", "") != "FastSpawn":
+        pexpect.spawn = fast_spawn()
+
+
+INTERRUPTED = {"ename": "KeyboardInterrupt", "evalue": "", "traceback": ["KeyboardInterrupt"]}
+INCOMPLETE = {
+    "ename": "IncompleteInput",
+    "evalue": "bash waits for more input (an unclosed quote, bracket or here-document?); nothing of the cell ran",
+    "traceback": ["IncompleteInput: bash waits for more input; nothing of the cell ran"],
+}
+
+
+def signal_name(status: int) -> str | None:
+    """ "SIGINT" for 130 (a shell's status for a command killed by a signal)."""
+    if status <= 128:
+        return None
+    try:
+        return signal.Signals(status - 128).name
+    except ValueError:
+        return None
+
+
+def exit_error(status: int, last_stderr: str) -> dict[str, Any]:
+    """The error content for a cell whose last command exited with ``status``."""
+    said = f"exit status {status}"
+    if (name := signal_name(status)) is not None:
+        said += f" (killed by {name})"
+    line = last_stderr.strip()
+    if len(line) > EVALUE_MAX:
+        line = line[:EVALUE_MAX] + "..."
+    evalue = f"{line} ({said})" if line else said
+    return {"ename": "ExitStatus", "evalue": evalue, "traceback": [f"The cell's last command ended with {said}."]}
+
+
+def wrap(code: str, fifo: str) -> str:
+    """The cell as a group in the current shell whose stderr goes to ``fifo``."""
+    return "{ :\n" + code.rstrip() + "\n} 2>>" + fifo
+
+
+class StderrRelay:
+    """Reads what cells write to stderr (a FIFO) and sends it as ``stderr``
+    stream messages of the cell running, in a thread. Text is sent by lines (a
+    partial line when no more comes at once), so a display helper's
+    announcement is never split."""
+
+    def __init__(self, kernel: Any, directory: str) -> None:
+        self.kernel = kernel
+        self.path = os.path.join(directory, "stderr")
+        os.mkfifo(self.path, 0o600)
+        # read-write: the FIFO never reports end of file and a writer's open never blocks
+        self.fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
+        self.lock = threading.Lock()
+        self.pending = bytearray()
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+        self.parent: dict[str, Any] | None = None
+        self.silent = False
+        self.last_line = ""
+        thread = threading.Thread(target=self._run, name="kernelgw-stderr", daemon=True)
+        thread.start()
+
+    # -------------------------------------------------------------- the cell
+    def begin(self, parent: dict[str, Any], silent: bool) -> None:
+        with self.lock:
+            self.parent, self.silent, self.last_line = parent, silent, ""
+            self._read()
+            self._emit(final=False)
+
+    def end(self) -> None:
+        """Send everything written so far; later output waits for the next cell."""
+        with self.lock:
+            self._read()
+            self._emit(final=True)
+            self.parent = None
+
+    def flush(self) -> str:
+        """Send everything written so far; the cell's last line of stderr."""
+        with self.lock:
+            self._read()
+            self._emit(final=True)
+            return self.last_line
+
+    # ---------------------------------------------------------------- inside
+    def _run(self) -> None:
+        while True:
+            try:
+                select.select([self.fd], [], [])
+            except OSError:
+                return
+            with self.lock:
+                self._read()
+                if self.parent is not None:
+                    self._emit(final=False)
+
+    def _read(self) -> None:
+        """Empty the FIFO into ``pending`` (beyond MAX_PENDING bytes, into nothing:
+        a writer never blocks on a full pipe)."""
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:  # BlockingIOError: empty for now
+                return
+            if not chunk:
+                return
+            room = MAX_PENDING - len(self.pending)
+            if room > 0:
+                self.pending += chunk[:room]
+
+    def _emit(self, final: bool) -> None:
+        if self.pending:
+            self.text += self.decoder.decode(bytes(self.pending))
+            self.pending.clear()
+        if final:
+            self.text += self.decoder.decode(b"", final=True)
+        if not self.text:
+            return
+        cut = max(self.text.rfind("\n"), self.text.rfind("\r")) + 1
+        tail = self.text[cut:]
+        if final or (not DISPLAY_PREFIX.startswith(tail[: len(DISPLAY_PREFIX)]) or len(tail) > MAX_LINE):
+            cut = len(self.text)  # nothing to wait for
+        out, self.text = self.text[:cut], self.text[cut:]
+        if out:
+            self._send(out)
+
+    def _send(self, text: str) -> None:
+        from bash_kernel.display import extract_contents
+
+        try:
+            plain, rich = extract_contents(text)
+        except Exception as exc:  # a display helper's file vanished or is not an image
+            plain, rich = text, [exc]
+        if plain.endswith("\n") and not text.endswith(("\n", "\r")):
+            plain = plain[:-1]  # extract_contents ends every line, a partial one too
+        lines = [line for line in plain.splitlines() if line.strip()]
+        if lines:
+            self.last_line = lines[-1]
+        if self.silent or self.parent is None:
+            return
+        kernel = self.kernel
+        if plain:
+            self._publish("stream", {"name": "stderr", "text": plain})
+        for content in rich:
+            if isinstance(content, Exception):
+                self._publish("stream", {"name": "stderr", "text": f"display: {content}\n"})
+            elif "transient" in content and "display_id" in content["transient"]:
+                known = kernel._known_display_ids
+                display_id = content["transient"]["display_id"]
+                msg_type = "update_display_data" if display_id in known else "display_data"
+                known.add(display_id)
+                self._publish(msg_type, content)
+            else:
+                self._publish("display_data", content)
+
+    def _publish(self, msg_type: str, content: dict[str, Any]) -> None:
+        kernel = self.kernel
+        kernel.session.send(kernel.iopub_socket, msg_type, content, parent=self.parent, ident=kernel._topic(msg_type))
+
+
+def kernel_class() -> type:
+    """bash_kernel's BashKernel with the changes of the module doc."""
+    from bash_kernel.kernel import BashKernel
+
+    class KernelgwBashKernel(BashKernel):  # type: ignore[misc]
+        implementation = "bash_kernel (kernelgw)"
+
+        def __init__(self, **kwargs: Any) -> None:
+            self._private_dir = tempfile.mkdtemp(prefix="kernelgw-bash-")
+            self._in_cell = False
+            self._stderr: StderrRelay | None = None
+            super().__init__(**kwargs)
+            self._stderr = StderrRelay(self, self._private_dir)
+
+        def do_execute(
+            self,
+            code: str,
+            silent: bool,
+            store_history: bool = True,
+            user_expressions: Any = None,
+            allow_stdin: bool = False,
+            **kwargs: Any,
+        ) -> Any:
+            relay = self._stderr
+            if relay is None or not code.strip() or code.strip().endswith("\\"):
+                return super().do_execute(code, silent, store_history, user_expressions, allow_stdin)
+            relay.begin(self.get_parent("shell"), silent)
+            self._in_cell = True
+            try:
+                reply = super().do_execute(wrap(code, relay.path), silent, store_history, user_expressions, allow_stdin)
+            except ValueError as exc:
+                if not str(exc).startswith("Continuation prompt found"):
+                    raise
+                # pexpect's replwrap saw bash ask for more input after the last
+                # line and sent it SIGINT: nothing of the cell ran (the group was
+                # never closed), bash is at its prompt again
+                reply = self._error_reply(INCOMPLETE, silent)
+            finally:
+                self._in_cell = False
+                relay.end()
+            if isinstance(reply, dict) and reply.get("status") == "abort":
+                # interrupted: answer as IPython does (bash_kernel sent no error)
+                reply = self._error_reply(INTERRUPTED, silent)
+            return reply
+
+        def _error_reply(self, content: dict[str, Any], silent: bool) -> dict[str, Any]:
+            if not silent:
+                self.send_response(self.iopub_socket, "error", dict(content))
+            return {**content, "status": "error", "execution_count": self.execution_count}
+
+        def send_response(self, stream: Any, msg_or_type: Any, content: Any = None, *args: Any, **kwargs: Any) -> Any:
+            relay = self._stderr
+            if self._in_cell and relay is not None and msg_or_type == "error" and isinstance(content, dict):
+                last = relay.flush()
+                evalue = str(content.get("evalue", ""))
+                if content.get("ename") == "" and evalue.isdigit():
+                    # bash_kernel's exit status error: the same dict becomes its reply
+                    content.update(exit_error(int(evalue), last))
+            return super().send_response(stream, msg_or_type, content, *args, **kwargs)
+
+    return KernelgwBashKernel
+
+
+def check() -> int:
+    """Start bash the kernel's way (pexpect, bashrc, a unique prompt) and run one
+    command; prints the time it took."""
+    import pexpect
+    from bash_kernel.kernel import IREPLWrapper
+
+    use_fast_spawn()
+    started = time.monotonic()
+    bashrc = os.path.join(os.path.dirname(pexpect.__file__), "bashrc.sh")
+    child = pexpect.spawn("bash", ["--rcfile", bashrc], echo=False, encoding="utf-8", codec_errors="replace")
+    prompt = "PROMPT_KGWCHECK"
+    change = f"PS1='{prompt}\\[\\]>' PS2='{prompt}\\[\\]+' PROMPT_COMMAND=''"
+    repl = IREPLWrapper(child, "\\$", change, prompt, extra_init_cmd="export PAGER=cat")
+    out = repl.run_command("echo $((6 * 7))").strip()
+    child.close(force=True)
+    took = time.monotonic() - started
+    if out != "42":
+        print(f"bash_launcher check: unexpected output {out!r}", file=sys.stderr)
+        return 1
+    print(f"bash_launcher check: bash answered in {took:.2f} s")
+    return 0
+
+
+def main() -> None:
+    # as ipykernel_launcher: no imports from the working directory (/workspace)
+    if sys.path and (sys.path[0] == "" or Path(sys.path[0]) == Path.cwd()):
+        del sys.path[0]
+    if sys.argv[1:] == ["--check"]:
+        sys.exit(check())
+    use_fast_spawn()
+    from ipykernel.kernelapp import IPKernelApp
+
+    IPKernelApp.launch_instance(kernel_class=kernel_class())
+
+
+if __name__ == "__main__":
+    main()
