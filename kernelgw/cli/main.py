@@ -4,7 +4,7 @@ kernelgw serve [--host H] [--port P] [--config FILE] [--log-format auto|json|tex
                [--insecure-allow-remote]
 kernelgw keys create NAME [--admin] [--max-sessions N] ... | keys list | keys revoke ID
 kernelgw audit [--since 2h] [--key ID] [--session ID] [--kind K] [--json]
-kernelgw image build [--tag T] [--base auto|debootstrap|IMAGE] [--force]
+kernelgw image build [--tag T] [--base auto|debootstrap|IMAGE] [--kernel NAME ...] [--force]
 kernelgw run [CODE | -] [--server URL] [--session ID] [--timeout S]
              [--save-images DIR | --no-save-images] [--keep] [--upload FILE ...]
              [--save-artifacts DIR]
@@ -196,30 +196,62 @@ def _default_image() -> str | None:
 
 
 @image.command("build")
-@click.option("--tag", default=_default_image(), show_default=True, help="Image tag to build.")
+@click.option(
+    "--tag",
+    default=None,
+    help=f"Image tag to build [default: {_default_image()}, or kernelgw/NAME:latest with --kernel].",
+)
 @click.option(
     "--base",
     default="auto",
     show_default=True,
-    help="Base: 'auto', 'debootstrap' (from scratch), or an image to build on.",
+    help="Base of the Python image: 'auto', 'debootstrap' (from scratch), or an image to build on.",
+)
+@click.option(
+    "--kernel",
+    "kernels",
+    multiple=True,
+    metavar="NAME",
+    help="Build the image of this kernel (python3, deno, ir, bash, java, go, cpp, ruby) on the Python one; repeatable.",
+)
+@click.option(
+    "--python-image",
+    default=None,
+    help=f"With --kernel: the Python image to build on (built first when missing) [default: {_default_image()}].",
 )
 @click.option("--force", is_flag=True, help="Rebuild even if the image is up to date.")
-def image_build(tag: str | None, base: str, force: bool) -> None:
-    """Build the kernel image."""
+def image_build(tag: str | None, base: str, kernels: tuple[str, ...], python_image: str | None, force: bool) -> None:
+    """Build the kernel image (the Python one unless --kernel names others)."""
     with server_extra("image build"):
         from rich.console import Console
 
         from kernelgw.config import DEFAULT_IMAGE
-        from kernelgw.image import build_image
+        from kernelgw.image import ImageBuildResult, build_image, build_kernel_image
+        from kernelgw.kernels import UnknownKernel, profile
 
+    console = Console(stderr=True)
+    if tag and len(kernels) > 1:
+        raise click.UsageError("--tag names one image: give one --kernel with it")
     try:
-        result = build_image(tag=tag or DEFAULT_IMAGE, base=base, force=force, console=Console(stderr=True))
+        for name in kernels:
+            profile(name)
+    except UnknownKernel as exc:
+        raise click.BadParameter(str(exc), param_hint="--kernel") from exc
+    results: list[ImageBuildResult] = []
+    try:
+        if not kernels:
+            results.append(build_image(tag=tag or DEFAULT_IMAGE, base=base, force=force, console=console))
+        for name in kernels:
+            results.append(
+                build_kernel_image(name, tag, python_image=python_image or DEFAULT_IMAGE, force=force, console=console)
+            )
     except KernelGWError as exc:
         raise click.ClickException(str(exc)) from exc
-    if result.built:
-        click.echo(f"built {result.tag} ({result.image_id}) in {result.seconds:.1f}s")
-    else:
-        click.echo(f"{result.tag} is up to date ({result.image_id}); --force rebuilds it")
+    for result in results:
+        if result.built:
+            click.echo(f"built {result.tag} ({result.image_id}) in {result.seconds:.1f}s")
+        else:
+            click.echo(f"{result.tag} is up to date ({result.image_id}); --force rebuilds it")
 
 
 # -------------------------------------------------------------------------- run
