@@ -261,7 +261,7 @@ def test_notebook_metadata_notes_and_validity() -> None:
 
 def test_empty_history_is_a_valid_notebook() -> None:
     nb = build_notebook([])
-    assert nb.cells == [] and nb.metadata.language_info == {"name": "python"}
+    assert nb.cells == [] and nb.metadata.language_info.name == "python"
     nbformat.validate(nb)
 
 
