@@ -192,7 +192,11 @@ class SessionManager:
     def _start_pools(self) -> None:
         s = self.settings
         wanted = [(SessionOptions(), s.pool_size, s.pool_max_size)] + [
-            (SessionOptions(memory_mb=p.memory_mb, cpus=p.cpus, image=p.image, runtime=p.runtime), p.size, p.max_size)
+            (
+                SessionOptions(memory_mb=p.memory_mb, cpus=p.cpus, image=p.image, runtime=p.runtime, kernel=p.kernel),
+                p.size,
+                p.max_size,
+            )
             for p in s.pool_profiles
         ]
         for opts, size, max_size in wanted:
