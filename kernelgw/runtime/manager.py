@@ -350,6 +350,8 @@ class SessionManager:
         self._starting_by[key] = self._starting_by.get(key, 0) + 1
         try:
             pool = self.pools.get(PoolProfile(spec.image, spec.memory_mb, spec.cpus, spec.runtime))
+            if opts.env and not profile(spec.kernel).python:
+                pool = None  # its environment is set at container start: only Python's can change later
             session = pool.take() if pool is not None else None
             if session is not None:
                 source = "pool"
