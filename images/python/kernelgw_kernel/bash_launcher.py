@@ -20,14 +20,19 @@ bash_kernel's kernel with these changes, made from outside its source:
   lines come; what is left is sent before the cell's error and reply. The
   ``display`` helpers announce their files on stderr, so stderr lines go
   through bash_kernel's ``extract_contents`` too (images and HTML still show).
-  bash's own messages outside a cell (a syntax error in the cell) stay on the
-  terminal, as stdout.
+  The two streams come by two ways, so a line of stderr may overtake a line of
+  stdout written just before it. bash's messages about the cell as a whole (a
+  syntax error) come on the terminal, as stdout. A cell that removes the FIFO
+  (``rm -rf /tmp/*``) gets it back before the next cell.
 - **Errors.** A cell whose last command failed gave ``ename ''`` and
   ``evalue '2'``. It is now ``ename 'ExitStatus'``, an ``evalue`` that says the
   status and the cell's last line of stderr, and a traceback that says so too
   (frontends show only the traceback). An interrupted cell answered with
   status ``abort``; it now answers as IPython does (status ``error``, ``ename``
   ``KeyboardInterrupt``), so a gateway tells an interrupt from a failure.
+  A cell bash could not finish reading (an unclosed quote) made pexpect raise
+  and the kernel sent no reply at all; it is now an ``IncompleteInput`` error,
+  and nothing of the cell ran (the group was never closed).
 
 ``python -m kernelgw_kernel.bash_launcher --check`` starts bash the kernel's
 way, runs one command and says how long it took (the image build's self-check).
@@ -37,8 +42,10 @@ from __future__ import annotations
 
 import codecs
 import os
+import re
 import select
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -50,9 +57,11 @@ MAX_PENDING = 1 << 20
 """Bytes of stderr read but not sent yet, at most (a background job's output
 waits for the next cell, as its stdout does in the terminal); more is dropped."""
 MAX_LINE = 1 << 16
-"""A partial line is held back (it may be the start of a display helper's
-announcement) only up to this length."""
-DISPLAY_PREFIX = "bash_kernel: saved "
+"""A partial line longer than this is sent without waiting for its end."""
+HOLD_S = 0.05
+"""How long a partial line of stderr waits for the rest of it..."""
+HOLD_MAX_S = 0.5
+"""... and at most, while pieces of it keep coming (a row of progress dots)."""
 EVALUE_MAX = 500
 
 
@@ -113,58 +122,91 @@ def wrap(code: str, fifo: str) -> str:
 
 class StderrRelay:
     """Reads what cells write to stderr (a FIFO) and sends it as ``stderr``
-    stream messages of the cell running, in a thread. Text is sent by lines (a
-    partial line when no more comes at once), so a display helper's
-    announcement is never split."""
+    stream messages of the cell running, from a thread. Whole lines are sent as
+    they come; a partial line once nothing more came for HOLD_S (a program
+    writes a line in pieces: ``ls`` wrote "ls: ", the path and the reason in
+    three writes), so lines are not cut into messages and a display helper's
+    announcement (one write) always comes whole."""
 
     def __init__(self, kernel: Any, directory: str) -> None:
         self.kernel = kernel
+        self.directory = directory
         self.path = os.path.join(directory, "stderr")
-        os.mkfifo(self.path, 0o600)
-        # read-write: the FIFO never reports end of file and a writer's open never blocks
-        self.fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
         self.lock = threading.Lock()
         self.pending = bytearray()
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.text = ""
+        """Decoded, not sent yet (a partial line)."""
         self.parent: dict[str, Any] | None = None
         self.silent = False
+        self.line = ""
+        """The cell's stderr line being written (sent, not ended yet)."""
         self.last_line = ""
+        """The cell's last ended line of stderr that was not blank."""
+        self.held_since = 0.0
+        """When the partial line in ``text`` began to wait."""
+        self.fd = -1
+        self._open()
         thread = threading.Thread(target=self._run, name="kernelgw-stderr", daemon=True)
         thread.start()
 
+    def _open(self) -> None:
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        os.mkfifo(self.path, 0o600)
+        # read-write: the FIFO never reports end of file and a writer's open never blocks
+        fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
+        old, self.fd = self.fd, fd
+        if old >= 0:
+            os.close(old)  # the reader thread's select fails (EBADF) and polls the new one
+
+    def _ensure(self) -> None:
+        """Make the FIFO again if a cell removed it (``rm -rf /tmp/*``): without
+        it every later cell would fail on its redirection."""
+        try:
+            if stat.S_ISFIFO(os.stat(self.path).st_mode):
+                return
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        self._read()  # what the old FIFO still holds
+        self._open()
+
     # -------------------------------------------------------------- the cell
     def begin(self, parent: dict[str, Any], silent: bool) -> None:
+        """A cell starts: what waited (a background job's stderr) is sent as its."""
         with self.lock:
-            self.parent, self.silent, self.last_line = parent, silent, ""
+            self._ensure()
+            self.parent, self.silent, self.line, self.last_line = parent, silent, "", ""
             self._read()
-            self._emit(final=False)
-
-    def end(self) -> None:
-        """Send everything written so far; later output waits for the next cell."""
-        with self.lock:
-            self._read()
-            self._emit(final=True)
-            self.parent = None
+            self._emit(partial=False)
 
     def flush(self) -> str:
         """Send everything written so far; the cell's last line of stderr."""
         with self.lock:
             self._read()
-            self._emit(final=True)
-            return self.last_line
+            self._emit(partial=True)
+            return self.line.strip() or self.last_line
+
+    def end(self) -> None:
+        """Send everything written so far; later output waits for the next cell."""
+        self.flush()
+        with self.lock:
+            self.parent = None
 
     # ---------------------------------------------------------------- inside
     def _run(self) -> None:
         while True:
+            fd = self.fd
+            waiting = bool(self.text)  # a partial line: send it once writes pause
             try:
-                select.select([self.fd], [], [])
-            except OSError:
-                return
+                readable, _, _ = select.select([fd], [], [], HOLD_S if waiting else 1.0)
+            except (OSError, ValueError):  # closed by _open: poll the new FIFO
+                continue
             with self.lock:
                 self._read()
                 if self.parent is not None:
-                    self._emit(final=False)
+                    held = time.monotonic() - self.held_since
+                    self._emit(partial=waiting and (not readable or held > HOLD_MAX_S))
 
     def _read(self) -> None:
         """Empty the FIFO into ``pending`` (beyond MAX_PENDING bytes, into nothing:
@@ -180,19 +222,21 @@ class StderrRelay:
             if room > 0:
                 self.pending += chunk[:room]
 
-    def _emit(self, final: bool) -> None:
+    def _emit(self, partial: bool) -> None:
+        """Send the whole lines decoded so far, and with ``partial`` the rest too."""
         if self.pending:
             self.text += self.decoder.decode(bytes(self.pending))
             self.pending.clear()
-        if final:
+        if partial:
             self.text += self.decoder.decode(b"", final=True)
-        if not self.text:
-            return
-        cut = max(self.text.rfind("\n"), self.text.rfind("\r")) + 1
-        tail = self.text[cut:]
-        if final or (not DISPLAY_PREFIX.startswith(tail[: len(DISPLAY_PREFIX)]) or len(tail) > MAX_LINE):
-            cut = len(self.text)  # nothing to wait for
+            cut = len(self.text)
+        else:
+            cut = max(self.text.rfind("\n"), self.text.rfind("\r")) + 1
+            if len(self.text) - cut > MAX_LINE:
+                cut = len(self.text)
         out, self.text = self.text[:cut], self.text[cut:]
+        if out or not self.text:
+            self.held_since = time.monotonic()
         if out:
             self._send(out)
 
@@ -205,9 +249,11 @@ class StderrRelay:
             plain, rich = text, [exc]
         if plain.endswith("\n") and not text.endswith(("\n", "\r")):
             plain = plain[:-1]  # extract_contents ends every line, a partial one too
-        lines = [line for line in plain.splitlines() if line.strip()]
-        if lines:
-            self.last_line = lines[-1]
+        *ended, self.line = re.split("[\r\n]", self.line + plain)
+        for line in reversed(ended):
+            if line.strip():
+                self.last_line = line.strip()
+                break
         if self.silent or self.parent is None:
             return
         kernel = self.kernel
