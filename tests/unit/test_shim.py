@@ -54,23 +54,20 @@ def test_argv_substitution_and_options(shim: ModuleType) -> None:
         "tcp",
         "signal",
         "/conn/kernel.json",
+        "",
         ["k", "{connection_file}"],
     )
-    assert shim.parse_args(["--transport=ipc", "--interrupt", "message", "--connection-file", "c.json", "--", "k"]) == (
-        "ipc",
-        "message",
-        "c.json",
-        ["k"],
-    )
-    for bad in (
+    options = ["--transport=ipc", "--interrupt", "message", "--connection-file", "c.json", "--fence", "p('{marker}')"]
+    assert shim.parse_args([*options, "--", "k"]) == ("ipc", "message", "c.json", "p('{marker}')", ["k"])
+    bad_args: list[list[str]] = [
         [],
-        [
-            "--",
-        ],
+        ["--"],
         ["--transport", "udp", "--", "k"],
         ["--interrupt"],
         ["--bogus", "--", "k"],
-    ):
+        ["--fence", "print()", "--", "k"],
+    ]
+    for bad in bad_args:
         with pytest.raises(ValueError):
             shim.parse_args(bad)
 
@@ -226,3 +223,102 @@ def test_exit_status(shim: ModuleType) -> None:
     assert shim.exit_status(0) == 0
     assert shim.exit_status(3 << 8) == 3
     assert shim.exit_status(15) == 143  # killed by SIGTERM
+
+
+def test_routes_put_the_gateways_identities_back(shim: ModuleType) -> None:
+    gateway, kernel = Session(key=KEY), Session(key=KEY)
+    routes = shim.Routes()
+    request = [b"proxy", *frames_of(gateway, "execute_request", {"code": "input()"})]
+    to_kernel = routes.inbound(request)
+    assert to_kernel[0] == b"<IDS|MSG>"  # the kernel sees no identity of ours
+    header = parsed(kernel, to_kernel)["header"]
+    # stdin: routed by the cell's msg_id, and more than once
+    ask = kernel.serialize(kernel.msg("input_request", {"prompt": ""}, parent=header))
+    for _ in range(2):
+        assert routes.outbound(ask, "stdin") == [b"proxy", b"gateway-ident", *ask]
+    reply = kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=header))
+    assert routes.outbound(reply, "shell") == [b"proxy", b"gateway-ident", *reply]
+    assert routes.outbound(reply, "shell") is None  # answered once; a second cannot be routed
+    assert routes.outbound([b"junk"], "shell") is None
+    unknown = kernel.serialize(kernel.msg("execute_reply", {}, parent={"msg_id": "nope"}))
+    assert routes.outbound(unknown, "control") is None
+    # the heartbeat: REQ envelopes wait in order
+    assert routes.ping([b"a", b"", b"ping1"]) == [b"", b"ping1"]
+    assert routes.ping([b"b", b"", b"ping2"]) == [b"", b"ping2"]
+    assert routes.pong([b"", b"ping1"]) == [b"a", b"", b"ping1"]
+    assert routes.pong([b"", b"ping2"]) == [b"b", b"", b"ping2"]
+    assert routes.pong([b"", b"stray"]) is None
+
+
+def test_routes_are_bounded(shim: ModuleType) -> None:
+    gateway = Session(key=KEY)
+    routes = shim.Routes(limit=10)
+    for _ in range(25):
+        routes.inbound(frames_of(gateway, "kernel_info_request", {}))
+    assert len(routes.by_msg_id) == 10
+
+
+def pub(session: Session, msg_type: str, content: dict[str, Any], parent: dict[str, Any]) -> list[bytes]:
+    return [b"kernel.topic", *session.serialize(session.msg(msg_type, content, parent=parent))]
+
+
+def test_a_fence_puts_the_idle_after_late_output(shim: ModuleType) -> None:
+    gateway, kernel = Session(key=KEY), Session(key=KEY)
+    fences = shim.Fences(shim.Signer(KEY), 'console.log("{marker}")', "s1")
+    request = gateway.serialize(gateway.msg("execute_request", {"code": "x", "silent": False}))
+    cell = parsed(kernel, request)["header"]
+    fences.request(request)
+    # the cell's reply goes on, and a probe goes to the kernel
+    drop, probe = fences.reply(kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=cell)))
+    assert not drop and probe is not None
+    probe_msg = kernel.deserialize(probe[1:], content=True)  # signed
+    assert probe_msg["content"]["silent"] and probe_msg["content"]["code"].startswith('console.log("kernelgw-fence-s1-')
+    marker = probe_msg["content"]["code"][len('console.log("') : -2]
+    probe_header = probe_msg["header"]
+    stream = pub(kernel, "stream", {"name": "stdout", "text": "early\n"}, cell)
+    assert fences.iopub(stream) == [stream]
+    idle = pub(kernel, "status", {"execution_state": "idle"}, cell)
+    assert fences.iopub(idle) == []  # held
+    assert fences.iopub(pub(kernel, "status", {"execution_state": "busy"}, probe_header)) == []
+    assert fences.iopub(pub(kernel, "execute_input", {"code": "", "execution_count": 1}, probe_header)) == []
+    late = fences.iopub(pub(kernel, "stream", {"name": "stderr", "text": "late\n"}, probe_header))
+    (moved,) = late
+    moved_msg = parsed(gateway, moved)  # re-signed
+    assert moved_msg["parent_header"]["msg_id"] == cell["msg_id"] and moved_msg["content"]["text"] == "late\n"
+    other = pub(kernel, "status", {"execution_state": "busy"}, {"msg_id": "next"})
+    assert fences.iopub(other) == []  # waits behind the cell's idle
+    assert fences.iopub(pub(kernel, "display_data", {"data": {}}, cell)) != []  # the cell's own: on
+    assert fences.deadline is not None
+    out = fences.iopub(pub(kernel, "stream", {"name": "stdout", "text": f"tail\n{marker}\n"}, probe_header))
+    assert len(out) == 3 and out[1:] == [idle, other]
+    assert parsed(gateway, out[0])["content"]["text"] == "tail\n"
+    assert fences.deadline is None
+    # the probe's late idle and reply are dropped; others pass
+    assert fences.iopub(pub(kernel, "status", {"execution_state": "idle"}, probe_header)) == []
+    probe_reply = kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=probe_header))
+    assert fences.reply(probe_reply) == (True, None)
+    assert fences.iopub(other) == [other]
+
+
+def test_a_fence_ends_on_its_marker_alone_or_when_finished(shim: ModuleType) -> None:
+    gateway, kernel = Session(key=KEY), Session(key=KEY)
+    fences = shim.Fences(shim.Signer(KEY), "print('{marker}')", "s2")
+    for _ in range(2):
+        request = gateway.serialize(gateway.msg("execute_request", {"code": "x", "silent": False}))
+        cell = parsed(kernel, request)["header"]
+        fences.request(request)
+        _, probe = fences.reply(kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=cell)))
+        probe_msg = kernel.deserialize(probe[1:], content=True)
+        marker = probe_msg["content"]["code"][len("print('") : -2]
+        idle = pub(kernel, "status", {"execution_state": "idle"}, cell)
+        assert fences.iopub(idle) == []
+        if marker.endswith("-1"):
+            marker_only = pub(kernel, "stream", {"name": "stdout", "text": marker + "\n"}, probe_msg["header"])
+            assert fences.iopub(marker_only) == [idle]
+        else:
+            assert fences.finish() == [idle]  # the timeout's end
+    # silent requests and replies of unknown requests are left alone
+    silent = gateway.serialize(gateway.msg("execute_request", {"code": "", "silent": True}))
+    fences.request(silent)
+    reply = kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=parsed(kernel, silent)["header"]))
+    assert fences.reply(reply) == (False, None)

@@ -1,7 +1,7 @@
 """A relay in front of a kernel that cannot serve kernelgw's sockets itself.
 
 ``python -m kernelgw_kernel.shim [--transport tcp|ipc] [--interrupt signal|message]
-[--connection-file /conn/kernel.json] -- ARGV...``
+[--connection-file /conn/kernel.json] [--fence CODE] -- ARGV...``
 
 The gateway connects to five ipc sockets named in ``/conn/kernel.json``. Some
 kernels cannot bind them: Deno rejects an ipc address, JJava's JeroMQ only
@@ -13,10 +13,12 @@ the gateway asks which workspace files a cell wrote. The shim:
 - writes a private connection file for the real kernel (same key; 127.0.0.1 on
   free TCP ports, or ipc sockets in a private directory under /tmp) and starts
   ARGV with every ``{connection_file}`` replaced by its path;
-- relays every channel both ways, frames unchanged (shell, control, stdin:
-  ROUTER front, DEALER back, the gateway's routing identities kept as frames;
-  iopub: XPUB front, XSUB back; heartbeat: ROUTER front, DEALER back, so the
-  kernel itself answers the pings) in one thread with one poller;
+- relays every channel both ways in one thread with one poller (shell,
+  control, stdin: ROUTER front, DEALER back, the gateway's routing
+  identities kept by the shim and put back on what the kernel sends, see
+  `Routes`; iopub: XPUB front, XSUB back; heartbeat: ROUTER front, DEALER
+  back, so the kernel itself answers the pings), message frames unchanged
+  but for the two below;
 - answers two of the gateway's ``user_expressions`` itself and strips them
   from the execute_request (re-signed): ``artifacts`` (the files in /workspace
   that changed since the last non-silent execute_request passed; on every
@@ -26,6 +28,9 @@ the gateway asks which workspace files a cell wrote. The shim:
 - on SIGINT forwards SIGINT to the kernel (``--interrupt signal``) or sends a
   signed ``interrupt_request`` on the control channel from its own socket
   (``--interrupt message``; the reply is dropped);
+- with ``--fence CODE`` (code in the kernel's language that prints
+  ``{marker}``), holds each cell's idle until all of the cell's output is out,
+  for kernels that publish some of it after the idle (Deno; see `Fences`);
 - on SIGTERM ends the kernel (SIGTERM, then SIGKILL after a grace); exits with
   the kernel's status once the kernel has exited.
 
@@ -46,9 +51,9 @@ import signal
 import socket
 import sys
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
@@ -65,6 +70,8 @@ TERM_GRACE_S = 5.0
 DRAIN_S = 0.2
 """After the kernel exited, how long what it sent last is still relayed."""
 LINGER_MS = 1000
+FENCE_TIMEOUT_S = 2.0
+"""How long a cell's idle waits for its fence's marker (`Fences`)."""
 PENDING_MAX = 1024
 """Requests whose expressions are remembered until their reply (a kernel that
 never replies cannot make the table grow)."""
@@ -82,35 +89,39 @@ def substitute(argv: list[str], connection_file: str) -> list[str]:
     return [arg.replace("{connection_file}", connection_file) for arg in argv]
 
 
-def parse_args(args: list[str]) -> tuple[str, str, str, list[str]]:
-    """(transport, interrupt mode, connection file, kernel argv); raises
-    ValueError with a usage message."""
-    transport, interrupt, conn = "tcp", "signal", "/conn/kernel.json"
+class Options(NamedTuple):
+    transport: str
+    interrupt: str
+    connection_file: str
+    fence: str
+    argv: list[str]
+
+
+def parse_args(args: list[str]) -> Options:
+    """The command line's options; raises ValueError with a usage message."""
+    values = {"--transport": "tcp", "--interrupt": "signal", "--connection-file": "/conn/kernel.json", "--fence": ""}
     i = 0
     while i < len(args) and args[i] != "--":
-        opt, _, value = args[i].partition("=")
-        if opt not in ("--transport", "--interrupt", "--connection-file"):
+        opt, eq, value = args[i].partition("=")
+        if opt not in values:
             raise ValueError(f"unknown option {args[i]!r}")
-        if not value:
+        if not eq:
             i += 1
             if i >= len(args):
                 raise ValueError(f"{opt} needs a value")
             value = args[i]
-        if opt == "--transport":
-            if value not in ("tcp", "ipc"):
-                raise ValueError("--transport is tcp or ipc")
-            transport = value
-        elif opt == "--interrupt":
-            if value not in ("signal", "message"):
-                raise ValueError("--interrupt is signal or message")
-            interrupt = value
-        else:
-            conn = value
+        values[opt] = value
         i += 1
+    if values["--transport"] not in ("tcp", "ipc"):
+        raise ValueError("--transport is tcp or ipc")
+    if values["--interrupt"] not in ("signal", "message"):
+        raise ValueError("--interrupt is signal or message")
+    if values["--fence"] and "{marker}" not in values["--fence"]:
+        raise ValueError("--fence is code that prints {marker}")
     argv = args[i + 1 :]
     if not argv:
         raise ValueError("no kernel command after --")
-    return transport, interrupt, conn, argv
+    return Options(values["--transport"], values["--interrupt"], values["--connection-file"], values["--fence"], argv)
 
 
 def addresses(info: dict[str, Any]) -> dict[str, str]:
@@ -244,6 +255,221 @@ class Expressions:
         return [*frames[: i + 1], signature, frames[i + 2], frames[i + 3], frames[i + 4], new_content, *frames[i + 6 :]]
 
 
+class Routes:
+    """Who asked what. Some kernels answer only the last routing identity of a
+    request (Deno does), so the kernel never sees the gateway's: the shim
+    takes them off each request (shell, control, stdin), remembers them by the
+    request's msg_id, and puts them back on what the kernel sends, found by
+    its parent's msg_id (a stdin ``input_request``'s parent is the cell's
+    execute_request, whose sender's shell identity is its stdin identity too,
+    as jupyter_client sets them). The heartbeat is not a Jupyter message:
+    its envelopes wait in order (the kernel echoes pings one by one)."""
+
+    def __init__(self, limit: int = PENDING_MAX * 4) -> None:
+        self.limit = limit
+        self.by_msg_id: OrderedDict[str, list[bytes]] = OrderedDict()
+        self.pings: deque[list[bytes]] = deque(maxlen=limit)
+
+    def inbound(self, frames: list[bytes]) -> list[bytes]:
+        """A request from the gateway, without its identities (the frames as
+        they came when they are not a message)."""
+        i = split(frames)
+        if i is None or i == 0:
+            return frames
+        try:
+            msg_id = json.loads(frames[i + 2]).get("msg_id")
+        except (ValueError, AttributeError):
+            msg_id = None
+        if isinstance(msg_id, str):
+            self.by_msg_id[msg_id] = frames[:i]
+            self.by_msg_id.move_to_end(msg_id)
+            while len(self.by_msg_id) > self.limit:
+                self.by_msg_id.popitem(last=False)
+        return frames[i:]
+
+    def outbound(self, frames: list[bytes], channel: str) -> list[bytes] | None:
+        """What the kernel sent, with the identities of the request it answers;
+        None when it answers nothing the shim relayed (it cannot be routed)."""
+        i = split(frames)
+        if i is None:
+            return None
+        try:
+            parent = json.loads(frames[i + 3])
+            msg_id = parent.get("msg_id")
+            msg_type = json.loads(frames[i + 2]).get("msg_type")
+        except (ValueError, AttributeError):
+            return None
+        if not isinstance(msg_id, str):
+            return None
+        if channel != "stdin" and isinstance(msg_type, str) and msg_type.endswith("_reply"):
+            idents = self.by_msg_id.pop(msg_id, None)
+        else:
+            idents = self.by_msg_id.get(msg_id)
+        if idents is None:
+            return None
+        return [*idents, *frames[i:]]
+
+    def ping(self, frames: list[bytes]) -> list[bytes]:
+        """A heartbeat from the gateway: its envelope (up to the empty frame a
+        REQ socket adds) waits for the echo."""
+        try:
+            i = frames.index(b"")
+        except ValueError:
+            i = len(frames) - 1
+        self.pings.append(frames[: i + 1])
+        return frames[i:] if frames[i] == b"" else [b"", *frames[i:]]
+
+    def pong(self, frames: list[bytes]) -> list[bytes] | None:
+        if not self.pings:
+            return None
+        envelope = self.pings.popleft()
+        body = frames[1:] if frames and frames[0] == b"" else frames
+        return [*envelope, *body] if envelope[-1] == b"" else [*envelope[:-1], *body]
+
+
+class Fences:
+    """Puts a cell's idle after all of its output, for kernels that publish
+    some output after the idle (``--fence CODE``).
+
+    Deno's kernel sends printed text through a queue that another task empties
+    onto iopub, with the parent of whatever request it is running by then: the
+    idle often overtakes the text (in a loaded container, 40 of 40 cells that
+    printed 100 lines had some after their idle, up to 75 ms later). The
+    gateway ends a cell at its idle and would lose the rest.
+
+    When the reply of a non-silent execute_request passes, the shim sends the
+    kernel a silent request of its own (the probe) that prints a marker
+    through the same queue, and holds the cell's idle. Until the marker
+    comes, output under the cell's parent goes on, output under the probe's
+    is the cell's (re-parented, re-signed), the probe's status, input and
+    marker are dropped, and anything else waits; then the cell's idle goes
+    out, followed by what waited. The probe's reply is dropped. After
+    ``FENCE_TIMEOUT_S`` without the marker the idle goes out anyway. (Deno
+    parents even a cell's execute_result by the request it runs when the
+    result is sent, which can be the probe: it is the cell's too. The probe
+    prints only: no result of its own.)"""
+
+    def __init__(self, signer: Signer, template: str, session: str) -> None:
+        self.signer = signer
+        self.template = template
+        self.session = session
+        self.cells: OrderedDict[str, bytes] = OrderedDict()
+        """msg_id of non-silent execute_requests -> their header frame."""
+        self.probes: OrderedDict[str, None] = OrderedDict()
+        """Every probe sent (their late messages are dropped)."""
+        self.count = 0
+        self.active: dict[str, Any] | None = None
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.active is None else float(self.active["deadline"])
+
+    def request(self, frames: list[bytes]) -> None:
+        """A request on its way to the kernel (identities already taken off)."""
+        i = split(frames)
+        if i is None:
+            return
+        header = json.loads(frames[i + 2])
+        if not isinstance(header, dict) or header.get("msg_type") != "execute_request":
+            return
+        content = json.loads(frames[i + 5])
+        if isinstance(content, dict) and not content.get("silent") and isinstance(header.get("msg_id"), str):
+            self.cells[header["msg_id"]] = frames[i + 2]
+            while len(self.cells) > PENDING_MAX:
+                self.cells.popitem(last=False)
+
+    def reply(self, frames: list[bytes]) -> tuple[bool, list[bytes] | None]:
+        """A shell message from the kernel: (whether to drop it, a probe to
+        send the kernel)."""
+        i = split(frames)
+        if i is None:
+            return False, None
+        parent = json.loads(frames[i + 3])
+        msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
+        if msg_id in self.probes:
+            return True, None
+        if not isinstance(msg_id, str) or msg_id not in self.cells or self.active is not None:
+            return False, None
+        if json.loads(frames[i + 2]).get("msg_type") != "execute_reply":
+            return False, None
+        self.count += 1
+        marker = f"kernelgw-fence-{self.session}-{self.count}"
+        header = {
+            "msg_id": f"{self.session}_fence_{self.count}",
+            "msg_type": "execute_request",
+            "username": "kernelgw",
+            "session": self.session,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
+            "version": "5.3",
+        }
+        content = {
+            "code": self.template.replace("{marker}", marker),
+            "silent": True,
+            "store_history": False,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": False,
+        }
+        parts = [_dumps(header), b"{}", b"{}", _dumps(content)]
+        self.probes[header["msg_id"]] = None
+        while len(self.probes) > PENDING_MAX:
+            self.probes.popitem(last=False)
+        self.active = {
+            "cell": msg_id,
+            "cell_header": self.cells.pop(msg_id),
+            "probe": header["msg_id"],
+            "marker": marker,
+            "idle": None,
+            "held": [],
+            "deadline": time.monotonic() + FENCE_TIMEOUT_S,
+        }
+        return False, [DELIM, self.signer.sign(parts), *parts]
+
+    def iopub(self, frames: list[bytes]) -> list[list[bytes]]:
+        """What to publish now for a message the kernel published."""
+        fence = self.active
+        i = split(frames)
+        if i is None:
+            return [frames] if fence is None else self._hold(frames)
+        parent = json.loads(frames[i + 3])
+        parent_id = parent.get("msg_id") if isinstance(parent, dict) else None
+        if fence is None:
+            return [] if parent_id in self.probes else [frames]
+        header = json.loads(frames[i + 2])
+        msg_type = header.get("msg_type") if isinstance(header, dict) else None
+        if parent_id == fence["cell"]:
+            if msg_type == "status" and (json.loads(frames[i + 5]) or {}).get("execution_state") == "idle":
+                fence["idle"] = frames
+                return []
+            return [frames]
+        if parent_id != fence["probe"]:
+            return [] if parent_id in self.probes else self._hold(frames)
+        if msg_type in ("status", "execute_input"):
+            return []
+        content = json.loads(frames[i + 5])
+        done = False
+        if msg_type == "stream" and isinstance(content, dict) and fence["marker"] in str(content.get("text")):
+            done = True
+            content["text"] = str(content["text"]).replace(fence["marker"] + "\n", "").replace(fence["marker"], "")
+            if not content["text"]:
+                return self.finish()
+        out = [*frames[: i + 3], fence["cell_header"], frames[i + 4], _dumps(content), *frames[i + 6 :]]
+        out[i + 1] = self.signer.sign(out[i + 2 : i + 6])
+        return [out, *self.finish()] if done else [out]
+
+    def _hold(self, frames: list[bytes]) -> list[list[bytes]]:
+        assert self.active is not None
+        self.active["held"].append(frames)
+        return []
+
+    def finish(self) -> list[list[bytes]]:
+        """End the active fence: its cell's idle, then what waited."""
+        fence, self.active = self.active, None
+        if fence is None:
+            return []
+        return ([fence["idle"]] if fence["idle"] is not None else []) + list(fence["held"])
+
+
 def _value(text: str) -> dict[str, Any]:
     """A user_expression's result as IPython gives it."""
     return {"status": "ok", "data": {"text/plain": text}, "metadata": {}}
@@ -311,7 +537,7 @@ def private_connection(front: dict[str, Any], transport: str) -> tuple[str, dict
 
 
 class Shim:
-    def __init__(self, front: dict[str, Any], back: dict[str, Any], interrupt: str) -> None:
+    def __init__(self, front: dict[str, Any], back: dict[str, Any], interrupt: str, fence: str = "") -> None:
         self.interrupt_mode = interrupt
         self.signer = Signer(str(front.get("key", "")).encode(), str(front.get("signature_scheme", "hmac-sha256")))
         self.session = os.urandom(8).hex()
@@ -319,8 +545,8 @@ class Shim:
         self.ctx = zmq.Context()
         f, b = addresses(front), addresses(back)
         identity = b"kernelgw-shim-" + self.session.encode()
-        # the kernel routes stdin messages to the identity a shell request came
-        # from: the shell and stdin sockets toward it share one identity
+        # a kernel routes stdin messages to the identity a shell request came
+        # from: the shell and stdin sockets toward it share one
         self.front = {
             "shell": self._socket(zmq.ROUTER, bind=f["shell"]),
             "control": self._socket(zmq.ROUTER, bind=f["control"]),
@@ -341,6 +567,8 @@ class Shim:
         import kernelgw_kernel
 
         self.expressions = Expressions(self.signer, kernelgw_kernel.snapshot, kernelgw_kernel.changes)
+        self.routes = Routes()
+        self.fences = Fences(self.signer, fence, self.session) if fence else None
         self.peer: dict[zmq.Socket[bytes], zmq.Socket[bytes]] = {}
         self.channel: dict[zmq.Socket[bytes], str] = {}
         for ch in CHANNELS:
@@ -369,24 +597,59 @@ class Shim:
         """Relay the messages waiting on ``source`` (at most a batch, so no
         channel starves the others)."""
         target = self.peer[source]
-        rewrite = self.channel[source] == "shell"
-        from_front = source is self.front.get("shell")
+        channel = self.channel[source]
+        from_front = source is self.front[channel]
         for _ in range(64):
             try:
                 frames = source.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if rewrite:
-                try:
-                    frames = self.expressions.request(frames) if from_front else self.expressions.reply(frames)
-                except Exception:  # anything odd is forwarded as it came
-                    pass
             try:
-                target.send_multipart(frames, zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # the peer's queue is full (HWM): dropped, as a PUB would
-            except zmq.ZMQError:
-                pass
+                out = self.route(frames, channel, from_front)
+            except Exception:  # anything odd is forwarded as it came
+                out = [frames]
+            for message in out:
+                self._send(target, message)
+
+    @staticmethod
+    def _send(target: zmq.Socket[bytes], frames: list[bytes]) -> None:
+        try:
+            target.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.ZMQError:  # Again: the peer's queue is full (HWM), dropped as a PUB would
+            pass
+
+    def expire(self) -> None:
+        """A fence whose marker did not come in time ends anyway."""
+        if self.fences is not None and self.fences.deadline is not None and time.monotonic() >= self.fences.deadline:
+            for message in self.fences.finish():
+                self._send(self.front["iopub"], message)
+
+    def route(self, frames: list[bytes], channel: str, from_front: bool) -> list[list[bytes]]:
+        """The messages to send on for ``frames`` (none: unroutable, or held)."""
+        if channel == "iopub":
+            if from_front or self.fences is None:
+                return [frames]
+            return self.fences.iopub(frames)
+        if channel == "hb":
+            routed = self.routes.ping(frames) if from_front else self.routes.pong(frames)
+            return [] if routed is None else [routed]
+        if from_front:
+            frames = self.routes.inbound(frames)
+            if channel == "shell":
+                frames = self.expressions.request(frames)
+                if self.fences is not None:
+                    self.fences.request(frames)
+            return [frames]
+        if channel == "shell" and self.fences is not None:
+            drop, probe = self.fences.reply(frames)
+            if drop:
+                return []
+            if probe is not None:
+                self._send(self.back["shell"], probe)
+        routed = self.routes.outbound(frames, channel)
+        if routed is None:
+            return []
+        return [self.expressions.reply(routed) if channel == "shell" else routed]
 
     def interrupt(self, pid: int) -> None:
         if self.interrupter is None:
@@ -413,10 +676,10 @@ class Shim:
         kill_at: float | None = None
         drain_until = 0.0
         while True:
-            if status is None:
-                timeout = None if kill_at is None else max(0.0, kill_at - time.monotonic()) * 1000
-            else:
-                timeout = max(0.0, drain_until - time.monotonic()) * 1000
+            wake = drain_until if status is not None else kill_at
+            if self.fences is not None and self.fences.deadline is not None:
+                wake = self.fences.deadline if wake is None else min(wake, self.fences.deadline)
+            timeout = None if wake is None else max(0.0, wake - time.monotonic()) * 1000
             try:
                 events = poller.poll(timeout)
             except zmq.ZMQError:
@@ -433,6 +696,7 @@ class Shim:
                     _discard(s)  # the interrupt_reply is ours, not the gateway's
                 elif isinstance(s, zmq.Socket):
                     self.forward(s)
+            self.expire()
             if status is None:
                 status = _reap(pid)
                 if status is not None:
@@ -441,6 +705,9 @@ class Shim:
                     _kill(pid, signal.SIGKILL)
                     kill_at = time.monotonic() + 3600
             elif not events or time.monotonic() >= drain_until:
+                if self.fences is not None:
+                    for message in self.fences.finish():
+                        self._send(self.front["iopub"], message)
                 return status
 
     def close(self) -> None:
@@ -490,18 +757,19 @@ def _remove(directory: str) -> None:
 
 def main(args: list[str] | None = None) -> int:
     try:
-        transport, interrupt, conn_file, argv = parse_args(sys.argv[1:] if args is None else args)
+        options = parse_args(sys.argv[1:] if args is None else args)
     except ValueError as exc:
         print(f"kernelgw shim: {exc}", file=sys.stderr)
         print(
             "usage: python -m kernelgw_kernel.shim [--transport tcp|ipc] [--interrupt signal|message] "
-            "[--connection-file PATH] -- ARGV... ({connection_file} in ARGV is the kernel's own file)",
+            "[--connection-file PATH] [--fence CODE] -- ARGV... ({connection_file} in ARGV is the "
+            "kernel's own file; CODE prints {marker})",
             file=sys.stderr,
         )
         return 2
-    with open(conn_file, encoding="utf-8") as f:
+    with open(options.connection_file, encoding="utf-8") as f:
         front = json.load(f)
-    directory, back = private_connection(front, transport)
+    directory, back = private_connection(front, options.transport)
     kernel_file = os.path.join(directory, "kernel.json")
     fd = os.open(kernel_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -513,8 +781,8 @@ def main(args: list[str] | None = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(signum, lambda *_: None)
 
-    shim = Shim(front, back, interrupt)
-    command = substitute(argv, kernel_file)
+    shim = Shim(front, back, options.interrupt, options.fence)
+    command = substitute(options.argv, kernel_file)
     try:
         # the kernel gets the default dispositions back (posix_spawn resets
         # handled signals to SIG_DFL in the child)
