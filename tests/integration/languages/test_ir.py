@@ -110,6 +110,7 @@ def test_a_value_displays_as_text_html_and_markdown(kernel: Kernel) -> None:
     (shown,) = ok(kernel.execute("1 + 1")).data
     assert shown["text/plain"] == "[1] 2"
     assert shown["text/html"] == shown["text/markdown"] == "2"
+    assert set(shown) == {"text/plain", "text/html", "text/markdown"}
 
 
 def test_an_error_has_its_message_and_a_traceback(kernel: Kernel) -> None:
@@ -160,6 +161,7 @@ def test_a_data_frame_is_a_table(kernel: Kernel) -> None:
     (table,) = cell.data
     assert "<table" in table["text/html"] and "Oslo" in table["text/html"]
     assert "| city" in table["text/markdown"] and "| Lima" in table["text/markdown"]
+    assert "text/latex" not in table  # left out by the image's Rprofile.site
 
 
 def test_a_file_written_to_the_workspace_is_an_artifact(kernel: Kernel) -> None:
