@@ -22,6 +22,7 @@ rm -rf /usr/share/R/doc /usr/lib/R/doc /usr/share/R/include /usr/lib/R/include \
 
 install -m 0644 /build/Rprofile.site /etc/R/Rprofile.site
 install -m 0755 /build/start-kernel /opt/kernelgw/start-kernel
+install -m 0644 /build/kernel.R /opt/kernelgw/kernel.R
 
 # no caches or logs of the install
 rm -rf /var/cache/apt/* /var/lib/apt/lists/* /var/log/apt /var/log/dpkg.log /var/log/alternatives.log /root/.cache
@@ -38,5 +39,8 @@ setpriv --reuid=61000 --regid=61000 --clear-groups env HOME="$check" TMPDIR="$ch
         stopifnot(file.size(f) > 1000)
         html <- repr_html(data.frame(x = 1:3))
         stopifnot(grepl("<table", html, fixed = TRUE))
+        # kernel.R patches IRkernel before it starts
+        exprs <- parse("/opt/kernelgw/kernel.R"); eval(exprs[[1]])
+        stopifnot(identical(body(IRkernel:::Kernel$def@refMethods$abort_queued_messages), quote(invisible(NULL))))
         cat("R kernel image: ok\n")'
 rm -rf "$check"

@@ -125,6 +125,16 @@ def test_an_error_has_its_message_and_a_traceback(kernel: Kernel) -> None:
     assert ok(kernel.execute("cat(answer, '\\n')")).stdout == "41 \n"
 
 
+def test_a_request_queued_behind_a_failed_cell_still_runs(kernel: Kernel) -> None:
+    """IRkernel answered requests queued behind a failed cell with "aborted" and
+    no status (kernel.R turns that off): the gateway's end probe, sent right
+    after a failed cell's reply, never got its idle."""
+    failing = kernel.client.execute("Sys.sleep(0.5); stop('queued behind')", stop_on_error=False)
+    probe = kernel.client.execute("", silent=True, store_history=False, stop_on_error=False)
+    assert kernel.wait(failing, 30).status == "error"
+    assert kernel.wait(probe, 10).status == "ok"
+
+
 def test_stdout_and_stderr_stream_apart(kernel: Kernel) -> None:
     came = arrivals(kernel, "cat('out-1\\n')\nmessage('err-1')\nSys.sleep(1.5)\ncat('out-2\\n')\nwarning('careful')")
     assert "".join(text for _, name, text in came if name == "stdout") == "out-1\nout-2\n"
