@@ -41,6 +41,8 @@ setpriv --reuid=61000 --regid=61000 --clear-groups env HOME="$check" TMPDIR="$ch
         stopifnot(grepl("<table", html, fixed = TRUE))
         # kernel.R patches IRkernel before it starts
         exprs <- parse("/opt/kernelgw/kernel.R"); eval(exprs[[1]])
-        stopifnot(identical(body(IRkernel:::Kernel$def@refMethods$abort_queued_messages), quote(invisible(NULL))))
+        methods <- IRkernel:::Kernel$def@refMethods
+        stopifnot(identical(body(methods$abort_queued_messages), quote(invisible(NULL))))
+        stopifnot(any(grepl("KeyboardInterrupt", deparse(body(methods$send_response)))))
         cat("R kernel image: ok\n")'
 rm -rf "$check"

@@ -165,6 +165,13 @@ def test_sigint_interrupts_an_endless_loop_and_the_kernel_goes_on(kernel: Kernel
     assert ok(kernel.execute('echo "still $kept"')).stdout == "still yes\n"
 
 
+def test_sigint_between_cells_changes_nothing(kernel: Kernel) -> None:
+    ok(kernel.execute("between=1"))
+    kernel.signal()
+    assert ok(kernel.execute("echo $((between + 1))")).stdout == "2\n"
+    assert kernel.state() == "running"
+
+
 def test_display_helpers_show_png_and_html(kernel: Kernel) -> None:
     cell = ok(kernel.execute(f"printf '%s' '{PNG_1PX}' | base64 -d | display\necho '<b>bold</b>' | displayHTML"))
     png, html = cell.data

@@ -148,13 +148,21 @@ def test_stdout_and_stderr_stream_apart(kernel: Kernel) -> None:
 def test_sigint_interrupts_an_endless_loop_and_the_kernel_goes_on(kernel: Kernel) -> None:
     ok(kernel.execute("kept <- 'yes'"))
     cell, took = interrupt_when_started(kernel, "cat('looping\\n')\nwhile (TRUE) {}", "looping")
-    # IRkernel answers an interrupted cell with status "abort" (and sends no error)
-    assert cell.reply["status"] == "abort", cell.reply
+    # as IPython's (kernel.R; IRkernel itself replied "abort" and showed nothing)
+    assert cell.reply["status"] == "error" and cell.reply["ename"] == "KeyboardInterrupt", cell.reply
+    assert [e["ename"] for e in cell.errors] == ["KeyboardInterrupt"]
     assert took < 5, took
     assert ok(kernel.execute("cat('still', kept, '\\n')")).stdout == "still yes \n"
     sleeping, _ = interrupt_when_started(kernel, "cat('sleeping\\n')\nSys.sleep(100)\ncat('not reached')", "sleeping")
-    assert sleeping.reply["status"] == "abort", sleeping.reply
+    assert sleeping.reply["ename"] == "KeyboardInterrupt", sleeping.reply
     assert "not reached" not in sleeping.stdout
+
+
+def test_sigint_between_cells_changes_nothing(kernel: Kernel) -> None:
+    ok(kernel.execute("between <- 1"))
+    kernel.signal()
+    assert ok(kernel.execute("cat(between + 1, '\\n')")).stdout == "2 \n"
+    assert kernel.state() == "running"
 
 
 def test_a_plot_is_a_png_drawn_without_x(kernel: Kernel) -> None:
