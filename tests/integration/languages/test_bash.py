@@ -152,6 +152,16 @@ def test_stdout_and_stderr_stream_apart_as_they_come(kernel: Kernel) -> None:
     assert [text for _, name, text in pieces if name == "stderr"] == ["one line of stderr\n", "no newline"]
 
 
+def test_many_lines_of_output_come_whole_and_in_batches(kernel: Kernel) -> None:
+    """bash_kernel sent a message per line (20,000 lines took 6 s)."""
+    started = time.monotonic()
+    cell = ok(kernel.execute("seq 1 20000"))
+    took = time.monotonic() - started
+    assert cell.stdout == "".join(f"{i}\n" for i in range(1, 20001))
+    assert len([m for m in cell.messages if m["msg_type"] == "stream"]) < 500
+    assert took < 5, took
+
+
 def test_sigint_interrupts_an_endless_loop_and_the_kernel_goes_on(kernel: Kernel) -> None:
     ok(kernel.execute("kept=yes"))
     cell, took = interrupt_when_started(kernel, "echo looping; while true; do :; done", "looping")
