@@ -186,30 +186,42 @@ class StdoutBatch:
     3 s, nearly all of it in messages (pexpect read them in 0.13 s). Lines
     are gathered here and published together once BATCH_S passed since the
     first of them (by a thread: a line before a long ``sleep`` is not held),
-    when MAX_BATCH characters wait, and before the cell's error and reply."""
+    when MAX_BATCH characters wait, and before the cell's error and reply.
+
+    The terminal ends lines with CR LF. bash_kernel cuts them at LF, or at a
+    CR, which passes a line ending CR when a read ended between the two and the
+    LF as a line of its own: such a CR, followed by its LF, is dropped (a
+    trailing CR waits one more BATCH_S for it)."""
 
     def __init__(self, outlet: Outlet) -> None:
         self.outlet = outlet
         self.cond = threading.Condition()
         self.text = ""
+        self.held_cr = False
         thread = threading.Thread(target=self._run, name="kernelgw-stdout", daemon=True)
         thread.start()
 
     def add(self, text: str) -> None:
         with self.cond:
             first = not self.text
+            if text.startswith("\n") and self.text.endswith("\r"):
+                self.text = self.text[:-1]
             self.text += text
+            self.held_cr = False
             if len(self.text) >= MAX_BATCH:
-                self._flush()
+                self._flush(hold_cr=True)
             elif first:
                 self.cond.notify()
 
     def flush(self) -> None:
         with self.cond:
-            self._flush()
+            self._flush(hold_cr=False)
 
-    def _flush(self) -> None:
+    def _flush(self, hold_cr: bool) -> None:
         text, self.text = self.text, ""
+        if hold_cr and not self.held_cr and text.endswith("\r"):
+            text, self.text = text[:-1], "\r"
+        self.held_cr = bool(self.text)
         if text:
             self.outlet.show("stdout", text)
 
@@ -221,7 +233,7 @@ class StdoutBatch:
                 deadline = time.monotonic() + BATCH_S
                 while self.text and (left := deadline - time.monotonic()) > 0:
                     self.cond.wait(left)  # lines that come meanwhile join
-                self._flush()
+                self._flush(hold_cr=True)
 
 
 class StderrRelay:
