@@ -21,8 +21,8 @@ bash_kernel's kernel with these changes, made from outside its source:
   the ``:`` keeps a cell of comments valid, and the group's status is the last
   command's). A thread reads the FIFO and sends ``stderr`` stream messages as
   lines come; what is left is sent before the cell's error and reply. The
-  ``display`` helpers announce their files on stderr, so stderr lines go
-  through bash_kernel's ``extract_contents`` too (images and HTML still show).
+  ``display`` helpers announce their files on stderr, so their lines become
+  displays there too (images and HTML still show; `Outlet`).
   The two streams come by two ways, so a line of stderr may overtake a line of
   stdout written just before it. bash's messages about the cell as a whole (a
   syntax error) come on the terminal, as stdout. A cell that removes the FIFO
