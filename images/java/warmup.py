@@ -52,9 +52,9 @@ CELLS: list[tuple[str, str, str]] = [
         "stdout",
         "3.1\n",
     ),
-    ("class Greeter { String hi(String n) { return \"hi \" + n; } }\nnew Greeter().hi(\"you\")", "result", "hi you"),
+    ('class Greeter { String hi(String n) { return "hi " + n; } }\nnew Greeter().hi("you")', "result", "hi you"),
     ('throw new IllegalStateException("boom");', "error", "boom"),
-    ("System.err.println(\"warn\");\nx * 2", "result", "82"),
+    ('System.err.println("warn");\nx * 2', "result", "82"),
 ]
 
 
