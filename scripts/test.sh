@@ -15,6 +15,11 @@ echo "==> PostgreSQL for the storage tests"
 KERNELGW_TEST_DATABASE_URL=${KERNELGW_TEST_DATABASE_URL:-$(bash scripts/ensure-postgres.sh)}
 export KERNELGW_TEST_DATABASE_URL
 echo "$KERNELGW_TEST_DATABASE_URL"
+echo "==> Kernel images of the other languages (tests/integration/test_languages.py)"
+# on the Python image, no network inside; up to date (no-op) when nothing changed.
+# A failed build does not stop the run: those kernels' tests fail, naming it.
+.venv/bin/kernelgw image build --kernel deno --kernel ir --kernel bash --kernel java --kernel go \
+  --kernel cpp --kernel ruby || echo "WARNING: a language image did not build; its tests will fail" >&2
 echo "==> Chromium for the web page tests"
 bash scripts/ensure-chromium.sh
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1  # Debian's chromium only, never a downloaded browser

@@ -8,7 +8,8 @@ the names re-exported here, never the modules behind them.
 One module a job: :mod:`.builder` runs a build from :mod:`.base` (with
 :mod:`.debootstrap` and :mod:`.apt_mirror` for the offline base), :mod:`.context`
 (inputs and their hash), :mod:`.wheels` (pip on the host) and
-:mod:`.docker_build`; :mod:`.engine`, :mod:`.cache`, :mod:`.names`,
+:mod:`.docker_build`; :mod:`.language` builds other languages' kernels on that
+image (with :mod:`.debs` for their Debian packages); :mod:`.engine`, :mod:`.cache`, :mod:`.names`,
 :mod:`.errors` and :mod:`.progress` serve them.
 """
 
@@ -16,6 +17,7 @@ from kernelgw.image.builder import ImageBuildResult, build_image
 from kernelgw.image.cache import cache_dir
 from kernelgw.image.engine import image_exists
 from kernelgw.image.errors import BaseImageError, ImageBuildError, WheelDownloadError
+from kernelgw.image.language import build_kernel_image, language_dir
 from kernelgw.image.names import DEFAULT_TAG, HASH_LABEL
 from kernelgw.image.wheels import manylinux_platforms, packages_from_wheels, pip_command, pip_download_command
 
@@ -27,8 +29,10 @@ __all__ = [
     "ImageBuildResult",
     "WheelDownloadError",
     "build_image",
+    "build_kernel_image",
     "cache_dir",
     "image_exists",
+    "language_dir",
     "manylinux_platforms",
     "packages_from_wheels",
     "pip_command",

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from kernelgw import events as ev
-from kernelgw.errors import KernelGWError, KernelStartFailed, SessionBusy
+from kernelgw.errors import KernelGWError, KernelStartFailed, NotForThisKernel, SessionBusy
 from kernelgw.events import ReplayTrigger
+from kernelgw.kernels import profile
 from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec
 from kernelgw.runtime.execution import (
     ARTIFACTS_EXPRESSION,
@@ -277,6 +278,11 @@ class KernelSession:
         """Save the namespace, the workspace and the packages into ``directory`` and
         remove the container (memory and CPU freed). Only between cells: a cell
         running or queued is a 409. Cells sent meanwhile wait and resume it."""
+        if not profile(self.spec.kernel).python:
+            raise NotForThisKernel(
+                f"Only Python sessions can be paused (their variables are pickled); this one runs {self.spec.kernel}. "
+                "Its files outlive restarts; restart with replay rebuilds its state."
+            )
         async with self._lifecycle:
             if self.state == "paused":
                 raise SessionBusy("The session is already paused.")
@@ -646,6 +652,7 @@ class KernelSession:
         return {
             "id": self.id,
             "state": self.state,
+            "kernel": self.spec.kernel,
             "image": self.spec.image,
             "runtime": self.spec.runtime,
             "memory_mb": self.spec.memory_mb,

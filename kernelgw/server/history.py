@@ -86,6 +86,7 @@ async def export_notebook(session_id: str, request: Request) -> Response:
                 language_info=record.language_info,
                 session_id=record.id,
                 image=record.image,
+                kernel=record.kernel,
             )
         )
     )
