@@ -141,7 +141,7 @@ module KernelgwDriver
       first = trace.first || file
       lines = message.lines.map(&:chomp)
       head = "#{first}: #{lines.first} (#{error.class.name})"
-      traceback = if error.is_a?(SyntaxError) || error.is_a?(Interrupt) || error.is_a?(SystemExit)
+      traceback = if error.is_a?(SyntaxError) || error.is_a?(SystemExit)
                     ["#{error.class.name}: #{message}"]
                   else
                     [head, *lines.drop(1), *trace.drop(1).map { |l| "\tfrom #{l}" }]

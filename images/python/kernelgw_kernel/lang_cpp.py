@@ -29,8 +29,11 @@ from kernelgw_kernel.lang_kernel import CellError, CompiledKernel, exit_error, l
 SUPPORT_DIR = os.environ.get("KERNELGW_CPP_SUPPORT", "/opt/kernelgw/cpp")
 """Made by images/cpp/install.sh: ``pch/`` (precompiled headers) and ``linebuf.o``."""
 STD = "gnu++20"
+STD_VERSION = "20"
+"""language_info's version: the C++ standard, as xeus-cling gives it (g++'s own
+version is in the banner)."""
 OPT = "-O2"
-CXXFLAGS = [f"-std={STD}", OPT, "-pipe", "-fdiagnostics-color=never", "-fno-diagnostics-show-option"]
+CXXFLAGS = [f"-std={STD}", OPT, "-pipe", "-fdiagnostics-color=never"]
 """The flags the precompiled headers were made with (install.sh uses the same)."""
 ERROR = re.compile(r"^(?P<where>[^\s:][^:]*:\d+:\d+): (?:fatal )?error: (?P<msg>.*)$")
 LINK_ERROR = re.compile(r"(undefined reference to|multiple definition of|cannot find -l)")
@@ -53,9 +56,9 @@ def parse_compile_output(output: str) -> CellError:
             break
     if not first:
         for line in lines:
-            if LINK_ERROR.search(line):
-                first = re.sub(r"^.*?\bin function [^:]*:\s*", "", line)
-                first = re.sub(r"^/usr/bin/ld:\s*", "", first).strip()
+            m = LINK_ERROR.search(line)
+            if m:
+                first = line[m.start() :].strip()
                 break
     if not first:
         for line in lines:
@@ -109,12 +112,11 @@ class CppKernel(CompiledKernel):
     def language_info(self) -> dict[str, Any]:
         return {
             "name": "c++",
-            "version": self.version,
+            "version": STD_VERSION,
             "mimetype": "text/x-c++src",
             "file_extension": ".cpp",
             "codemirror_mode": "text/x-c++src",
             "pygments_lexer": "cpp",
-            "kernelgw_stateful": False,
         }
 
     @property

@@ -130,7 +130,6 @@ class GoKernel(CompiledKernel):
             "file_extension": ".go",
             "codemirror_mode": "go",
             "pygments_lexer": "go",
-            "kernelgw_stateful": False,
         }
 
     @property
@@ -157,7 +156,9 @@ class GoKernel(CompiledKernel):
         return env
 
     def compile_argv(self) -> list[str]:
-        return ["go", "build", "-o", self.program_name, self.source_name]
+        # -trimpath for the cell's package only (all of them would make the standard
+        # library stale): a panic's frames say main.go:5, not the build directory
+        return ["go", "build", f"-gcflags=-trimpath={self.build_dir}", "-o", self.program_name, self.source_name]
 
     def compile_error(self, output: str) -> CellError:
         return parse_build_output(output, self._prefixed)

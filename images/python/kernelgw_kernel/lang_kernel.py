@@ -270,13 +270,15 @@ def spawn(
     return proc, out_r, err_r
 
 
-def check_exec_mount(path: str) -> str | None:
+def check_exec_mount(path: str, mounts_text: str | None = None) -> str | None:
     """A note when ``path`` lies on a file system mounted ``noexec`` (compiled
-    programs could not run from it), else None."""
-    try:
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return None
+    programs could not run from it), else None. ``mounts_text``: /proc/self/mounts."""
+    if mounts_text is None:
+        try:
+            mounts_text = Path("/proc/self/mounts").read_text()
+        except OSError:
+            return None
+    mounts = mounts_text.splitlines()
     best = ""
     options: list[str] = []
     target = os.path.realpath(path)
@@ -313,6 +315,7 @@ class LangKernel(Kernel):  # type: ignore[misc]
         self._interrupted = False
         self._running_cell = False
         self._silent = False
+        self._cell_parent: dict[str, Any] = {}
 
     # ------------------------------------------------------------ kernel info
     @property
@@ -350,21 +353,29 @@ class LangKernel(Kernel):  # type: ignore[misc]
         kill_group(child.pid)
 
     # ----------------------------------------------------------------- output
+    def publish(self, msg_type: str, content: dict[str, Any]) -> None:
+        """An iopub message of the running (or the last) cell. The parent is the
+        one :meth:`do_execute` noted: ipykernel keeps it in a context variable,
+        which event-loop callbacks registered earlier (a Ruby process's pipes)
+        do not see."""
+        self.session.send(self.iopub_socket, msg_type, content, parent=self._cell_parent, ident=self._topic(msg_type))
+
     def publish_stream(self, name: str, text: str) -> None:
         if self._silent or not text:
             return
-        self.send_response(self.iopub_socket, "stream", {"name": name, "text": text})
+        self.publish("stream", {"name": name, "text": text})
 
     def publish_display(self, data: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
         if self._silent:
             return
-        self.send_response(self.iopub_socket, "display_data", {"data": data, "metadata": metadata or {}})
+        self.publish("display_data", {"data": data, "metadata": metadata or {}, "transient": {}})
 
     def publish_result(self, data: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
         if self._silent:
             return
-        content = {"execution_count": self.execution_count, "data": data, "metadata": metadata or {}}
-        self.send_response(self.iopub_socket, "execute_result", content)
+        self.publish(
+            "execute_result", {"execution_count": self.execution_count, "data": data, "metadata": metadata or {}}
+        )
 
     def child_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -417,6 +428,7 @@ class LangKernel(Kernel):  # type: ignore[misc]
         **kwargs: Any,
     ) -> dict[str, Any]:
         self._silent = silent
+        self._cell_parent = self.get_parent("shell")
         self._interrupted = False
         self._running_cell = True
         error: CellError | None = None
@@ -446,7 +458,7 @@ class LangKernel(Kernel):  # type: ignore[misc]
         if error is not None:
             content = error.content()
             if not silent:
-                self.send_response(self.iopub_socket, "error", content)
+                self.publish("error", content)
             return {
                 "status": "error",
                 "execution_count": self.execution_count,

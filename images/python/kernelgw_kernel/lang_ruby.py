@@ -75,11 +75,10 @@ class RubyKernel(LangKernel):
         return {
             "name": "ruby",
             "version": self.version,
-            "mimetype": "application/x-ruby",
+            "mimetype": "text/x-ruby",
             "file_extension": ".rb",
             "codemirror_mode": "ruby",
             "pygments_lexer": "ruby",
-            "kernelgw_stateful": True,
         }
 
     @property
