@@ -26,6 +26,19 @@ find "$SHARE/src" -type d -name testdata -prune -exec rm -rf {} +
 for tool in pprof trace api dist doc fix objdump addr2line nm test2json cover; do
     rm -f "$GOROOT/pkg/tool/linux_amd64/$tool"
 done
+# For the kernel: Go's compiler and linker run directly on these archives (an
+# importcfg names each), which skips `go build`'s staleness checks (250 -> 80 ms).
+mkdir -p /opt/kernelgw/go
+archives="$GOROOT/pkg/linux_amd64"
+(cd "$archives" && find . -name '*.a' | sed 's|^\./||; s|\.a$||' | sort) | while read -r pkg; do
+    echo "packagefile $pkg=$archives/$pkg.a"
+done > /opt/kernelgw/go/importcfg
+tooldir=$(go env GOTOOLDIR)
+printf '{"version": "%s", "goroot": "%s", "compile": "%s", "link": "%s", "importcfg": "%s"}\n' \
+    "$(go env GOVERSION | sed 's/^go//')" "$GOROOT" "$tooldir/compile" "$tooldir/link" /opt/kernelgw/go/importcfg \
+    > /opt/kernelgw/go/toolchain.json
+chmod -R a+rX /opt/kernelgw/go
+
 for deb in /build/debs/*.deb; do
     dpkg -L "$(dpkg-deb -f "$deb" Package)" 2>/dev/null | grep -E '^/usr/share/(doc|man|info|lintian)/' | while read -r f; do
         [ -d "$f" ] || rm -f "$f"
@@ -43,7 +56,9 @@ if [ -n "$stale" ]; then
 fi
 printf 'package main\n\nimport (\n\t"fmt"\n\t"net/http"\n)\n\nvar _ = http.StatusOK\n\nfunc main() { fmt.Println("go ok") }\n' > "$check/main.go"
 (cd "$check" && go build -o prog main.go && ./prog) | grep -qx 'go ok'
+(cd "$check" && "$tooldir/compile" -o main.a -p main -complete -pack -importcfg /opt/kernelgw/go/importcfg main.go \
+    && "$tooldir/link" -s -w -importcfg /opt/kernelgw/go/importcfg -o prog2 main.a && ./prog2) | grep -qx 'go ok'
 rm -rf "$check"
-/opt/kernel/bin/python -c 'import kernelgw_kernel.lang_go'
+/opt/kernel/bin/python -c 'import kernelgw_kernel.lang_go as g; assert g.load_toolchain(), "toolchain.json"'
 install -m 0755 /build/start-kernel /opt/kernelgw/start-kernel
 echo "install.sh: $(go version)"

@@ -1,13 +1,15 @@
 """kernelgw's Go kernel: every cell is a complete program (``package main``
-with ``func main``), built with ``go build`` and run; nothing is kept between
-cells.
+with ``func main``), compiled and run; nothing is kept between cells.
 
 ``python -m kernelgw_kernel.lang_go -f CONNECTION_FILE``
 
 The program is built in the kernel's build directory under /tmp (mounted
 exec), with cgo off and no network (``GOPROXY=off``: only the standard
-library). The image installed the standard library built for cgo off, so a
-build compiles only the cell (about 0.2 s). A cell without a package clause
+library). The image installed the standard library built for cgo off and an
+importcfg naming its archives, so a cell is compiled and linked by Go's
+compiler and linker directly (about 80 ms); what they cannot do alone (an
+import that is not in the standard library, ``go:embed``) goes through ``go
+build``, which also gives the clearer message. A cell without a package clause
 gets ``package main;`` in front of its first line (line numbers stay right).
 A build error is a ``CompileError`` (the first diagnostic as evalue, the
 compiler's output as traceback); a panic, a fatal error or a non-zero exit
@@ -16,6 +18,7 @@ status fails the cell too.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -99,6 +102,32 @@ def _first_goroutine(block: list[str]) -> list[str]:
     return out
 
 
+TOOLCHAIN = os.environ.get("KERNELGW_GO_TOOLCHAIN", "/opt/kernelgw/go/toolchain.json")
+"""Written by images/go/install.sh: the Go version, its compiler and linker, and
+an importcfg naming every standard library archive."""
+FALLBACK = re.compile(r"could not import|go:embed|cgo")
+"""What the compiler alone cannot do: `go build` says it better (or does it)."""
+
+
+NO_MODULES = "only Go's standard library is available: there is no network to download modules from"
+
+
+def load_toolchain(path: str = TOOLCHAIN) -> dict[str, str]:
+    """The image's toolchain description; empty when there is none or it names
+    tools that are not there (then every cell goes through `go build`)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(info, dict):
+        return {}
+    tools = [str(info.get(k, "")) for k in ("compile", "link", "importcfg")]
+    if not all(tools) or not all(os.path.exists(t) for t in tools):
+        return {}
+    return {str(k): str(v) for k, v in info.items()}
+
+
 def go_version() -> str:
     root = os.environ.get("GOROOT") or "/usr/lib/go"
     for candidate in (Path(root, "VERSION"), Path("/usr/lib/go/VERSION")):
@@ -118,7 +147,8 @@ class GoKernel(CompiledKernel):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.version = go_version()
+        self.toolchain = load_toolchain()
+        self.version = self.toolchain.get("version") or go_version()
         self._prefixed = False
 
     @property
@@ -158,13 +188,69 @@ class GoKernel(CompiledKernel):
     def compile_argv(self) -> list[str]:
         # -trimpath for the cell's package only (all of them would make the standard
         # library stale): a panic's frames say main.go:5, not the build directory
-        return ["go", "build", f"-gcflags=-trimpath={self.build_dir}", "-o", self.program_name, self.source_name]
+        return [
+            "go",
+            "build",
+            f"-gcflags=-trimpath={self.build_dir}",
+            "-ldflags=-s -w",
+            "-o",
+            self.program_name,
+            self.source_name,
+        ]
+
+    def direct_steps(self) -> list[list[str]]:
+        """The compiler and the linker run directly on the image's prebuilt
+        standard library: about 80 ms for a hello world, where `go build` takes
+        250 ms (it hashes the sources of every package the program imports to
+        see that none is stale). -s -w: no symbol table and DWARF (a panic still
+        names files and lines), which halves the link."""
+        tc = self.toolchain
+        archive = "main.a"
+        return [
+            [
+                tc["compile"],
+                "-o",
+                archive,
+                "-p",
+                "main",
+                "-complete",
+                "-pack",
+                "-importcfg",
+                tc["importcfg"],
+                "-trimpath",
+                self.build_dir,
+                self.source_name,
+            ],
+            [tc["link"], "-s", "-w", "-buildmode=exe", "-importcfg", tc["importcfg"], "-o", self.program_name, archive],
+        ]
+
+    async def build(self) -> None:
+        if self.toolchain:
+            status, output = 0, ""
+            for argv in self.direct_steps():
+                status, output = await self.compile_step(argv)
+                if status != 0:
+                    break
+            if status == 0:
+                return
+            if not FALLBACK.search(output):
+                raise self.compile_error(output)
+        status, output = await self.compile_step(self.compile_argv())
+        if status != 0:
+            raise self.explained(self.compile_error(output))
+
+    def explained(self, error: CellError) -> CellError:
+        """What a build error means here, where it is not plain."""
+        text = "\n".join(error.traceback)
+        if "no Go source files" in text:
+            error.evalue = 'cgo is not available: there is no C compiler (CGO_ENABLED=0); import "C" cannot build'
+            error.traceback.append(error.evalue)
+        elif "cannot find module providing package" in text or "is not in GOROOT" in text:
+            error.traceback.append(NO_MODULES)
+        return error
 
     def compile_error(self, output: str) -> CellError:
         return parse_build_output(output, self._prefixed)
-
-    def compile_warnings(self, output: str) -> str:
-        return ""
 
     def runtime_error(self, returncode: int, stderr_tail: str) -> CellError:
         return parse_runtime_error(returncode, stderr_tail, self._interrupted)

@@ -512,22 +512,31 @@ class CompiledKernel(LangKernel):
         program.unlink(missing_ok=True)
         return program
 
-    async def run_cell(self, code: str) -> None:
-        program = self.write_source(code)
+    async def compile_step(self, argv: list[str]) -> tuple[int, str]:
+        """Run one step of the build in the build directory; its exit status and
+        its output (stdout and stderr together)."""
         capture = Capture()
         try:
-            status = await self.run_process(
-                self.compile_argv(), sink=capture, cwd=self.build_dir, env=self.compile_env()
-            )
+            status = await self.run_process(argv, sink=capture, cwd=self.build_dir, env=self.compile_env())
         except OSError as exc:
             raise CellError("CompilerMissing", str(exc), [f"CompilerMissing: {exc}"]) from exc
         if self._interrupted:
             raise interrupted_error("the compilation")
+        return status, capture.text()
+
+    async def build(self) -> None:
+        """Build the program from the source file (raise :class:`CellError` when
+        that fails); by default one step, :meth:`compile_argv`."""
+        status, output = await self.compile_step(self.compile_argv())
         if status != 0:
-            raise self.compile_error(capture.text())
-        warnings = self.compile_warnings(capture.text())
+            raise self.compile_error(output)
+        warnings = self.compile_warnings(output)
         if warnings.strip():
             self.publish_stream("stderr", warnings)
+
+    async def run_cell(self, code: str) -> None:
+        program = self.write_source(code)
+        await self.build()
         tail = Tail(TAIL_CHARS)
 
         def sink(name: str, text: str) -> None:

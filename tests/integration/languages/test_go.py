@@ -124,6 +124,26 @@ def test_the_standard_library_is_built_for_cgo_off(kernel: Kernel) -> None:
     assert time.monotonic() - t0 < 5
 
 
+def test_what_the_compiler_alone_cannot_do_goes_through_go_build(kernel: Kernel) -> None:
+    """Cells are compiled and linked directly (no `go build`); an import from
+    outside the standard library and go:embed take `go build`'s path."""
+    r = kernel.execute(program("\tfmt.Println(bar.X)", '"fmt"; "github.com/foo/bar"'))
+    assert r.status == "error" and r.reply["ename"] == "CompileError"
+    assert "github.com/foo/bar" in r.reply["evalue"]
+    assert "no network" in r.reply["traceback"][-1]
+    embedded = (
+        'package main\n\nimport (\n\t_ "embed"\n\t"fmt"\n)\n\n//go:embed main.go\nvar src string\n\n'
+        "func main() { fmt.Println(len(src) > 0) }\n"
+    )
+    assert kernel.execute(embedded).stdout == "true\n"
+    generic = program(
+        "\tfmt.Println(Map([]int{1, 2}, func(i int) int { return i * 2 }))\n}\n\n"
+        "func Map[T, U any](xs []T, f func(T) U) (out []U) {\n\tfor _, x := range xs {\n\t\tout = append(out, f(x))\n\t}\n"
+        "\treturn"
+    )
+    assert kernel.execute(generic).stdout == "[2 4]\n"
+
+
 def test_a_file_written_to_the_workspace_is_an_artifact(kernel: Kernel) -> None:
     r = kernel.execute(program('\tos.WriteFile("out.txt", []byte("hi"), 0o644)', '"os"'))
     assert r.status == "ok"
