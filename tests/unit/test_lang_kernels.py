@@ -107,7 +107,10 @@ def test_cpp_compile_error_is_the_first_error(cpp: ModuleType) -> None:
         "main.cpp:7:5: error: \u2018y\u2019 was not declared in this scope\n"
     )
     err = cpp.parse_compile_output(output)
-    assert (err.ename, err.evalue) == ("CompileError", "main.cpp:6:5: \u2018boom_from_cpp\u2019 was not declared in this scope")
+    assert (err.ename, err.evalue) == (
+        "CompileError",
+        "main.cpp:6:5: \u2018boom_from_cpp\u2019 was not declared in this scope",
+    )
     assert err.traceback[0] == "main.cpp: In function \u2018int main()\u2019:" and len(err.traceback) == 5
     fatal = cpp.parse_compile_output("main.cpp:1:10: fatal error: nope.h: No such file or directory\n")
     assert fatal.evalue == "main.cpp:1:10: nope.h: No such file or directory"
