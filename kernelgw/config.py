@@ -29,6 +29,8 @@ class PoolProfileSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    kernel: str | None = None
+    """A kernel of ``kernels`` (e.g. ``"ruby"``): its sessions start warm too."""
     image: str | None = None
     memory_mb: int | None = None
     cpus: float | None = None
@@ -201,7 +203,8 @@ class Settings(BaseSettings):
     pool_shrink_after_s: float = Field(300.0, gt=0)
     """Without demand for this long, a grown pool shrinks back to its size."""
     pool_profiles: list[PoolProfileSettings] = Field(default_factory=list)
-    """Further pools for other images or limits, e.g. ``[{"memory_mb": 4096, "size": 1}]``."""
+    """Further pools for other kernels, images or limits, e.g. ``[{"memory_mb": 4096, "size": 1}]``
+    or ``[{"kernel": "deno", "size": 1}]``."""
 
     # --- history and storage (sessions, executions, notes; notebook export/restore)
     data_dir: Path = Field(default_factory=_default_data_dir)

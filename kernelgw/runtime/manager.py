@@ -192,7 +192,11 @@ class SessionManager:
     def _start_pools(self) -> None:
         s = self.settings
         wanted = [(SessionOptions(), s.pool_size, s.pool_max_size)] + [
-            (SessionOptions(memory_mb=p.memory_mb, cpus=p.cpus, image=p.image, runtime=p.runtime), p.size, p.max_size)
+            (
+                SessionOptions(memory_mb=p.memory_mb, cpus=p.cpus, image=p.image, runtime=p.runtime, kernel=p.kernel),
+                p.size,
+                p.max_size,
+            )
             for p in s.pool_profiles
         ]
         for opts, size, max_size in wanted:
@@ -346,6 +350,8 @@ class SessionManager:
         self._starting_by[key] = self._starting_by.get(key, 0) + 1
         try:
             pool = self.pools.get(PoolProfile(spec.image, spec.memory_mb, spec.cpus, spec.runtime))
+            if opts.env and not profile(spec.kernel).python:
+                pool = None  # its environment is set at container start: only Python's can change later
             session = pool.take() if pool is not None else None
             if session is not None:
                 source = "pool"

@@ -211,9 +211,11 @@ class KernelSession:
         cell costs about 30 ms (compiler, display formatters, user expressions)
         against under 1 ms later (measured in-process, ipykernel 7.4). Silent, with
         a real cell's user expressions: no execution count, history, output,
-        pre/post-run hooks or names in the user's namespace."""
+        pre/post-run hooks or names in the user's namespace. Other languages' kernels
+        get an empty cell: the shim in front of them answers the expressions."""
+        code = WARM_UP_CODE if profile(self.spec.kernel).python else ""
         await self._link.silent_request(
-            WARM_UP_CODE, {ARTIFACTS_KEY: ARTIFACTS_EXPRESSION, END_KEY: "'warm-up'"}, timeout=timeout
+            code, {ARTIFACTS_KEY: ARTIFACTS_EXPRESSION, END_KEY: "'warm-up'"}, timeout=timeout
         )
 
     async def restart(self, reason: str = "the session was restarted", *, replay: bool = False) -> ReplayReport | None:
@@ -500,6 +502,8 @@ class KernelSession:
         self.created_at = datetime.now(UTC)
         self.touch()
         if env:
+            if not profile(self.spec.kernel).python:  # the manager starts these cold instead
+                raise KernelStartFailed("Only Python kernels take environment variables after they started.")
             reply = await self._link.silent_request(f"__import__('os').environ.update({json.dumps(env)})")
             if not reply or reply.get("status") != "ok":
                 raise KernelStartFailed("Could not set the session's environment variables in the kernel.")

@@ -176,7 +176,12 @@ async def restore_plan(body: CreateSession, request: Request) -> list[ReplayStep
         return None
     for step in steps:
         if not step.skip_reason:
-            await check_code(gateway_state(request), step.code, where=f"cell {step.index}: ")
+            await check_code(
+                gateway_state(request),
+                step.code,
+                where=f"cell {step.index}: ",
+                kernel=body.kernel or gateway_state(request).settings.default_kernel,
+            )
     return steps
 
 

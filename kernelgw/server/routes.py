@@ -181,7 +181,7 @@ async def delete_session(session_id: str, request: Request) -> Response:
 async def execute(session_id: str, body: ExecuteRequest, request: Request) -> Response:
     """Run a cell and wait for it; returns the same events the WebSocket streams."""
     session = session_for(request, session_id)
-    await admit(gateway_state(request), principal_of(request), body.code)
+    await admit(gateway_state(request), principal_of(request), body.code, session.spec.kernel)
     rec = session.submit(body.code, execution_id=body.execution_id, timeout=body.timeout, replayable=body.replay)
     done = await rec.done
     # Events were serialised once when published; splice them instead of re-encoding.

@@ -158,7 +158,10 @@ def test_image_build_prints_a_summary(monkeypatch):
 
     result = invoke("image", "build", "--kernel", "deno", "--kernel", "ruby")
     assert result.exit_code == 0, result.output
-    assert result.stdout == "built kernelgw/deno:latest (sha256:def) in 3.0s\nbuilt kernelgw/ruby:latest (sha256:def) in 3.0s\n"
+    assert (
+        result.stdout
+        == "built kernelgw/deno:latest (sha256:def) in 3.0s\nbuilt kernelgw/ruby:latest (sha256:def) in 3.0s\n"
+    )
     result = invoke("image", "build", "--kernel", "cobol")
     assert result.exit_code == 2 and "unknown kernel 'cobol'" in result.output
     result = invoke("image", "build", "--kernel", "go", "--kernel", "cpp", "--tag", "x:1")
