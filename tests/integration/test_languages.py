@@ -174,6 +174,8 @@ CASES: dict[str, Case] = {
         endless="loop {}",
         write_file='File.write("out.txt", "hi")',
         state=("kept = 41", "puts kept + 1"),
+        display="IRuby.table([{a: 1, b: 2}])",
+        display_mime="text/html",
     ),
 }
 assert set(CASES) == set(PROFILES)
