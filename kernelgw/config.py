@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
+from kernelgw.kernels import DEFAULT_KERNEL, profile
+
 DEFAULT_IMAGE = "kernelgw/python:latest"
 
 
@@ -27,6 +29,8 @@ class PoolProfileSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    kernel: str | None = None
+    """A kernel of ``kernels`` (e.g. ``"ruby"``): its sessions start warm too."""
     image: str | None = None
     memory_mb: int | None = None
     cpus: float | None = None
@@ -117,6 +121,13 @@ class Settings(BaseSettings):
     image: str = DEFAULT_IMAGE
     allowed_images: list[str] = Field(default_factory=list)
     """Images a session may ask for besides ``image``; empty means only ``image``."""
+    kernels: list[str] = Field(default_factory=lambda: [DEFAULT_KERNEL])
+    """The kernels sessions may ask for (``{"kernel": "deno"}``), by kernelspec name:
+    python3, deno, ir, bash, java, go, cpp, ruby. The first is the default. Their
+    images are built at start when missing (``kernelgw image build --kernel NAME``)."""
+    kernel_images: dict[str, str] = Field(default_factory=dict)
+    """Image per kernel name where it is not ``kernelgw/<name>:latest`` (python3's
+    is ``image``)."""
     runtime: Literal["runc", "runsc"] = "runc"
     allowed_runtimes: list[Literal["runc", "runsc"]] = Field(default_factory=list)
     """Runtimes a session may ask for besides ``runtime`` (``{"runtime": "runsc"}``
@@ -192,7 +203,8 @@ class Settings(BaseSettings):
     pool_shrink_after_s: float = Field(300.0, gt=0)
     """Without demand for this long, a grown pool shrinks back to its size."""
     pool_profiles: list[PoolProfileSettings] = Field(default_factory=list)
-    """Further pools for other images or limits, e.g. ``[{"memory_mb": 4096, "size": 1}]``."""
+    """Further pools for other kernels, images or limits, e.g. ``[{"memory_mb": 4096, "size": 1}]``
+    or ``[{"kernel": "deno", "size": 1}]``."""
 
     # --- history and storage (sessions, executions, notes; notebook export/restore)
     data_dir: Path = Field(default_factory=_default_data_dir)
@@ -245,6 +257,32 @@ class Settings(BaseSettings):
 
         parse_allowlist(v)  # raises ValueError naming the bad entry
         return v
+
+    @field_validator("kernels")
+    @classmethod
+    def _known_kernels(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError('kernels must name at least one kernel, e.g. ["python3"]')
+        for name in v:
+            profile(name)  # raises UnknownKernel (a ValueError) naming the known ones
+        return list(dict.fromkeys(v))
+
+    @field_validator("kernel_images")
+    @classmethod
+    def _known_kernel_images(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            profile(name)
+        return v
+
+    def kernel_image(self, name: str) -> str:
+        """The image sessions of kernel ``name`` run from."""
+        if name == DEFAULT_KERNEL:
+            return self.kernel_images.get(name, self.image)
+        return self.kernel_images.get(name) or profile(name).image
+
+    @property
+    def default_kernel(self) -> str:
+        return self.kernels[0]
 
     @field_validator("database_url")
     @classmethod

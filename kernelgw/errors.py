@@ -5,7 +5,8 @@ KernelGWError
 │   ├── LimitExceeded          400  (asked for more than the gateway allows)
 │   ├── InvalidPath            400  (workspace path: absolute, .., NUL, symlink, ...)
 │   ├── PackageNotAllowed      400  (not on the gateway's package allowlist)
-│   └── PolicyViolation        400  (the code policy refused a cell; names the rule)
+│   ├── PolicyViolation        400  (the code policy refused a cell; names the rule)
+│   └── KernelNotOffered       400  (a kernel name the gateway does not offer; lists those it does)
 ├── Unauthorized               401  (missing, malformed, unknown or revoked key/token)
 ├── Forbidden                  403  (an admin-only endpoint, asked by a user key)
 ├── PayloadTooLarge            413
@@ -16,6 +17,7 @@ KernelGWError
 ├── SessionNotFound            404
 ├── HistoryNotFound            404  (no stored history for that session id)
 ├── SessionBusy                409
+├── NotForThisKernel           409  (packages, pause: Python kernels only)
 ├── GatewayNameInUse           409  (another live gateway process holds this gateway name here)
 ├── SessionLimitReached        429
 ├── RateLimited                429  (executions per minute; carries Retry-After)
@@ -55,6 +57,10 @@ class LimitExceeded(BadRequest):
 
 class PolicyViolation(BadRequest):
     code = "policy_violation"
+
+
+class KernelNotOffered(BadRequest):
+    code = "kernel_not_offered"
 
 
 class Unauthorized(KernelGWError):
@@ -113,6 +119,13 @@ class HistoryNotFound(KernelGWError):
 class SessionBusy(KernelGWError):
     status_code = 409
     code = "session_busy"
+
+
+class NotForThisKernel(KernelGWError):
+    """What only a Python kernel can do (install packages, pickle its namespace)."""
+
+    status_code = 409
+    code = "not_for_this_kernel"
 
 
 class GatewayNameInUse(KernelGWError):

@@ -49,6 +49,12 @@ class CreateSession(_Body):
     memory_mb: int | None = Field(None, description="Memory limit in MiB (within the gateway's maximum).")
     cpus: float | None = Field(None, description="CPU quota in cores (within the gateway's maximum).")
     timeout: float | None = Field(None, description="Default per-execution timeout in seconds.")
+    kernel: str | None = Field(
+        None,
+        description="Kernel (language) by kernelspec name: python3, deno, ir, bash, java, go, cpp or ruby; "
+        "one the gateway offers (GET /v1/kernels). Default: the gateway's first.",
+        max_length=64,
+    )
     image: str | None = Field(None, description="Kernel image; must be one the gateway allows.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the kernel.")
     runtime: Literal["runc", "runsc"] | None = Field(
@@ -100,6 +106,7 @@ class SessionInfo(_Response):
 
     id: str
     state: Literal["starting", "idle", "busy", "dead", "paused", "closed"]
+    kernel: str = Field("python3", description="The kernel's kernelspec name (its language: GET /v1/kernels).")
     image: str | None = None
     runtime: str | None = Field(None, description="Container runtime: runc, or runsc (gVisor).")
     memory_mb: int | None = None
@@ -113,6 +120,24 @@ class SessionInfo(_Response):
     dead_reason: str | None = Field(None, description="Why the kernel died, when state is dead.")
     owner: str | None = Field(None, description="The id of the API key that created the session.")
     auto_replay: bool = Field(False, description="Whether a lost kernel is restarted and its cells replayed.")
+
+
+class KernelInfo(_Response):
+    """A kernel (language) the gateway offers."""
+
+    name: str = Field(description="Its kernelspec name: what `kernel` on create takes.")
+    display_name: str
+    language: str
+    keeps_state: bool = Field(description="Whether variables live on between cells (else each cell is a program).")
+    default: bool = Field(description="Whether sessions get it when they name none.")
+    image: str
+    available: bool = Field(description="Whether its image is present on the gateway's engine.")
+    file_extension: str
+    packages: bool = Field(description="Whether POST .../packages installs into it (Python only).")
+
+
+class KernelList(_Response):
+    kernels: list[KernelInfo]
 
 
 class SessionList(_Response):

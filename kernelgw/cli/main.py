@@ -136,9 +136,33 @@ def serve(
     logs.configure(settings.log_format)
     _refuse_open_remote(settings)
     _refuse_taken_name(settings)
+    _build_missing_kernel_images(settings)
     app = create_app(settings)
     # SIGTERM drains (new work refused, running cells finish) before uvicorn exits
     DrainingServer(uvicorn_config(app, settings), app, settings.shutdown_grace_s).run()
+
+
+def _build_missing_kernel_images(settings: Any) -> None:
+    """Build the images of the offered kernels (``kernels``) that the engine lacks,
+    with progress, before the gateway takes requests. Python's image is the
+    setup's job (`kernelgw image build`); a build that fails leaves that kernel's
+    sessions failing with a clear 503, not the gateway down."""
+    from rich.console import Console
+
+    from kernelgw.image import build_kernel_image, image_exists
+
+    console = Console(stderr=True)
+    for name in settings.kernels:
+        image = settings.kernel_image(name)
+        if name == "python3":
+            continue
+        try:
+            if image_exists(image):
+                continue
+            click.echo(f"kernelgw: the image of the {name} kernel ({image}) is missing; building it", err=True)
+            build_kernel_image(name, image, python_image=settings.image, console=console)
+        except KernelGWError as exc:
+            click.echo(f"kernelgw: warning: cannot build the {name} kernel's image: {exc.message}", err=True)
 
 
 def _refuse_taken_name(settings: Any) -> None:
@@ -226,7 +250,7 @@ def image_build(tag: str | None, base: str, kernels: tuple[str, ...], python_ima
         from rich.console import Console
 
         from kernelgw.config import DEFAULT_IMAGE
-        from kernelgw.image import ImageBuildResult, build_image, build_kernel_image
+        from kernelgw.image import build_image, build_kernel_image
         from kernelgw.kernels import UnknownKernel, profile
 
     console = Console(stderr=True)
@@ -237,7 +261,7 @@ def image_build(tag: str | None, base: str, kernels: tuple[str, ...], python_ima
             profile(name)
     except UnknownKernel as exc:
         raise click.BadParameter(str(exc), param_hint="--kernel") from exc
-    results: list[ImageBuildResult] = []
+    results: list[Any] = []  # ImageBuildResult
     try:
         if not kernels:
             results.append(build_image(tag=tag or DEFAULT_IMAGE, base=base, force=force, console=console))
@@ -340,6 +364,12 @@ def _read_code(code: str | None) -> str:
 @click.argument("code", required=False)
 @server_option
 @click.option("--session", "session_id", default=None, help="Run in this existing session.")
+@click.option(
+    "--kernel",
+    default=None,
+    metavar="NAME",
+    help="New sessions' kernel (language): python3, deno, ir, bash, java, go, cpp, ruby [default: the gateway's first].",
+)
 @click.option("--timeout", type=float, default=None, help="Execution timeout in seconds.")
 @click.option(
     "--save-images",
@@ -372,6 +402,7 @@ def run(
     code: str | None,
     server: str,
     session_id: str | None,
+    kernel: str | None,
     timeout: float | None,
     save_dir: Path | None,
     no_save_images: bool,
@@ -381,7 +412,8 @@ def run(
 ) -> None:
     """Run code in a session and stream its output.
 
-    CODE is Python source; with '-' or no CODE it is read from stdin. Without
+    CODE is source in the session's language (Python unless --kernel says
+    otherwise); with '-' or no CODE it is read from stdin. Without
     --session a new session is created, and deleted afterwards unless --keep.
     Images (charts) are saved in ./kernelgw-images (made when the first one
     arrives; existing files are never replaced) and their paths printed.
@@ -413,7 +445,7 @@ def run(
             if session_id is not None:
                 session = client.get_session(session_id)
             else:
-                session = client.create_session()
+                session = client.create_session(kernel=kernel)
             for local in uploads:
                 session.upload(local)
             artifacts: list[Any] = []
@@ -545,6 +577,12 @@ def export(session_id: str, output: Path | None, server: str) -> None:
 @click.option("--timeout", type=float, default=None, help="Default execution timeout in seconds.")
 @click.option("--memory-mb", type=int, default=None, help="Memory limit of each sandbox.")
 @click.option(
+    "--kernel",
+    default=None,
+    metavar="NAME",
+    help="Sandboxes' kernel; names the code tool (run_python, run_ruby, ...) (language): python3, deno, ir, bash, java, go, cpp, ruby [default: the gateway's first].",
+)
+@click.option(
     "--idle-timeout",
     type=float,
     default=1800.0,
@@ -559,6 +597,7 @@ def mcp_command(
     mcp_path: str,
     timeout: float | None,
     memory_mb: int | None,
+    kernel: str | None,
     idle_timeout: float,
 ) -> None:
     """Serve kernelgw sandboxes to MCP clients (needs: pip install 'kernelgw[mcp]').
@@ -581,7 +620,7 @@ def mcp_command(
         raise click.BadParameter(str(exc), param_hint="--server") from exc
     # stdout belongs to the protocol on stdio: log to stderr only
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    options: dict[str, Any] = {"idle_timeout": idle_timeout, "exec_timeout": timeout}
+    options: dict[str, Any] = {"idle_timeout": idle_timeout, "exec_timeout": timeout, "kernel": kernel}
     if memory_mb is not None:
         options["session_options"] = {"memory_mb": memory_mb}
     if transport == "stdio":

@@ -34,6 +34,7 @@ from kernelgw.client._sync import Client, Session
 from kernelgw.client.execution import Execution, ExecutionBuilder, ExecutionError, Output
 from kernelgw.models import (
     ForkReport,
+    KernelInfo,
     NamespaceReport,
     PausedSession,
     ReplayedCell,
@@ -53,6 +54,7 @@ __all__ = [
     "ExecutionBuilder",
     "ExecutionError",
     "ForkReport",
+    "KernelInfo",
     "NamespaceReport",
     "Output",
     "PausedSession",

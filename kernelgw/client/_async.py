@@ -39,6 +39,7 @@ from kernelgw.models import (
     FileEntry,
     ImageList,
     InstallResult,
+    KernelInfo,
     PausedSession,
     RestartedSession,
     ResumedSession,
@@ -193,6 +194,7 @@ class AsyncClient(_BaseClient):
     async def create_session(
         self,
         *,
+        kernel: str | None = None,
         memory_mb: int | None = None,
         cpus: float | None = None,
         env: Mapping[str, str] | None = None,
@@ -204,6 +206,7 @@ class AsyncClient(_BaseClient):
     ) -> AsyncSession:
         return await self._send(
             self._create_call(
+                kernel=kernel,
                 memory_mb=memory_mb,
                 cpus=cpus,
                 env=env,
@@ -219,6 +222,7 @@ class AsyncClient(_BaseClient):
     async def session(
         self,
         *,
+        kernel: str | None = None,
         memory_mb: int | None = None,
         cpus: float | None = None,
         env: Mapping[str, str] | None = None,
@@ -229,6 +233,7 @@ class AsyncClient(_BaseClient):
         auto_replay: bool = False,
     ) -> AsyncIterator[AsyncSession]:
         async with await self.create_session(
+            kernel=kernel,
             memory_mb=memory_mb,
             cpus=cpus,
             env=env,
@@ -251,6 +256,9 @@ class AsyncClient(_BaseClient):
 
     async def history(self, session_id: str) -> list[Execution]:
         return await self._send(_history_call(session_id))
+
+    async def kernels(self) -> list[KernelInfo]:
+        return await self._send(self._kernels_call())
 
     async def images(self) -> ImageList:
         return await self._send(self._images_call())

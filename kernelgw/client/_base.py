@@ -27,6 +27,8 @@ from kernelgw.models import (
     ForkReport,
     ImageList,
     InstallResult,
+    KernelInfo,
+    KernelList,
     PausedSession,
     ReplayedCell,
     RestartedSession,
@@ -196,10 +198,12 @@ class _BaseClient:
         from_session: str | None = None,
         auto_replay: bool = False,
         fork_of: str | None = None,
+        kernel: str | None = None,
     ) -> _Call[Any]:
         body = {
             k: v
             for k, v in {
+                "kernel": kernel,  # sent only when given: older gateways refuse it
                 "memory_mb": memory_mb,
                 "cpus": cpus,
                 "env": dict(env) if env is not None else None,
@@ -235,6 +239,9 @@ class _BaseClient:
             "/v1/sessions",
             lambda r: [self._session(SessionInfo.model_validate(s)) for s in r.json()["sessions"]],
         )
+
+    def _kernels_call(self) -> _Call[list[KernelInfo]]:
+        return _Call("GET", "/v1/kernels", lambda r: KernelList.model_validate(r.json()).kernels)
 
     def _images_call(self) -> _Call[ImageList]:
         return _Call("GET", "/v1/images", lambda r: ImageList.model_validate(r.json()))

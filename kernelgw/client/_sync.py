@@ -37,6 +37,7 @@ from kernelgw.models import (
     FileEntry,
     ImageList,
     InstallResult,
+    KernelInfo,
     PausedSession,
     RestartedSession,
     ResumedSession,
@@ -217,6 +218,7 @@ class Client(_BaseClient):
     def create_session(
         self,
         *,
+        kernel: str | None = None,
         memory_mb: int | None = None,
         cpus: float | None = None,
         env: Mapping[str, str] | None = None,
@@ -226,7 +228,10 @@ class Client(_BaseClient):
         from_session: str | None = None,
         auto_replay: bool = False,
     ) -> Session:
-        """Start a kernel. ``timeout`` is the session's default per-execution timeout.
+        """Start a kernel. ``kernel``: its language by kernelspec name (python3, deno,
+        ir, bash, java, go, cpp, ruby: one the gateway offers, see ``kernels()``;
+        default the gateway's first). ``timeout`` is the session's default
+        per-execution timeout.
 
         Restore: with ``notebook`` (a dict or an .ipynb path) or ``from_session`` (the
         id of a stored, possibly deleted session) the code cells are replayed in the
@@ -236,6 +241,7 @@ class Client(_BaseClient):
         the cells that built its state."""
         session: Session = self._send(
             self._create_call(
+                kernel=kernel,
                 memory_mb=memory_mb,
                 cpus=cpus,
                 env=env,
@@ -252,6 +258,7 @@ class Client(_BaseClient):
     def session(
         self,
         *,
+        kernel: str | None = None,
         memory_mb: int | None = None,
         cpus: float | None = None,
         env: Mapping[str, str] | None = None,
@@ -263,6 +270,7 @@ class Client(_BaseClient):
     ) -> Iterator[Session]:
         """A new session, deleted when the ``with`` block ends."""
         with self.create_session(
+            kernel=kernel,
             memory_mb=memory_mb,
             cpus=cpus,
             env=env,
@@ -288,6 +296,11 @@ class Client(_BaseClient):
     def history(self, session_id: str) -> list[Execution]:
         """The stored executions of any session, live or deleted."""
         return self._send(_history_call(session_id))
+
+    def kernels(self) -> list[KernelInfo]:
+        """The kernels (languages) the gateway offers: ``kernel`` on create takes
+        their names."""
+        return self._send(self._kernels_call())
 
     def images(self) -> ImageList:
         """The kernel images sessions may use, their preinstalled packages, and

@@ -40,7 +40,7 @@ from langchain_core.callbacks import (  # noqa: E402
 )
 from langchain_core.runnables import RunnableConfig  # noqa: E402
 from langchain_core.tools import BaseTool  # noqa: E402
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr  # noqa: E402
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator  # noqa: E402
 
 from kernelgw.client import DEFAULT_URL, AsyncClient, AsyncSession, Client, Session  # noqa: E402
 from kernelgw.errors import ClientError  # noqa: E402
@@ -51,7 +51,7 @@ from kernelgw.integrations.observation import (  # noqa: E402
     Observation,
     observe,
 )
-from kernelgw.integrations.tools import CODE_DESCRIPTION, TOOL_DESCRIPTION, TOOL_NAME  # noqa: E402
+from kernelgw.integrations.tools import CODE_DESCRIPTION, TOOL_DESCRIPTION, TOOL_NAME, tool_text  # noqa: E402
 
 __all__ = ["KernelGWTool", "RunPythonInput"]
 
@@ -88,7 +88,10 @@ class KernelGWTool(BaseTool):
     timeout: float | None = None
     """Per-execution timeout in seconds (default: the gateway's)."""
     session_options: dict[str, Any] = Field(default_factory=dict)
-    """Passed to ``create_session``: ``memory_mb``, ``cpus``, ``env``, ``image``, ``timeout``."""
+    """Passed to ``create_session``: ``kernel``, ``memory_mb``, ``cpus``, ``env``, ``image``, ``timeout``."""
+    kernel: str | None = None
+    """The sessions' kernel (language): python3, deno, ir, bash, java, go, cpp, ruby.
+    Unless given, the tool's name and description follow it (``run_ruby``, ...)."""
     session_id: str | None = None
     """Use this existing session for calls without a thread id (it is not deleted on close)."""
     per_thread: bool = True
@@ -99,6 +102,16 @@ class KernelGWTool(BaseTool):
     max_chars: int = DEFAULT_MAX_CHARS
     max_section_chars: int = DEFAULT_MAX_SECTION_CHARS
     traceback_frames: int = DEFAULT_TRACEBACK_FRAMES
+
+    @model_validator(mode="before")
+    @classmethod
+    def _texts_for_the_kernel(cls, data: Any) -> Any:
+        """A ``kernel`` names the tool and its sessions' language unless given."""
+        if isinstance(data, dict) and data.get("kernel"):
+            text = tool_text(data["kernel"])  # an unknown kernel fails here, naming the known ones
+            data = {"name": text.name, "description": text.description, **data}
+            data["session_options"] = {"kernel": data["kernel"], **(data.get("session_options") or {})}
+        return data
 
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _ids: dict[str, str] = PrivateAttr(default_factory=dict)

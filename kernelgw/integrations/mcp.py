@@ -66,7 +66,7 @@ from pydantic import Field  # noqa: E402
 from kernelgw.client import DEFAULT_URL, AsyncClient, AsyncSession  # noqa: E402
 from kernelgw.errors import ClientError  # noqa: E402
 from kernelgw.integrations.observation import IMAGE_MIME_TYPES, observe  # noqa: E402
-from kernelgw.integrations.tools import CODE_DESCRIPTION, TOOL_DESCRIPTION  # noqa: E402
+from kernelgw.integrations.tools import tool_text  # noqa: E402
 
 __all__ = ["DEFAULT_IDLE_TIMEOUT", "SandboxRegistry", "create_server", "http_app", "run_http", "run_stdio"]
 
@@ -260,14 +260,21 @@ def create_server(
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     headers: dict[str, str] | None = None,
     exec_timeout: float | None = None,
+    kernel: str | None = None,
 ) -> MCPServer[Any]:
     """The MCP server, talking to the gateway at ``server_url``.
+
+    ``kernel``: the sandboxes' language (python3, deno, ir, bash, java, go, cpp,
+    ruby); the code tool is named for it (``run_python``, ``run_ruby``, ...).
 
     ``single_client``: the server serves one client (stdio), which gets one
     sandbox for the life of the process. ``session_options`` go to
     ``create_session`` (``memory_mb``, ``cpus``, ``timeout``, ...).
     """
     state: dict[str, SandboxRegistry] = {}
+    text = tool_text(kernel)
+    if kernel is not None:
+        session_options = {"kernel": kernel, **(session_options or {})}
 
     @contextlib.asynccontextmanager
     async def lifespan(_: MCPServer[Any]) -> AsyncIterator[None]:
@@ -290,9 +297,9 @@ def create_server(
     server: MCPServer[Any] = MCPServer(
         "kernelgw",
         instructions=(
-            "A stateful Python sandbox (a Jupyter kernel without network access). Run code with "
-            "run_python; variables, imports and files persist between calls. Move files in and out "
-            "with upload_file / download_file; reset_session starts over."
+            f"A sandbox (a Jupyter kernel without network access). Run code with {text.name}: "
+            f"{text.description} Move files in and out with upload_file / download_file; "
+            "reset_session starts over."
         ),
         lifespan=lifespan,
         log_level="WARNING",
@@ -333,13 +340,15 @@ def create_server(
             raise _gateway_error(exc) from exc
 
     @server.tool(
-        name="run_python",
-        description=TOOL_DESCRIPTION,
-        annotations=ToolAnnotations(title="Run Python", read_only_hint=False, open_world_hint=False),
+        name=text.name,
+        description=text.description,
+        annotations=ToolAnnotations(
+            title=text.name.replace("_", " ").capitalize(), read_only_hint=False, open_world_hint=False
+        ),
         structured_output=False,
     )
     async def run_python(
-        code: Annotated[str, Field(description=CODE_DESCRIPTION)],
+        code: Annotated[str, Field(description=text.code_description)],
         ctx: Context[Any, Any],
         timeout: Annotated[
             float | None, Field(description="Seconds before the execution is interrupted (default: the gateway's).")

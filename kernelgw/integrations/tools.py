@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from kernelgw.integrations.observation import Observation, observe
+from kernelgw.kernels import DEFAULT_KERNEL, profile
 
 if TYPE_CHECKING:
     from kernelgw.client import AsyncSession, Session
@@ -52,6 +53,7 @@ __all__ = [
     "TOOL_DESCRIPTION",
     "TOOL_NAME",
     "ToolCall",
+    "ToolText",
     "anthropic_tool",
     "arun_tool_call",
     "arun_tool_calls",
@@ -63,6 +65,7 @@ __all__ = [
     "run_tool_call",
     "run_tool_calls",
     "tool_result",
+    "tool_text",
 ]
 
 TOOL_NAME = "run_python"
@@ -77,6 +80,44 @@ TOOL_DESCRIPTION = (
 CODE_DESCRIPTION = "Python source to run, as in a Jupyter cell; the last expression's value is returned."
 
 Shape = Literal["openai", "openai_responses", "anthropic"]
+
+
+@dataclass(frozen=True)
+class ToolText:
+    """A code tool's name and descriptions for one kernel (language)."""
+
+    name: str
+    description: str
+    code_description: str
+
+
+_TOOL_NAMES = {"deno": "run_typescript", "ir": "run_r"}
+_LANGUAGES = {"deno": "TypeScript or JavaScript (Deno)", "ir": "R", "cpp": "C++", "bash": "Bash"}
+
+
+def tool_text(kernel: str | None = None) -> ToolText:
+    """The tool's name and descriptions for sessions of ``kernel`` (None or
+    ``python3``: ``run_python`` as always; else ``run_<language>``, e.g. ``run_ruby``,
+    with what the model must know: whether state persists, what a cell is)."""
+    if kernel is None or kernel == DEFAULT_KERNEL:
+        return ToolText(TOOL_NAME, TOOL_DESCRIPTION, CODE_DESCRIPTION)
+    p = profile(kernel)
+    lang = _LANGUAGES.get(kernel, p.display_name.split(" (")[0])
+    if p.keeps_state:
+        state = "Variables and definitions persist between calls, so build on earlier results. "
+        code = f"{lang} source to run, as in a Jupyter cell."
+    else:
+        state = (
+            "Each call is compiled and run as a complete program with its own main function; nothing but "
+            "files persists between calls. "
+        )
+        code = f"A complete {lang} program (with its main function) to compile and run."
+    description = (
+        f"Run {lang} code in a sandboxed Jupyter kernel without network access. "
+        f"{state}Returns what the code printed, errors with their messages, and displayed images or tables. "
+        "Files in the working directory /workspace persist between calls."
+    )
+    return ToolText(_TOOL_NAMES.get(kernel, f"run_{kernel}"), description, code)
 
 
 # ------------------------------------------------------------------ definitions

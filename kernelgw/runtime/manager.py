@@ -20,13 +20,16 @@ from pathlib import Path
 
 from kernelgw.config import Settings
 from kernelgw.errors import (
+    BadRequest,
     KernelDied,
     KernelGWError,
+    KernelNotOffered,
     LimitExceeded,
     SessionLimitReached,
     SessionNotFound,
     StorageUnavailable,
 )
+from kernelgw.kernels import DEFAULT_KERNEL, profile
 from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
 from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelSpec
 from kernelgw.runtime.lineage import ReplayReport
@@ -53,6 +56,8 @@ class SessionOptions:
     env: dict[str, str] = field(default_factory=dict)
     runtime: str | None = None
     auto_replay: bool = False
+    kernel: str | None = None
+    """A kernel name of the gateway's ``kernels`` (None: the first of them)."""
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,11 @@ class SessionManager:
     def _start_pools(self) -> None:
         s = self.settings
         wanted = [(SessionOptions(), s.pool_size, s.pool_max_size)] + [
-            (SessionOptions(memory_mb=p.memory_mb, cpus=p.cpus, image=p.image, runtime=p.runtime), p.size, p.max_size)
+            (
+                SessionOptions(memory_mb=p.memory_mb, cpus=p.cpus, image=p.image, runtime=p.runtime, kernel=p.kernel),
+                p.size,
+                p.max_size,
+            )
             for p in s.pool_profiles
         ]
         for opts, size, max_size in wanted:
@@ -255,8 +264,14 @@ class SessionManager:
         runtimes = {s.runtime, *s.allowed_runtimes}
         if runtime not in runtimes:
             raise LimitExceeded(f"runtime {runtime!r} is not allowed; allowed runtimes: {sorted(runtimes)}")
-        image = opts.image or s.image
-        allowed = {s.image, *s.allowed_images}
+        kernel = opts.kernel or s.default_kernel
+        if kernel not in s.kernels:
+            raise KernelNotOffered(
+                f"kernel {kernel!r} is not offered by this gateway; it offers {s.kernels} "
+                "(GET /v1/kernels lists them; the gateway's setting `kernels` chooses them)"
+            )
+        image = opts.image or s.kernel_image(kernel)
+        allowed = {s.kernel_image(kernel)} | ({s.image, *s.allowed_images} if kernel == DEFAULT_KERNEL else set())
         if image not in allowed:
             raise LimitExceeded(f"image {image!r} is not allowed; allowed images: {sorted(allowed)}")
         return KernelSpec(
@@ -271,6 +286,7 @@ class SessionManager:
             packages_size_mb=s.packages_size_mb,
             runtime=runtime,
             env=dict(opts.env),
+            kernel=kernel,
         )
 
     def _session_config(self, opts: SessionOptions, quotas: KeyQuotas | None = None) -> SessionConfig:
@@ -334,6 +350,8 @@ class SessionManager:
         self._starting_by[key] = self._starting_by.get(key, 0) + 1
         try:
             pool = self.pools.get(PoolProfile(spec.image, spec.memory_mb, spec.cpus, spec.runtime))
+            if opts.env and not profile(spec.kernel).python:
+                pool = None  # its environment is set at container start: only Python's can change later
             session = pool.take() if pool is not None else None
             if session is not None:
                 source = "pool"
@@ -361,6 +379,8 @@ class SessionManager:
     def fork_options(self, source: KernelSession, opts: SessionOptions) -> SessionOptions:
         """A fork's options: what the request gave, else the source's."""
         spec, config = source.spec, source.config
+        if opts.kernel not in (None, spec.kernel):
+            raise BadRequest(f"a fork runs its source's kernel ({spec.kernel}); leave out `kernel`, or give that one")
         return SessionOptions(
             memory_mb=opts.memory_mb if opts.memory_mb is not None else spec.memory_mb,
             cpus=opts.cpus if opts.cpus is not None else spec.cpus,
@@ -369,6 +389,7 @@ class SessionManager:
             env=dict(opts.env) if opts.env else dict(spec.env),
             runtime=opts.runtime if opts.runtime is not None else spec.runtime,
             auto_replay=opts.auto_replay or config.auto_replay,
+            kernel=spec.kernel,
         )
 
     async def fork(
@@ -450,7 +471,8 @@ class SessionManager:
         ]
         for session in idle:
             try:
-                if self.settings.idle_action == "pause" and session.state == "idle":
+                pausable = profile(session.spec.kernel).python  # others: their variables cannot be pickled
+                if self.settings.idle_action == "pause" and session.state == "idle" and pausable:
                     await self.pause(session)
                 else:
                     await self.delete(session.id, reason="reaped")

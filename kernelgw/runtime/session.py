@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from kernelgw import events as ev
-from kernelgw.errors import KernelGWError, KernelStartFailed, SessionBusy
+from kernelgw.errors import KernelGWError, KernelStartFailed, NotForThisKernel, SessionBusy
 from kernelgw.events import ReplayTrigger
+from kernelgw.kernels import profile
 from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec
 from kernelgw.runtime.execution import (
     ARTIFACTS_EXPRESSION,
@@ -210,9 +211,11 @@ class KernelSession:
         cell costs about 30 ms (compiler, display formatters, user expressions)
         against under 1 ms later (measured in-process, ipykernel 7.4). Silent, with
         a real cell's user expressions: no execution count, history, output,
-        pre/post-run hooks or names in the user's namespace."""
+        pre/post-run hooks or names in the user's namespace. Other languages' kernels
+        get an empty cell: the shim in front of them answers the expressions."""
+        code = WARM_UP_CODE if profile(self.spec.kernel).python else ""
         await self._link.silent_request(
-            WARM_UP_CODE, {ARTIFACTS_KEY: ARTIFACTS_EXPRESSION, END_KEY: "'warm-up'"}, timeout=timeout
+            code, {ARTIFACTS_KEY: ARTIFACTS_EXPRESSION, END_KEY: "'warm-up'"}, timeout=timeout
         )
 
     async def restart(self, reason: str = "the session was restarted", *, replay: bool = False) -> ReplayReport | None:
@@ -277,6 +280,11 @@ class KernelSession:
         """Save the namespace, the workspace and the packages into ``directory`` and
         remove the container (memory and CPU freed). Only between cells: a cell
         running or queued is a 409. Cells sent meanwhile wait and resume it."""
+        if not profile(self.spec.kernel).python:
+            raise NotForThisKernel(
+                f"Only Python sessions can be paused (their variables are pickled); this one runs {self.spec.kernel}. "
+                "Its files outlive restarts; restart with replay rebuilds its state."
+            )
         async with self._lifecycle:
             if self.state == "paused":
                 raise SessionBusy("The session is already paused.")
@@ -494,6 +502,8 @@ class KernelSession:
         self.created_at = datetime.now(UTC)
         self.touch()
         if env:
+            if not profile(self.spec.kernel).python:  # the manager starts these cold instead
+                raise KernelStartFailed("Only Python kernels take environment variables after they started.")
             reply = await self._link.silent_request(f"__import__('os').environ.update({json.dumps(env)})")
             if not reply or reply.get("status") != "ok":
                 raise KernelStartFailed("Could not set the session's environment variables in the kernel.")
@@ -646,6 +656,7 @@ class KernelSession:
         return {
             "id": self.id,
             "state": self.state,
+            "kernel": self.spec.kernel,
             "image": self.spec.image,
             "runtime": self.spec.runtime,
             "memory_mb": self.spec.memory_mb,

@@ -86,6 +86,7 @@ async def export_notebook(session_id: str, request: Request) -> Response:
                 language_info=record.language_info,
                 session_id=record.id,
                 image=record.image,
+                kernel=record.kernel,
             )
         )
     )
@@ -175,7 +176,12 @@ async def restore_plan(body: CreateSession, request: Request) -> list[ReplayStep
         return None
     for step in steps:
         if not step.skip_reason:
-            await check_code(gateway_state(request), step.code, where=f"cell {step.index}: ")
+            await check_code(
+                gateway_state(request),
+                step.code,
+                where=f"cell {step.index}: ",
+                kernel=body.kernel or gateway_state(request).settings.default_kernel,
+            )
     return steps
 
 

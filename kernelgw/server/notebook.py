@@ -41,6 +41,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelgw import events as ev
+from kernelgw.kernels import DEFAULT_KERNEL, profile
 
 if TYPE_CHECKING:
     from nbformat import NotebookNode
@@ -99,8 +100,6 @@ def _writes(nb: NotebookNode) -> str:
     return text
 
 
-KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-DEFAULT_LANGUAGE_INFO = {"name": "python"}
 SKIP_ON_REPLAY = frozenset({"timeout", "dead", "interrupted"})
 """Statuses of executions a restore does not run again (see the module docs)."""
 _CELL_ID = re.compile(r"[^A-Za-z0-9_-]")
@@ -254,8 +253,11 @@ def build_notebook(
     language_info: Mapping[str, Any] | None = None,
     session_id: str | None = None,
     image: str | None = None,
+    kernel: str = DEFAULT_KERNEL,
 ) -> NotebookNode:
-    """A valid nbformat v4 notebook of a session's executions and notes."""
+    """A valid nbformat v4 notebook of a session's executions and notes. The
+    kernelspec is the gateway's name for the kernel; language_info is what the
+    kernel reported, else the profile's (so Jupyter opens it in that language)."""
     displays: dict[str, list[NotebookNode]] = {}
     used: set[str] = set()
     pending_notes = sorted(notes, key=lambda n: n.after_seq)
@@ -276,8 +278,8 @@ def build_notebook(
         add_note(note)
 
     metadata: dict[str, Any] = {
-        "kernelspec": dict(KERNELSPEC),
-        "language_info": dict(language_info or DEFAULT_LANGUAGE_INFO),
+        "kernelspec": profile(kernel).kernelspec(),
+        "language_info": dict(language_info or profile(kernel).language_info()),
     }
     if session_id is not None:
         metadata["kernelgw"] = {"session_id": session_id, **({"image": image} if image else {})}

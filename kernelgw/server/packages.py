@@ -8,6 +8,8 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
+from kernelgw.errors import NotForThisKernel
+from kernelgw.kernels import profile
 from kernelgw.models import ErrorResponse, ImageInfo, ImageList, InstallRequest, InstallResult
 from kernelgw.runtime.packages import PackageInstaller, check_request, image_target
 from kernelgw.server.auth import authenticate
@@ -33,6 +35,11 @@ async def install_packages(session_id: str, body: InstallRequest, request: Reque
     installer = package_installer(request)
     check_request(body.packages, installer.allowlist)  # 400 before the session is touched
     session, handle = await session_handle(request, session_id)
+    if not profile(session.spec.kernel).python:
+        raise NotForThisKernel(
+            f"Packages install into Python sessions only (pip wheels); this session runs {session.spec.kernel}, "
+            "whose image carries its language's libraries."
+        )
     result = await installer.install(handle, session.spec.image, body.packages)
     session.touch()
     await session.keep_files()  # installed packages outlive the kernel too

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from kernelgw.errors import SessionBusy
+from kernelgw.kernels import profile
 from kernelgw.models import (
     CreatedSession,
     CreateSession,
@@ -17,6 +18,7 @@ from kernelgw.models import (
     ExecuteResponse,
     Health,
     InterruptResponse,
+    KernelList,
     PausedSession,
     RestartedSession,
     RestartRequest,
@@ -116,6 +118,7 @@ async def create_session(body: CreateSession, request: Request) -> dict[str, Any
         env=body.env,
         runtime=body.runtime,
         auto_replay=body.auto_replay,
+        kernel=body.kernel,
     )
     check_available(gateway_state(request))  # not while draining or while the store cannot write
     if body.fork_of is not None:
@@ -128,6 +131,32 @@ async def create_session(body: CreateSession, request: Request) -> dict[str, Any
         return session.info()
     report = await history.create_restored(_manager(request), session, steps)
     return {**session.info(), "replay": report}
+
+
+@router.get("/v1/kernels", response_model=KernelList, tags=["sessions"])
+async def list_kernels(request: Request) -> dict[str, Any]:
+    """The kernels (languages) sessions may ask for with ``kernel`` on create."""
+    state = gateway_state(request)
+    settings = state.settings
+    kernels = []
+    for name in settings.kernels:
+        p = profile(name)
+        image = settings.kernel_image(name)
+        health = await state.backend.health(image)
+        kernels.append(
+            {
+                "name": name,
+                "display_name": p.display_name,
+                "language": p.language,
+                "keeps_state": p.keeps_state,
+                "default": name == settings.default_kernel,
+                "image": image,
+                "available": health.engine and health.image,
+                "file_extension": p.file_extension,
+                "packages": p.python,
+            }
+        )
+    return {"kernels": kernels}
 
 
 @router.get("/v1/sessions", response_model=SessionList, tags=["sessions"])
@@ -152,7 +181,7 @@ async def delete_session(session_id: str, request: Request) -> Response:
 async def execute(session_id: str, body: ExecuteRequest, request: Request) -> Response:
     """Run a cell and wait for it; returns the same events the WebSocket streams."""
     session = session_for(request, session_id)
-    await admit(gateway_state(request), principal_of(request), body.code)
+    await admit(gateway_state(request), principal_of(request), body.code, session.spec.kernel)
     rec = session.submit(body.code, execution_id=body.execution_id, timeout=body.timeout, replayable=body.replay)
     done = await rec.done
     # Events were serialised once when published; splice them instead of re-encoding.

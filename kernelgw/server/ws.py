@@ -135,7 +135,7 @@ async def _receive_commands(
             continue
         try:
             if isinstance(msg, WsExecute):
-                await admit(gateway_state(websocket), principal, msg.code)
+                await admit(gateway_state(websocket), principal, msg.code, session.spec.kernel)
                 session.submit(msg.code, execution_id=msg.execution_id, timeout=msg.timeout, replayable=msg.replay)
             else:
                 await session.interrupt()

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from kernelgw.kernels import DEFAULT_KERNEL
 from kernelgw.runtime.lineage import LineageCell
 from kernelgw.storage import schema
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
@@ -36,6 +37,7 @@ async def get_session(engine: AsyncEngine, session_id: str) -> SessionRecord | N
         end_reason=row.end_reason,
         language_info=json.loads(row.language_info or "{}"),
         owner=row.owner,
+        kernel=row.kernel_name or DEFAULT_KERNEL,
     )
 
 

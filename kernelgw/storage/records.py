@@ -27,6 +27,8 @@ class SessionRecord:
     """From the kernel's ``kernel_info_reply`` (name, version, mimetype, ...)."""
     owner: str | None = None
     """The id of the API key that created the session (None without authentication)."""
+    kernel: str = "python3"
+    """The kernel's name (``kernelgw.kernels``): the notebook's kernelspec."""
 
 
 @dataclass(frozen=True)

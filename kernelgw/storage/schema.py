@@ -37,6 +37,7 @@ sessions = Table(
     Column("end_reason", Text, nullable=True),
     Column("language_info", Text, nullable=False, default="{}"),  # JSON, from kernel_info
     Column("owner", String(32), nullable=True),  # the API key id that created it
+    Column("kernel_name", String(64), nullable=True),  # kernelgw.kernels name; NULL: python3 (before 0004)
     # what a restarted gateway needs to reattach the kernel; ``kernel`` is JSON
     # holding the connection dict with the kernel's HMAC key: protect the store
     Column("container_id", String(128), nullable=True),

@@ -232,6 +232,7 @@ class Store:
             "created_at": _utc(session.created_at),
             "language_info": json.dumps(session.kernel_info.get("language_info") or {}),
             "owner": session.owner,
+            "kernel_name": session.spec.kernel,
             **kernel_values(session),
         }
         self._positions[session.id] = 0

@@ -72,3 +72,19 @@ def test_env_lists_and_objects_are_merged_with_the_file(tmp_path: Path, monkeypa
     settings = Settings.load(cfg)
     assert settings.allowed_images == ["env/img"] and settings.pool_size == 2
     assert settings.pool_profiles[0].memory_mb == 4096
+
+
+def test_kernels_are_known_names_and_each_has_an_image() -> None:
+    settings = Settings(kernels=["ruby", "python3", "ruby"], kernel_images={"go": "me/go:1"})
+    assert settings.kernels == ["ruby", "python3"] and settings.default_kernel == "ruby"
+    assert settings.kernel_image("ruby") == "kernelgw/ruby:latest"
+    assert settings.kernel_image("go") == "me/go:1"
+    assert settings.kernel_image("python3") == settings.image
+    for bad in ({"kernels": ["cobol"]}, {"kernels": []}, {"kernel_images": {"cobol": "x"}}):
+        with pytest.raises(ValidationError, match="kernel"):
+            Settings(**bad)
+
+
+def test_kernels_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNELGW_KERNELS", '["python3", "deno"]')
+    assert Settings.load(None).kernels == ["python3", "deno"]

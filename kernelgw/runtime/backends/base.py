@@ -54,6 +54,8 @@ class KernelSpec:
     env: dict[str, str] = field(default_factory=dict)
     packages_size_mb: int = 256
     """tmpfs for packages installed into the session (POST .../packages)."""
+    kernel: str = "python3"
+    """The kernel's profile name (``kernelgw.kernels``): what runs in ``image``."""
 
 
 @dataclass(frozen=True)

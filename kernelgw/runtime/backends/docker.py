@@ -319,9 +319,8 @@ class DockerBackend:
             )
         except docker.errors.ImageNotFound as exc:
             shutil.rmtree(conn_dir, ignore_errors=True)
-            raise ImageNotFound(
-                f"Kernel image {spec.image!r} is not present. Build it with `kernelgw image build`."
-            ) from exc
+            build = "kernelgw image build" + ("" if spec.kernel == "python3" else f" --kernel {spec.kernel}")
+            raise ImageNotFound(f"Kernel image {spec.image!r} is not present. Build it with `{build}`.") from exc
         except docker.errors.APIError as exc:
             shutil.rmtree(conn_dir, ignore_errors=True)
             self._remove_by_label(LABEL_KERNEL, kernel_id)

@@ -380,7 +380,7 @@ class ChannelsConnection:
                 log.warning("session %s: dropped an execute_request without code", self.session.id)
                 return
             try:
-                await admit(self.state, self.principal, code)
+                await admit(self.state, self.principal, code, self.session.spec.kernel)
             except KernelGWError as exc:
                 self._refuse(msg, type(exc).__name__, exc.message)
                 return

@@ -18,12 +18,11 @@ from starlette.requests import HTTPConnection
 
 from kernelgw.config import Settings
 from kernelgw.errors import SessionNotFound
+from kernelgw.kernels import DEFAULT_KERNEL, PROFILES, profile
 from kernelgw.keys import Principal, parse_key
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.state import GatewayState, gateway_state
 
-DEFAULT_KERNEL = "python3"
-"""The default image's kernelspec name: what clients (AutoGen) ask for by default."""
 SPEC_RESOURCES = ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg")
 """Files every kernelspec offers (ipykernel's logos, in ``resources/``)."""
 LAST_ACTIVITY_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
@@ -123,9 +122,10 @@ def _slug(image: str) -> str:
 
 
 def specs(settings: Settings) -> dict[str, str]:
-    """Kernelspec name -> image: ``python3`` for the default image, one more per allowed image."""
-    names = {DEFAULT_KERNEL: settings.image}
-    for image in settings.allowed_images:
+    """Kernelspec name -> image: one per kernel the gateway offers (``python3``:
+    the default image), and one more per allowed Python image."""
+    names = {name: settings.kernel_image(name) for name in settings.kernels}
+    for image in settings.allowed_images if DEFAULT_KERNEL in settings.kernels else ():
         if image != settings.image:
             name = f"python3-{_slug(image)}"
             while name in names:
@@ -134,22 +134,33 @@ def specs(settings: Settings) -> dict[str, str]:
     return names
 
 
+def kernel_of(spec_name: str) -> str:
+    """The kernel (``kernelgw.kernels`` name) a kernelspec runs: extra images are Python's."""
+    return spec_name if spec_name in PROFILES else DEFAULT_KERNEL
+
+
 def spec_name(session: KernelSession, settings: Settings) -> str:
     """The kernelspec of the session's image (a /v1 session may run an image no spec names)."""
     for name, image in specs(settings).items():
-        if image == session.spec.image:
+        if image == session.spec.image and kernel_of(name) == session.spec.kernel:
             return name
     return session.spec.image
 
 
 def spec_model(name: str, image: str, default_image: str) -> dict[str, Any]:
-    display = "Python 3 (kernelgw sandbox)" if image == default_image else f"Python 3 ({image}, kernelgw sandbox)"
+    kernel = profile(kernel_of(name))
+    if not kernel.python:
+        display = f"{kernel.display_name} (kernelgw sandbox)"
+    elif image == default_image:
+        display = "Python 3 (kernelgw sandbox)"
+    else:
+        display = f"Python 3 ({image}, kernelgw sandbox)"
     return {
         "name": name,
         "spec": {
             "argv": [],
             "display_name": display,
-            "language": "python",
+            "language": kernel.language,
             "interrupt_mode": "signal",
             "env": {},
             "metadata": {"kernelgw": {"image": image, "sandboxed": True}},

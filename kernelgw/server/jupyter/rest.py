@@ -46,7 +46,7 @@ async def api_version() -> dict[str, str]:
 async def list_kernelspecs(request: Request) -> dict[str, Any]:
     settings = gateway_state(request).settings
     return {
-        "default": kernels.DEFAULT_KERNEL,
+        "default": settings.default_kernel,
         "kernelspecs": {
             name: kernels.spec_model(name, image, settings.image) for name, image in kernels.specs(settings).items()
         },
@@ -88,14 +88,15 @@ async def start_kernel(
     """Start a kernel (a new session); the body may be absent (Open WebUI sends none)."""
     state = gateway_state(request)
     body = body or StartKernel()
-    name = body.name or kernels.DEFAULT_KERNEL
+    name = body.name or state.settings.default_kernel
     image = kernels.specs(state.settings).get(name)
     if image is None:
         raise JupyterHTTPError(
             400, f"Kernel spec {name!r} not found; this gateway offers {sorted(kernels.specs(state.settings))}"
         )
     check_available(state)
-    session = await state.manager.create(SessionOptions(image=image, env=body.env), principal)
+    options = SessionOptions(image=image, env=body.env, kernel=kernels.kernel_of(name))
+    session = await state.manager.create(options, principal)
     model = kernels.model(session, state.settings)
     return JSONResponse(model, status_code=201, headers={"Location": f"/api/kernels/{model['id']}"})
 

@@ -29,6 +29,8 @@ REATTACH = "0002"
 """The schema of the last release without migrations: kernels kept for reattachment."""
 REPLAY = "0003"
 """Executions name their kernel and what they replayed (recovery by replay)."""
+KERNEL_NAME = "0004"
+"""Sessions name their kernel (language): python3, deno, ir, ..."""
 
 
 class MigrationsNeedAConnection(RuntimeError):

@@ -147,9 +147,26 @@ def test_image_build_prints_a_summary(monkeypatch):
         calls.append((tag, base, force))
         return SimpleNamespace(tag=tag, image_id="sha256:abc", built=force, seconds=12.34)
 
+    def build_kernel_image(name, tag, python_image, force, console):
+        calls.append((name, tag, python_image, force))
+        return SimpleNamespace(tag=tag or f"kernelgw/{name}:latest", image_id="sha256:def", built=True, seconds=3.0)
+
     fake = ModuleType("kernelgw.image")
     fake.build_image = build_image
+    fake.build_kernel_image = build_kernel_image
     monkeypatch.setitem(sys.modules, "kernelgw.image", fake)
+
+    result = invoke("image", "build", "--kernel", "deno", "--kernel", "ruby")
+    assert result.exit_code == 0, result.output
+    assert (
+        result.stdout
+        == "built kernelgw/deno:latest (sha256:def) in 3.0s\nbuilt kernelgw/ruby:latest (sha256:def) in 3.0s\n"
+    )
+    result = invoke("image", "build", "--kernel", "cobol")
+    assert result.exit_code == 2 and "unknown kernel 'cobol'" in result.output
+    result = invoke("image", "build", "--kernel", "go", "--kernel", "cpp", "--tag", "x:1")
+    assert result.exit_code == 2 and "--tag names one image" in result.output
+    calls.clear()
 
     result = invoke("image", "build", "--tag", "me/py:1", "--base", "debootstrap", "--force")
     assert result.exit_code == 0, result.output

@@ -194,6 +194,8 @@ def test_public_api() -> None:
         "ImageBuildResult",
         "WheelDownloadError",
         "build_image",
+        "build_kernel_image",
+        "language_dir",
         "cache_dir",
         "image_exists",
         "manylinux_platforms",

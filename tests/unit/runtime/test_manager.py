@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kernelgw.config import Settings
-from kernelgw.errors import LimitExceeded, SessionLimitReached, SessionNotFound
+from kernelgw.errors import KernelNotOffered, LimitExceeded, SessionLimitReached, SessionNotFound
 from kernelgw.keys import KeyQuotas, Principal
 from kernelgw.runtime.manager import SessionManager, SessionOptions
 from kernelgw.runtime.metrics import Metrics
@@ -64,6 +64,24 @@ async def test_options_outside_the_maximums_are_refused_before_a_kernel_starts(
     with pytest.raises(LimitExceeded, match="memory_mb"):
         await manager.create(SessionOptions(memory_mb=900), key("k", max_memory_mb=512))
     assert local_backend.started == 0 and len(manager) == 0
+
+
+async def test_a_session_runs_an_offered_kernel_from_that_kernel_s_image(
+    make_manager: ManagerFactory, local_backend: LocalBackend
+) -> None:
+    manager = make_manager(kernels=["python3", "ruby"], kernel_images={"ruby": "me/ruby:1"})
+    with pytest.raises(KernelNotOffered, match=r"kernel 'go' is not offered.*\['python3', 'ruby'\]"):
+        await manager.create(SessionOptions(kernel="go"))
+    # a Python image is no Ruby kernel, and the other way round
+    with pytest.raises(LimitExceeded, match="image"):
+        await manager.create(SessionOptions(kernel="ruby", image=manager.settings.image))
+    with pytest.raises(LimitExceeded, match="image"):
+        await manager.create(SessionOptions(image="me/ruby:1"))
+    assert local_backend.started == 0
+    ruby = await manager.create(SessionOptions(kernel="ruby"))
+    assert (ruby.spec.kernel, ruby.spec.image, ruby.info()["kernel"]) == ("ruby", "me/ruby:1", "ruby")
+    python = await manager.create()
+    assert (python.spec.kernel, python.spec.image) == ("python3", manager.settings.image)
 
 
 async def test_sessions_are_visible_to_their_key_only_and_counted_against_limits(

@@ -11,7 +11,6 @@ import pytest
 
 from kernelgw import events as ev
 from kernelgw.server.notebook import (
-    KERNELSPEC,
     InvalidNotebook,
     build_notebook,
     plan_from_executions,
@@ -248,7 +247,8 @@ def test_notebook_metadata_notes_and_validity() -> None:
         ("code", "b = 2"),
         ("markdown", "the end"),
     ]
-    assert nb.nbformat == 4 and nb.metadata.kernelspec == KERNELSPEC
+    assert nb.nbformat == 4
+    assert nb.metadata.kernelspec == {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     assert nb.metadata.language_info == lang
     assert nb.metadata.kernelgw == {"session_id": "s1", "image": "img:1"}
     assert nb.cells[1].id == "e0" and len({c.id for c in nb.cells}) == 5
@@ -261,7 +261,7 @@ def test_notebook_metadata_notes_and_validity() -> None:
 
 def test_empty_history_is_a_valid_notebook() -> None:
     nb = build_notebook([])
-    assert nb.cells == [] and nb.metadata.language_info == {"name": "python"}
+    assert nb.cells == [] and nb.metadata.language_info.name == "python"
     nbformat.validate(nb)
 
 
@@ -328,3 +328,20 @@ def test_plan_from_stored_executions() -> None:
 def test_invalid_notebooks_are_refused_with_a_reason(data: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidNotebook, match=message):
         read_notebook(data)
+
+
+@pytest.mark.parametrize("kernel", ["deno", "ir", "bash", "java", "go", "cpp", "ruby"])
+def test_a_notebook_names_its_kernel_and_falls_back_to_the_profile_s_language(kernel: str) -> None:
+    """Jupyter opens an export in the kernel it ran in: the kernelspec is the
+    session's kernel, and when the kernel reported no language_info the profile's
+    stands in (a valid notebook either way)."""
+    from kernelgw.kernels import profile
+
+    nb = build_notebook([], language_info={}, session_id="s", kernel=kernel)
+    assert nb.metadata.kernelspec.name == kernel
+    assert nb.metadata.kernelspec.language == profile(kernel).language
+    assert nb.metadata.language_info.name == profile(kernel).language
+    assert nb.metadata.language_info.file_extension.startswith(".")
+    reported = {"name": "ruby", "version": "3.1.2"}
+    assert build_notebook([], language_info=reported, kernel=kernel).metadata.language_info == reported
+    nbformat.validate(nb)
