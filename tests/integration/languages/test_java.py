@@ -137,7 +137,8 @@ def test_sandbox_no_network_a_read_only_root_and_the_jvm_limits(kernel: Kernel) 
     assert 280 <= int(heap_mb) <= 310  # 60% of the container's 512 MB
     r = kernel.execute("byte[] block = new byte[120 << 20];\nblock.length")
     assert r.status == "ok" and r.data == [{"text/plain": str(120 << 20)}]
-    r = kernel.execute("block = null;\nlong[] tooMuch = new long[100 << 20];")  # 800 MB: the JVM says no, the kernel lives
+    # 800 MB: the JVM says no, and the kernel lives
+    r = kernel.execute("block = null;\nlong[] tooMuch = new long[100 << 20];")
     assert r.status == "error" and "OutOfMemoryError" in r.errors[0]["evalue"]
     assert kernel.execute("block == null").data == [{"text/plain": "true"}]
     # the class-data archive made at build time is in use
