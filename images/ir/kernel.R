@@ -1,0 +1,38 @@
+# kernelgw: IRkernel as the gateway runs it (start-kernel runs this file with
+# the connection file after --args). Two of IRkernel's ways are changed before
+# it starts, in its Kernel class's methods (IRkernel's own files stay as Debian
+# ships them).
+local({
+    kernel_methods <- IRkernel:::Kernel$def@refMethods
+
+    # After a failed or interrupted cell, IRkernel answers every request
+    # already queued behind it with "aborted" (whatever the request's
+    # stop_on_error says), and sends no status for them. The only request that
+    # can be queued there is the gateway's end probe, sent right after a failed
+    # cell's reply: aborted, its idle never came and the failed cell ended
+    # 1.5 s late ("no idle status"). The gateway keeps its own queue and stops
+    # a client's later cells on error itself, so the kernel aborts nothing.
+    keep_queued <- kernel_methods$abort_queued_messages
+    keep_queued@.Data <- function() invisible(NULL)
+    assign("abort_queued_messages", keep_queued, envir = kernel_methods)
+
+    # An interrupted cell's reply had status "abort" and no error was shown.
+    # It now ends as IPython's does: an error KeyboardInterrupt (shown unless
+    # the request was silent) and a reply with status "error", so the gateway
+    # says the cell was interrupted rather than failed.
+    send <- kernel_methods$send_response
+    send_fn <- send@.Data
+    body(send_fn) <- bquote({
+        if (msg_type == "execute_reply" && identical(content$status, "abort")) {
+            interrupted <- list(ename = "KeyboardInterrupt", evalue = "", traceback = list("KeyboardInterrupt"))
+            if (!isTRUE(parent_msg$content$silent)) {
+                send_response("error", parent_msg, "iopub", interrupted)
+            }
+            content <- c(list(status = "error", execution_count = content$execution_count), interrupted)
+        }
+        .(body(send_fn))
+    })
+    send@.Data <- send_fn
+    assign("send_response", send, envir = kernel_methods)
+})
+IRkernel::main()
