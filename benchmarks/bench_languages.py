@@ -93,6 +93,7 @@ def measure(gw: Gateway, kernel: str, rounds: int, warm: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--image", default=DEFAULT_IMAGE, help="the Python kernel image (the others are built on it)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--kernels", default=",".join(TRIVIAL), help="comma-separated kernel names")
     ap.add_argument("--json", type=Path, default=DOCS_BENCH / "languages.json")
@@ -104,15 +105,15 @@ def main() -> None:
     dc = docker.from_env()
     sizes = {}
     for kernel in kernels:
-        tag = DEFAULT_IMAGE if kernel == "python3" else f"kernelgw/{kernel}:latest"
-        sizes[kernel] = image_mb(dc, tag, DEFAULT_IMAGE)
+        tag = args.image if kernel == "python3" else f"kernelgw/{kernel}:latest"
+        sizes[kernel] = image_mb(dc, tag, args.image)
     dc.close()
 
     cold_rows: list[dict[str, Any]] = []
     first_rows: list[dict[str, Any]] = []
     warm_rows: list[dict[str, Any]] = []
     env = {"KERNELGW_KERNELS": json.dumps(kernels), "KERNELGW_POOL_SIZE": "0", "KERNELGW_MEMORY_MB": "1024"}
-    with Gateway("lang", env=env) as gw:
+    with Gateway("lang", image=args.image, env=env) as gw:
         for kernel in kernels:
             print(f"{kernel}: {rounds} sessions, {warm} warm cells each", flush=True)
             m = measure(gw, kernel, rounds, warm)
@@ -139,7 +140,7 @@ def main() -> None:
         {
             "benchmark": "languages",
             "date": started,
-            "machine": machine_info(DEFAULT_IMAGE),
+            "machine": machine_info(args.image),
             "rounds": rounds,
             "warm": warm,
             "rows": cold_rows + first_rows + warm_rows,

@@ -634,6 +634,42 @@ def jupyter_section(d: Path, out: Path, jupyter: dict[str, Any] | None) -> list[
     return lines
 
 
+def languages_section(d: Path, out: Path, lang: dict[str, Any] | None) -> list[str]:
+    if not lang:
+        return []
+    rows = lang["rows"]
+    kinds = (("create (cold)", "create"), ("first cell", "first cell"), ("warm cell", "warm cell"))
+    lines = [
+        "## Languages (bench_languages.py)\n",
+        f"`benchmarks/bench_languages.py` ({_when(lang)}): one gateway offers every kernel; per kernel "
+        f"{lang['rounds']} sessions, each created cold (no pool), then its first trivial cell and "
+        f"{lang['warm']} more (`1+1`, `echo $((1+1))` in Bash; in Go and C++ a whole program compiled and run), "
+        "and the kernel container's memory after them (working set). Python is the floor.\n",
+        "| kernel | image MB (+ on Python's) | idle kernel MB | create p50 ms | first cell p50 ms | warm cell p50 ms "
+        "| warm p95 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by_kernel: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        for suffix, key in kinds:
+            if r["name"].endswith(suffix):
+                by_kernel.setdefault(r["kernel"], {})[key] = r
+    for kernel, got in by_kernel.items():
+        c, f, w_ = got["create"], got["first cell"], got["warm cell"]
+        lines.append(
+            f"| `{kernel}` | {c['image_mb']} (+{c['adds_mb']}) | {c['memory_mb']} | {c['p50_ms']:.0f} | "
+            f"{f['p50_ms']:.1f} | {w_['p50_ms']:.1f} | {w_['p95_ms']:.1f} |"
+        )
+    lines += [
+        f"\n![languages]({rel(d / 'languages.png', out)})\n",
+        "- Every image is built on the Python image, so the layers are shared: a language costs what it adds. "
+        "Go's and C++'s warm cells are a compile and a run each (their kernels keep no state); the others "
+        "evaluate in a running interpreter. Deno and Java reach the gateway through the shim's TCP relay, the "
+        "others through its ipc relay; Python has no shim.\n",
+    ]
+    return lines
+
+
 def continuity_section(d: Path, out: Path, cont: dict[str, Any] | None) -> list[str]:
     if not cont:
         return []
@@ -948,6 +984,7 @@ def main() -> None:
     md.extend(pool_section(d, out, load(d, "pool")))
     md.extend(jupyter_section(d, out, load(d, "jupyter")))
     md.extend(continuity_section(d, out, load(d, "continuity")))
+    md.extend(languages_section(d, out, load(d, "languages")))
 
     w("## Fairness and caveats\n")
     w(

@@ -66,6 +66,7 @@ run reattach --sessions 20
 run continuity
 run pool
 run jupyter
+run languages
 ack_before=${KERNELGW_ACK_BEFORE:-d7b8a43}
 ack_tree=$(mktemp -d /tmp/kgw_before.XXXXXX)
 trap 'rm -rf "$ack_tree"' EXIT

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Set up (engine, gVisor, venv, image) when needed, run the static checks (ruff,
-# mypy --strict, import contracts: scripts/lint.sh), then every test: unit tests
-# and integration tests against the real engine with runc, and beside them the
-# core integration suite and the adversarial suite again with gVisor (runsc).
-# Extra arguments go to both pytest runs. The exit status is non-zero when the
-# static checks fail, or either run fails or collects no tests.
+# mypy --strict, import contracts: scripts/lint.sh), then every test in three
+# passes side by side: unit tests and integration tests against the real engine
+# with runc; the core integration suite and the adversarial suite again with
+# gVisor (runsc); and the other languages' kernels, after their images are built.
+# Extra arguments go to every pytest run. The exit status is non-zero when the
+# static checks fail, or any pass fails or collects no tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -15,11 +16,6 @@ echo "==> PostgreSQL for the storage tests"
 KERNELGW_TEST_DATABASE_URL=${KERNELGW_TEST_DATABASE_URL:-$(bash scripts/ensure-postgres.sh)}
 export KERNELGW_TEST_DATABASE_URL
 echo "$KERNELGW_TEST_DATABASE_URL"
-echo "==> Kernel images of the other languages (tests/integration/test_languages.py)"
-# on the Python image, no network inside; up to date (no-op) when nothing changed.
-# A failed build does not stop the run: those kernels' tests fail, naming it.
-.venv/bin/kernelgw image build --kernel deno --kernel ir --kernel bash --kernel java --kernel go \
-  --kernel cpp --kernel ruby || echo "WARNING: a language image did not build; its tests will fail" >&2
 echo "==> Chromium for the web page tests"
 bash scripts/ensure-chromium.sh
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1  # Debian's chromium only, never a downloaded browser
@@ -30,6 +26,7 @@ lint_status=0
 bash scripts/lint.sh || lint_status=$?
 
 # pytest's exit status, with "no tests collected" (5) counted as a failure
+# (defined before the passes start)
 run_pytest() {
   local status=0
   .venv/bin/python -m pytest "$@" || status=$?
@@ -75,34 +72,62 @@ run_runsc_pass() {
   KERNELGW_TEST_RUNTIME=runsc KERNELGW_TEST_OUTPUT=test-output/runsc \
     run_pytest -p no:cacheprovider --durations=15 "${runsc_tests[@]}" "$@"
 }
+# Pass 3: the other languages' kernels. Their images are built first (on the
+# Python image, no network inside; a no-op when up to date: minutes on a fresh
+# machine, mostly downloads and dpkg), so this pass runs beside the others
+# instead of delaying them. A failed build fails the pass, naming the image.
+language_tests=(tests/integration/languages tests/integration/test_languages.py)
+mkdir -p test-output/languages
+languages_log=test-output/languages/pytest.log
+run_languages_pass() {
+  echo "==> kernel images of the other languages"
+  .venv/bin/kernelgw image build --kernel deno --kernel ir --kernel bash --kernel java --kernel go \
+    --kernel cpp --kernel ruby || return 1
+  KERNELGW_TEST_OUTPUT=test-output/languages run_pytest -p no:cacheprovider --durations=10 "${language_tests[@]}" "$@"
+}
+languages_status=0
 runsc_status=0
 if [ "${KERNELGW_TEST_SERIAL:-0}" = 1 ]; then
   echo "==> pytest, pass 1 of 2: every test, kernels on runc"
 else
-  echo "==> pytest, pass 2 of 2 started in the background (kernels on gVisor, runsc; log: $runsc_log)"
+  echo "==> pytest, pass 2 of 3 started in the background (kernels on gVisor, runsc; log: $runsc_log)"
   run_runsc_pass "$@" >"$runsc_log" 2>&1 &
   runsc_pid=$!
-  echo "==> pytest, pass 1 of 2: every test, kernels on runc (pass 2 runs beside it)"
+  echo "==> pass 3 of 3 started in the background (language images, then their kernels; log: $languages_log)"
+  run_languages_pass "$@" >"$languages_log" 2>&1 &
+  languages_pid=$!
+  echo "==> pytest, pass 1 of 3: every other test, kernels on runc (passes 2 and 3 run beside it)"
 fi
 runc_status=0
-KERNELGW_TEST_RUNTIME=runc run_pytest --durations=15 tests "$@" || runc_status=$?
+ignore_languages=()
+for t in "${language_tests[@]}"; do ignore_languages+=("--ignore=$t"); done
+KERNELGW_TEST_RUNTIME=runc run_pytest --durations=15 tests "${ignore_languages[@]}" "$@" || runc_status=$?
 
 if [ "${KERNELGW_TEST_SERIAL:-0}" = 1 ]; then
-  echo "==> pytest, pass 2 of 2: core integration and adversarial suites, kernels on gVisor (runsc)"
+  echo "==> pytest, pass 2 of 3: core integration and adversarial suites, kernels on gVisor (runsc)"
   run_runsc_pass "$@" || runsc_status=$?
+  echo "==> pass 3 of 3: the other languages' kernels"
+  run_languages_pass "$@" || languages_status=$?
 else
-  echo "==> pytest, pass 2 of 2: waiting for the gVisor (runsc) pass; its output follows"
+  echo "==> pytest, pass 2 of 3: waiting for the gVisor (runsc) pass; its output follows"
   wait "$runsc_pid" || runsc_status=$?
   cat "$runsc_log"
+  echo "==> pass 3 of 3: waiting for the languages pass; its output follows"
+  wait "$languages_pid" || languages_status=$?
+  cat "$languages_log"
 fi
 
 echo "==> static checks: $([ "$lint_status" -eq 0 ] && echo passed || echo FAILED);" \
   "runc pass: $([ "$runc_status" -eq 0 ] && echo passed || echo "FAILED (exit $runc_status)");" \
-  "runsc pass: $([ "$runsc_status" -eq 0 ] && echo passed || echo "FAILED (exit $runsc_status)")"
+  "runsc pass: $([ "$runsc_status" -eq 0 ] && echo passed || echo "FAILED (exit $runsc_status)");" \
+  "languages pass: $([ "$languages_status" -eq 0 ] && echo passed || echo "FAILED (exit $languages_status)")"
 if [ "$runc_status" -ne 0 ]; then
   exit "$runc_status"
 fi
 if [ "$runsc_status" -ne 0 ]; then
   exit "$runsc_status"
+fi
+if [ "$languages_status" -ne 0 ]; then
+  exit "$languages_status"
 fi
 exit "$lint_status"

@@ -125,6 +125,8 @@ CASES: dict[str, Case] = {
         endless="while (true) {}",
         write_file='java.nio.file.Files.writeString(java.nio.file.Path.of("out.txt"), "hi");',
         state=("int kept = 41;", "System.out.println(kept + 1);"),
+        display='display("<b>bold</b>", "text/html");',
+        display_mime="text/html",
     ),
     "go": Case(
         pi=go(
@@ -174,6 +176,8 @@ CASES: dict[str, Case] = {
         endless="loop {}",
         write_file='File.write("out.txt", "hi")',
         state=("kept = 41", "puts kept + 1"),
+        display="IRuby.table([{a: 1, b: 2}])",
+        display_mime="text/html",
     ),
 }
 assert set(CASES) == set(PROFILES)

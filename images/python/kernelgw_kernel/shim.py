@@ -53,9 +53,12 @@ import sys
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import zmq
+if TYPE_CHECKING:
+    import zmq
+# else: imported by `main` once the kernel is on its way (`_import_zmq`), so
+# the kernel's start does not wait for pyzmq's (about 40 ms)
 
 DELIM = b"<IDS|MSG>"
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
@@ -755,6 +758,11 @@ def _remove(directory: str) -> None:
         pass
 
 
+def _import_zmq() -> None:
+    global zmq
+    import zmq
+
+
 def main(args: list[str] | None = None) -> int:
     try:
         options = parse_args(sys.argv[1:] if args is None else args)
@@ -781,17 +789,25 @@ def main(args: list[str] | None = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(signum, lambda *_: None)
 
-    shim = Shim(front, back, options.interrupt, options.fence)
     command = substitute(options.argv, kernel_file)
     try:
-        # the kernel gets the default dispositions back (posix_spawn resets
-        # handled signals to SIG_DFL in the child)
+        # the kernel first, the relay while it starts (zmq connects when the
+        # kernel has bound; a signal meanwhile waits in the pipe). The kernel
+        # gets the default dispositions back (posix_spawn resets handled
+        # signals to SIG_DFL in the child)
         pid = os.posix_spawnp(command[0], command, dict(os.environ))
     except OSError as exc:
         print(f"kernelgw shim: cannot start {command[0]!r}: {exc}", file=sys.stderr)
-        shim.close()
         _remove(directory)
         return 127
+    try:
+        _import_zmq()
+        shim = Shim(front, back, options.interrupt, options.fence)
+    except BaseException:
+        _kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        _remove(directory)
+        raise
     try:
         status = shim.run(pid, read_fd)
     finally:
