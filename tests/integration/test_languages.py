@@ -305,15 +305,15 @@ def test_the_gateway_lists_its_kernels_and_refuses_what_only_python_does(lang_ht
     assert all(k["available"] for k in kernels.values()), kernels
 
     resp = lang_http.post("/v1/sessions", json={"kernel": "cobol"})
-    assert resp.status_code == 400 and resp.json()["code"] == "kernel_not_offered"
-    assert "ruby" in resp.json()["message"]
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "kernel_not_offered"
+    assert "ruby" in resp.json()["error"]["message"]
 
     sid = create(lang_http, "ruby")
     try:
         resp = lang_http.post(f"/v1/sessions/{sid}/packages", json={"packages": ["sympy"]})
-        assert resp.status_code == 409 and resp.json()["code"] == "not_for_this_kernel", resp.text
+        assert resp.status_code == 409 and resp.json()["error"]["code"] == "not_for_this_kernel", resp.text
         resp = lang_http.post(f"/v1/sessions/{sid}/pause")
-        assert resp.status_code == 409 and resp.json()["code"] == "not_for_this_kernel", resp.text
+        assert resp.status_code == 409 and resp.json()["error"]["code"] == "not_for_this_kernel", resp.text
         ok(lang_http, sid, "kept = 41", "ruby")
         # a fork runs the same kernel, its state replayed
         fork = lang_http.post("/v1/sessions", json={"from": sid})
@@ -324,7 +324,7 @@ def test_the_gateway_lists_its_kernels_and_refuses_what_only_python_does(lang_ht
         finally:
             lang_http.delete(f"/v1/sessions/{fork.json()['id']}")
         wrong = lang_http.post("/v1/sessions", json={"from": sid, "kernel": "go"})
-        assert wrong.status_code == 400 and "ruby" in wrong.json()["message"]
+        assert wrong.status_code == 400 and "ruby" in wrong.json()["error"]["message"]
     finally:
         lang_http.delete(f"/v1/sessions/{sid}")
 

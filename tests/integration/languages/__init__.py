@@ -225,7 +225,9 @@ def start_kernel(image: str, ready_timeout: float = 60.0, **spec: Any) -> Iterat
         handle = asyncio.run(backend.start(kspec))
         client = BlockingKernelClient()
         client.load_connection_info(handle.connection)
-        client.start_channels()
+        client.start_channels(
+            hb=False
+        )  # a JVM or R under load misses the 1 s heartbeat: jupyter_client would call it dead
         if not _wait_ready(client, t0 + ready_timeout):
             logs = docker.from_env().containers.get(handle.container_id).logs().decode(errors="replace")
             raise AssertionError(f"kernel of {image} not ready in {ready_timeout} s\n{logs[-3000:]}")
