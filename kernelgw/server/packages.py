@@ -12,7 +12,7 @@ from kernelgw.errors import NotForThisKernel
 from kernelgw.kernels import profile
 from kernelgw.models import ErrorResponse, ImageInfo, ImageList, InstallRequest, InstallResult
 from kernelgw.runtime.packages import PackageInstaller, check_request, image_target
-from kernelgw.server.auth import authenticate
+from kernelgw.server.auth import authenticate, session_for
 from kernelgw.server.files import session_handle
 from kernelgw.server.state import gateway_state
 
@@ -33,13 +33,14 @@ async def install_packages(session_id: str, body: InstallRequest, request: Reque
     import in the next cell, without a restart. 400: not on the allowlist;
     422: no fitting wheel, or a conflict with what the image has."""
     installer = package_installer(request)
-    check_request(body.packages, installer.allowlist)  # 400 before the session is touched
-    session, handle = await session_handle(request, session_id)
-    if not profile(session.spec.kernel).python:
+    kernel = session_for(request, session_id).spec.kernel  # 404 first; a paused session is not resumed here
+    if not profile(kernel).python:
         raise NotForThisKernel(
-            f"Packages install into Python sessions only (pip wheels); this session runs {session.spec.kernel}, "
+            f"Packages install into Python sessions only (pip wheels); this session runs {kernel}, "
             "whose image carries its language's libraries."
         )
+    check_request(body.packages, installer.allowlist)  # 400 before the session is touched
+    session, handle = await session_handle(request, session_id)
     result = await installer.install(handle, session.spec.image, body.packages)
     session.touch()
     await session.keep_files()  # installed packages outlive the kernel too
