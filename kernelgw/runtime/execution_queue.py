@@ -620,7 +620,8 @@ class ExecutionQueue:
         if status == "ok":
             lost = "the kernel's end-of-cell status message was lost; output may be incomplete"
             self._finish(rec, "ok", lost if rec.idle_lost else None, execution_count=count)
-        elif rec.interrupted and reply.get("ename") == "KeyboardInterrupt":
+        elif rec.interrupted and (reply.get("ename") == "KeyboardInterrupt" or status == "abort"):
+            # IRkernel, among others, answers an interrupted cell with a bare "abort"
             self._finish(rec, "interrupted", "interrupted on request; variables are kept", execution_count=count)
         else:
             reason = f"{reply.get('ename', 'Error')}: {reply.get('evalue', '')}" if status == "error" else None

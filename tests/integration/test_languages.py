@@ -11,6 +11,8 @@ The images are built before the tests (scripts/test.sh: ``kernelgw image build
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -294,6 +296,29 @@ def test_state_errors_interrupts_files_and_displays(lang_http: httpx.Client, ses
         PROFILES[kernel].language.lower(),
         {"deno": "typescript", "cpp": "c++"}.get(kernel, PROFILES[kernel].language).lower(),
     )
+
+
+@pytest.mark.parametrize("session", LANGUAGES, indirect=True)
+def test_an_interrupt_on_request_ends_the_cell_as_interrupted(
+    lang_http: httpx.Client, session: tuple[str, str]
+) -> None:
+    """POST .../interrupt, as a user's stop button: every kernel's cell ends as
+    ``interrupted`` (not failed), whatever the kernel calls it, and the kernel
+    goes on."""
+    kernel, sid = session
+    case = CASES[kernel]
+    result: dict[str, dict[str, object]] = {}
+    worker = threading.Thread(target=lambda: result.update(r=run(lang_http, sid, case.endless)))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while lang_http.get(f"/v1/sessions/{sid}").json()["state"] != "busy" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # into the loop
+    assert lang_http.post(f"/v1/sessions/{sid}/interrupt").status_code in (200, 202, 204)
+    worker.join(60)
+    end = done(result["r"])
+    assert end["status"] == "interrupted" and end["state_lost"] is False, end
+    assert ok(lang_http, sid, case.total, kernel).strip() == "50005000"
 
 
 def test_the_gateway_lists_its_kernels_and_refuses_what_only_python_does(lang_http: httpx.Client) -> None:

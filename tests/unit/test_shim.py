@@ -199,6 +199,40 @@ def test_what_is_not_ours_passes_unchanged(shim: ModuleType) -> None:
     assert ex.reply(reply) is reply
 
 
+@pytest.mark.parametrize(
+    ("reply", "evalue"),
+    [
+        (
+            {"status": "error", "ename": "Error", "evalue": "Execution failed", "traceback": []},
+            "Error: Execution failed",
+        ),
+        ({"status": "abort"}, "interrupted"),
+    ],
+)
+def test_a_cell_the_shim_interrupted_fails_as_a_keyboard_interrupt(
+    shim: ModuleType, reply: dict[str, object], evalue: str
+) -> None:
+    """The gateway tells an interrupted cell from a failed one by Python's
+    ``KeyboardInterrupt``; kernels interrupted by message name it their own way.
+    Only the cell running when the interrupt went out; the next one is itself."""
+    gateway, kernel = Session(key=KEY), Session(key=KEY)
+    ws = FakeWorkspace()
+    ex = shim.Expressions(shim.Signer(KEY), ws.snapshot, ws.changes)
+
+    def cell(interrupt: bool) -> dict[str, object]:
+        request = frames_of(
+            gateway, "execute_request", {"code": "loop", "silent": False, "user_expressions": {"artifacts": ARTIFACTS}}
+        )
+        header = parsed(kernel, ex.request(request))["header"]
+        if interrupt:
+            ex.interrupted = True  # what Shim.interrupt sets (message mode) while the cell runs
+        return parsed(gateway, ex.reply(frames_of(kernel, "execute_reply", dict(reply), parent=header)))["content"]
+
+    first = cell(interrupt=True)
+    assert first["status"] == "error" and first["ename"] == "KeyboardInterrupt" and first["evalue"] == evalue
+    assert cell(interrupt=False)["status"] == reply["status"]  # the next cell is itself again
+
+
 def test_the_pending_table_is_bounded(shim: ModuleType) -> None:
     gateway = Session(key=KEY)
     ws = FakeWorkspace()

@@ -186,6 +186,11 @@ class Expressions:
         self.before: Any = None
         self.pending: OrderedDict[str, dict[str, str]] = OrderedDict()
         """msg_id of a request -> the expressions taken out of it."""
+        self.interrupted = False
+        """The shim sent an interrupt_request since the last cell started: the
+        cell's failed reply is reported as Python's ``KeyboardInterrupt`` (Deno
+        says ``Error: Execution failed``, JJava ``EvaluationInterruptedException``),
+        which is how the gateway tells an interrupted cell from a failed one."""
 
     def request(self, frames: list[bytes]) -> list[bytes]:
         """An execute_request from the gateway, with our expressions taken out
@@ -204,6 +209,7 @@ class Expressions:
             return frames
         if not content.get("silent"):
             self.before = self.snapshot()
+            self.interrupted = False
         expressions = content.get("user_expressions")
         if not isinstance(expressions, dict):
             return frames
@@ -252,6 +258,10 @@ class Expressions:
             answers[ARTIFACTS_KEY] = _value(json.dumps(items, separators=(",", ":")))
         if END_KEY in ours and content.get("status") == "ok":
             answers[END_KEY] = _value(ours[END_KEY])
+        if self.interrupted and content.get("status") in ("error", "abort"):
+            was = ": ".join(str(content.get(k) or "") for k in ("ename", "evalue") if content.get(k))
+            content.update(status="error", ename="KeyboardInterrupt", evalue=was or "interrupted")
+            content.setdefault("traceback", [])
         content["user_expressions"] = answers
         new_content = _dumps(content)
         signature = self.signer.sign([frames[i + 2], frames[i + 3], frames[i + 4], new_content])
@@ -662,6 +672,7 @@ class Shim:
                 pass
             return
         self.interrupts += 1
+        self.expressions.interrupted = True
         try:
             self.interrupter.send_multipart(interrupt_message(self.signer, self.session, self.interrupts), zmq.NOBLOCK)
         except zmq.ZMQError:
