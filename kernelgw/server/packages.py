@@ -33,13 +33,13 @@ async def install_packages(session_id: str, body: InstallRequest, request: Reque
     import in the next cell, without a restart. 400: not on the allowlist;
     422: no fitting wheel, or a conflict with what the image has."""
     installer = package_installer(request)
-    kernel = session_for(request, session_id).spec.kernel  # 404 first; a paused session is not resumed here
+    check_request(body.packages, installer.allowlist)  # 400 before the session is touched
+    kernel = session_for(request, session_id).spec.kernel  # a paused session is not resumed for this
     if not profile(kernel).python:
         raise NotForThisKernel(
             f"Packages install into Python sessions only (pip wheels); this session runs {kernel}, "
             "whose image carries its language's libraries."
         )
-    check_request(body.packages, installer.allowlist)  # 400 before the session is touched
     session, handle = await session_handle(request, session_id)
     result = await installer.install(handle, session.spec.image, body.packages)
     session.touch()

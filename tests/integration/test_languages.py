@@ -195,7 +195,11 @@ def polyglot(docker_client: docker.DockerClient) -> Iterator[RunningGateway]:
         for name in CASES
         if f"KERNELGW_IMAGE_{name.upper()}" in os.environ
     }
-    gw = start_gateway(gateway_settings(gateway_name=f"t{os.getpid()}-lang", kernels=list(CASES), kernel_images=images))
+    gw = start_gateway(
+        gateway_settings(
+            gateway_name=f"t{os.getpid()}-lang", kernels=list(CASES), kernel_images=images, package_allowlist=["sympy"]
+        )
+    )
     yield gw
     gw.stop()
     assert_nothing_left(docker_client, gw.settings.gateway_name)

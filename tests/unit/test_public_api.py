@@ -27,6 +27,7 @@ def test_sdk_names() -> None:
         "ExecutionBuilder",
         "ExecutionError",
         "ForkReport",
+        "KernelInfo",
         "NamespaceReport",
         "Output",
         "PausedSession",

@@ -213,7 +213,7 @@ class _FakeClient:
     def __exit__(self, *exc):
         pass
 
-    def create_session(self):
+    def create_session(self, kernel=None):
         return _FakeSession()
 
 
