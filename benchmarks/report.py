@@ -666,6 +666,15 @@ def languages_section(d: Path, out: Path, lang: dict[str, Any] | None) -> list[s
         "Go's and C++'s warm cells are a compile and a run each (their kernels keep no state); the others "
         "evaluate in a running interpreter. Deno and Java reach the gateway through the shim's TCP relay, the "
         "others through its ipc relay; Python has no shim.\n",
+        "- Python's warm `1+1` over REST was about 12-14 ms at p50 on this machine on 2026-11-26 at both this "
+        "tree and the round's start (7630f8a, run by hand the same hour, in-process gateway), against 5.3 ms in "
+        "the security benchmark's earlier run: the machine, not the languages work. Its p95 is the first cells of "
+        "a new gateway's first session (100-300 ms each for about ten cells, at both commits; not investigated "
+        "yet).\n",
+        "- Cold starts of R (IRkernel loads its packages) and Java (a JVM, with a class-data archive made at build "
+        "time) are the slow ones; Deno starts faster than ipykernel. Java's warm cell is JShell compiling the "
+        "snippet; Go and C++ compile with their caches prepared at build time (Go's standard library without cgo; "
+        "C++'s precompiled headers for `<iostream>` and `<bits/stdc++.h>`).\n",
     ]
     return lines
 
