@@ -180,6 +180,37 @@ class Kernel:
         result = self.wait(msg_id, timeout)
         return result, time.monotonic() - t0
 
+    def arrivals(self, code: str, timeout: float = 60) -> list[tuple[float, str, str]]:
+        """Run ``code``; each stream message as (seconds after the request, name, text)."""
+        msg_id = self.client.execute(code, stop_on_error=False, allow_stdin=False)
+        sent = time.monotonic()
+        came: list[tuple[float, str, str]] = []
+        while True:
+            msg = self.client.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                came.append((time.monotonic() - sent, msg["content"]["name"], msg["content"]["text"]))
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return came
+
+    def interrupt_when_started(self, code: str, marker: str, timeout: float = 30) -> tuple[Result, float]:
+        """Run ``code``, SIGINT the container once ``marker`` is on its stdout (the
+        cell is in its loop), and wait for the cell's end; the result and the
+        seconds from the signal to the end."""
+        msg_id = self.client.execute(code, stop_on_error=False, allow_stdin=False)
+        deadline = time.monotonic() + timeout
+        seen = ""
+        while marker not in seen:
+            assert time.monotonic() < deadline, f"{marker!r} never came: {seen!r}"
+            msg = self.client.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                seen += msg["content"]["text"]
+        signalled = time.monotonic()
+        self.signal()
+        result = self.wait(msg_id, timeout)
+        return result, time.monotonic() - signalled
+
     def state(self) -> str:
         return asyncio.run(self.backend.state(self.handle)).status
 
@@ -297,3 +328,9 @@ def _assert_nothing_left(name: str) -> None:
 def p50(samples: list[float]) -> float:
     ordered = sorted(samples)
     return ordered[len(ordered) // 2]
+
+
+def ok(result: Result) -> Result:
+    assert result.status == "ok", (result.reply, result.messages)
+    assert result.proven, result.reply  # the shim answered the gateway's nonce
+    return result

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import docker
 import pytest
 
-from tests.integration.languages import Kernel, Result, image_for, require_image, start_kernel
+from tests.integration.languages import Kernel, image_for, ok, require_image, start_kernel
 
 pytestmark = pytest.mark.integration
 
@@ -30,45 +30,6 @@ def kernel() -> Iterator[Kernel]:
     require_image(IMAGE, "bash")
     with start_kernel(IMAGE) as started:
         yield started.kernel
-
-
-def ok(result: Result) -> Result:
-    assert result.status == "ok", (result.reply, result.messages)
-    assert result.proven, result.reply  # the shim answered the gateway's nonce
-    return result
-
-
-def arrivals(kernel: Kernel, code: str, timeout: float = 60) -> list[tuple[float, str, str]]:
-    """Run ``code``; each stream message as (seconds after the request, name, text)."""
-    msg_id = kernel.client.execute(code, stop_on_error=False, allow_stdin=False)
-    sent = time.monotonic()
-    came: list[tuple[float, str, str]] = []
-    while True:
-        msg = kernel.client.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream":
-            came.append((time.monotonic() - sent, msg["content"]["name"], msg["content"]["text"]))
-        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return came
-
-
-def interrupt_when_started(kernel: Kernel, code: str, marker: str, timeout: float = 30) -> tuple[Result, float]:
-    """Run ``code``, SIGINT the container once ``marker`` is on its stdout (the
-    cell is in its loop), and wait for the cell's end; the result and the
-    seconds from the signal to the end."""
-    msg_id = kernel.client.execute(code, stop_on_error=False, allow_stdin=False)
-    deadline = time.monotonic() + timeout
-    seen = ""
-    while marker not in seen:
-        assert time.monotonic() < deadline, f"{marker!r} never came: {seen!r}"
-        msg = kernel.client.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-            seen += msg["content"]["text"]
-    signalled = time.monotonic()
-    kernel.signal()
-    result = kernel.wait(msg_id, timeout)
-    return result, time.monotonic() - signalled
 
 
 # ------------------------------------------------------------- the demo tasks
@@ -141,14 +102,14 @@ def test_incomplete_input_is_an_error_and_nothing_of_the_cell_runs(kernel: Kerne
 
 
 def test_stdout_and_stderr_stream_apart_as_they_come(kernel: Kernel) -> None:
-    came = arrivals(kernel, "echo out-1; echo err-1 >&2; sleep 1.5; echo out-2; echo err-2 >&2")
+    came = kernel.arrivals("echo out-1; echo err-1 >&2; sleep 1.5; echo out-2; echo err-2 >&2")
     assert "".join(text for _, name, text in came if name == "stdout") == "out-1\nout-2\n"
     assert "".join(text for _, name, text in came if name == "stderr") == "err-1\nerr-2\n"
     # the first lines came as they were written, not with the cell's end
     first = {text: t for t, _, text in came}
     assert first["out-2\n"] - first["out-1\n"] > 1.0 and first["err-2\n"] - first["err-1\n"] > 1.0, came
     # a line written in pieces comes as one message; a partial line comes too
-    pieces = arrivals(kernel, "printf 'one ' >&2; printf 'line' >&2; echo ' of stderr' >&2; printf 'no newline' >&2")
+    pieces = kernel.arrivals("printf 'one ' >&2; printf 'line' >&2; echo ' of stderr' >&2; printf 'no newline' >&2")
     assert [text for _, name, text in pieces if name == "stderr"] == ["one line of stderr\n", "no newline"]
 
 
@@ -164,12 +125,12 @@ def test_many_lines_of_output_come_whole_and_in_batches(kernel: Kernel) -> None:
 
 def test_sigint_interrupts_an_endless_loop_and_the_kernel_goes_on(kernel: Kernel) -> None:
     ok(kernel.execute("kept=yes"))
-    cell, took = interrupt_when_started(kernel, "echo looping; while true; do :; done", "looping")
+    cell, took = kernel.interrupt_when_started("echo looping; while true; do :; done", "looping")
     assert cell.reply["status"] == "error" and cell.reply["ename"] == "KeyboardInterrupt", cell.reply
     assert [e["ename"] for e in cell.errors] == ["KeyboardInterrupt"]
     assert took < 5, took
     # a program the shell was running is interrupted too, and the rest of the cell skipped
-    sleeping, _ = interrupt_when_started(kernel, "echo sleeping; sleep 100; echo not reached", "sleeping")
+    sleeping, _ = kernel.interrupt_when_started("echo sleeping; sleep 100; echo not reached", "sleeping")
     assert sleeping.reply["ename"] == "KeyboardInterrupt"
     assert "not reached" not in sleeping.stdout
     assert ok(kernel.execute('echo "still $kept"')).stdout == "still yes\n"

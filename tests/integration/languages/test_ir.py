@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import base64
 import struct
-import time
 from collections.abc import Iterator
 
 import docker
 import pytest
 
-from tests.integration.languages import Kernel, Result, image_for, require_image, start_kernel
+from tests.integration.languages import Kernel, image_for, ok, require_image, start_kernel
 
 pytestmark = pytest.mark.integration
 
@@ -29,45 +28,6 @@ def kernel() -> Iterator[Kernel]:
     require_image(IMAGE, "ir")
     with start_kernel(IMAGE) as started:
         yield started.kernel
-
-
-def ok(result: Result) -> Result:
-    assert result.status == "ok", (result.reply, result.messages)
-    assert result.proven, result.reply  # the shim answered the gateway's nonce
-    return result
-
-
-def arrivals(kernel: Kernel, code: str, timeout: float = 60) -> list[tuple[float, str, str]]:
-    """Run ``code``; each stream message as (seconds after the request, name, text)."""
-    msg_id = kernel.client.execute(code, stop_on_error=False, allow_stdin=False)
-    sent = time.monotonic()
-    came: list[tuple[float, str, str]] = []
-    while True:
-        msg = kernel.client.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream":
-            came.append((time.monotonic() - sent, msg["content"]["name"], msg["content"]["text"]))
-        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return came
-
-
-def interrupt_when_started(kernel: Kernel, code: str, marker: str, timeout: float = 30) -> tuple[Result, float]:
-    """Run ``code``, SIGINT the container once ``marker`` is on its stdout (the
-    cell is in its loop), and wait for the cell's end; the result and the
-    seconds from the signal to the end."""
-    msg_id = kernel.client.execute(code, stop_on_error=False, allow_stdin=False)
-    deadline = time.monotonic() + timeout
-    seen = ""
-    while marker not in seen:
-        assert time.monotonic() < deadline, f"{marker!r} never came: {seen!r}"
-        msg = kernel.client.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-            seen += msg["content"]["text"]
-    signalled = time.monotonic()
-    kernel.signal()
-    result = kernel.wait(msg_id, timeout)
-    return result, time.monotonic() - signalled
 
 
 # ------------------------------------------------------------- the demo tasks
@@ -136,7 +96,7 @@ def test_a_request_queued_behind_a_failed_cell_still_runs(kernel: Kernel) -> Non
 
 
 def test_stdout_and_stderr_stream_apart(kernel: Kernel) -> None:
-    came = arrivals(kernel, "cat('out-1\\n')\nmessage('err-1')\nSys.sleep(1.5)\ncat('out-2\\n')\nwarning('careful')")
+    came = kernel.arrivals("cat('out-1\\n')\nmessage('err-1')\nSys.sleep(1.5)\ncat('out-2\\n')\nwarning('careful')")
     assert "".join(text for _, name, text in came if name == "stdout") == "out-1\nout-2\n"
     stderr = "".join(text for _, name, text in came if name == "stderr")
     assert "err-1" in stderr and "careful" in stderr, stderr
@@ -147,13 +107,13 @@ def test_stdout_and_stderr_stream_apart(kernel: Kernel) -> None:
 
 def test_sigint_interrupts_an_endless_loop_and_the_kernel_goes_on(kernel: Kernel) -> None:
     ok(kernel.execute("kept <- 'yes'"))
-    cell, took = interrupt_when_started(kernel, "cat('looping\\n')\nwhile (TRUE) {}", "looping")
+    cell, took = kernel.interrupt_when_started("cat('looping\\n')\nwhile (TRUE) {}", "looping")
     # as IPython's (kernel.R; IRkernel itself replied "abort" and showed nothing)
     assert cell.reply["status"] == "error" and cell.reply["ename"] == "KeyboardInterrupt", cell.reply
     assert [e["ename"] for e in cell.errors] == ["KeyboardInterrupt"]
     assert took < 5, took
     assert ok(kernel.execute("cat('still', kept, '\\n')")).stdout == "still yes \n"
-    sleeping, _ = interrupt_when_started(kernel, "cat('sleeping\\n')\nSys.sleep(100)\ncat('not reached')", "sleeping")
+    sleeping, _ = kernel.interrupt_when_started("cat('sleeping\\n')\nSys.sleep(100)\ncat('not reached')", "sleeping")
     assert sleeping.reply["ename"] == "KeyboardInterrupt", sleeping.reply
     assert "not reached" not in sleeping.stdout
 
