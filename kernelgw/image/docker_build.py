@@ -15,11 +15,11 @@ from pathlib import Path
 import docker
 import docker.errors
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from kernelgw.image.engine import get_image, id_of
 from kernelgw.image.errors import LOG_TAIL_LINES, ImageBuildError
 from kernelgw.image.names import STAGE_LABEL
+from kernelgw.image.progress import spinner
 
 _BUILD_TIMEOUT = 3600  # seconds the Docker API may stay silent during a build
 
@@ -44,13 +44,7 @@ def stream_build(
     seen_ids: set[str] = set()
     image_id: str | None = None
     error: str | None = None
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("[progress.description]{task.description}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
+    progress = spinner(console)
     with progress:
         task = progress.add_task(f"docker build {tag}", total=None)
         try:

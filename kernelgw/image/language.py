@@ -32,7 +32,6 @@ from pathlib import Path
 import docker
 import docker.errors
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from kernelgw.image.builder import ImageBuildResult, build_image
 from kernelgw.image.cache import build_lock, cache_dir
@@ -41,7 +40,7 @@ from kernelgw.image.debs import download_debs, image_dpkg_status, read_package_l
 from kernelgw.image.engine import connect, get_image, id_of
 from kernelgw.image.errors import LOG_TAIL_LINES, ImageBuildError
 from kernelgw.image.names import DEFAULT_TAG, HASH_LABEL
-from kernelgw.image.progress import say
+from kernelgw.image.progress import say, spinner
 from kernelgw.image.wheels import download_wheels, manylinux_platforms, packages_from_wheels
 from kernelgw.kernels import DEFAULT_KERNEL, profile
 
@@ -226,13 +225,7 @@ def _install_and_commit(
         detach=True,
     )
     try:
-        progress = Progress(
-            SpinnerColumn(),
-            TextColumn("[progress.description]{task.description}"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        )
+        progress = spinner(console)
         with progress:
             task = progress.add_task(f"install.sh for {tag}", total=None)
             pending = b""

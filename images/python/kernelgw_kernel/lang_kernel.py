@@ -34,7 +34,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -558,23 +557,6 @@ class CompiledKernel(LangKernel):
 def launch(kernel_class: type[LangKernel]) -> None:
     """Run ``kernel_class`` as ``python -m kernelgw_kernel.lang_X -f CONNECTION_FILE``,
     with the send HWMs and the packer of kernelgw's Python kernel."""
-    # as ipykernel_launcher: no imports from the working directory (/workspace)
-    if sys.path and (sys.path[0] == "" or Path(sys.path[0]) == Path.cwd()):
-        del sys.path[0]
+    from kernelgw_kernel.launcher import launch_app
 
-    import zmq
-    from ipykernel.kernelapp import IPKernelApp
-
-    from kernelgw_kernel.launcher import SEND_HWM, guarded
-
-    class LangKernelApp(IPKernelApp):  # type: ignore[misc]
-        def _bind_socket(self, s: Any, port: int) -> Any:
-            s.setsockopt(zmq.SNDHWM, SEND_HWM)
-            s.setsockopt(zmq.RCVHWM, SEND_HWM)
-            return super()._bind_socket(s, port)
-
-        def initialize(self, argv: Any = None) -> None:
-            super().initialize(argv)
-            self.session.pack = guarded(self.session.pack)
-
-    LangKernelApp.launch_instance(kernel_class=kernel_class, capture_fd_output=False)
+    launch_app(kernel_class=kernel_class, capture_fd_output=False)

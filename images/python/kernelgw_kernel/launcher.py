@@ -39,6 +39,7 @@ import json
 import re
 import sys
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -268,7 +269,10 @@ def install_traceback_limits(shell: Any) -> None:
     TracebackLimiter(shell).install()
 
 
-def main() -> None:
+def launch_app(after_init: Callable[[Any], None] | None = None, **launch: Any) -> None:
+    """ipykernel's kernel app with kernelgw's send HWMs and guarded packer, for
+    our Python kernel and for the other languages' kernels of our own
+    (``launch`` goes to ``launch_instance``, e.g. their ``kernel_class``)."""
     # as ipykernel_launcher: no imports from the working directory (/workspace)
     if sys.path and (sys.path[0] == "" or Path(sys.path[0]) == Path.cwd()):
         del sys.path[0]
@@ -286,9 +290,14 @@ def main() -> None:
         def initialize(self, argv: Any = None) -> None:
             super().initialize(argv)
             self.session.pack = guarded(self.session.pack)
-            install_traceback_limits(self.shell)
+            if after_init is not None:
+                after_init(self)
 
-    KernelApp.launch_instance()
+    KernelApp.launch_instance(**launch)
+
+
+def main() -> None:
+    launch_app(lambda app: install_traceback_limits(app.shell))
 
 
 if __name__ == "__main__":
