@@ -33,6 +33,10 @@ bash_kernel's kernel with these changes, made from outside its source:
   (frontends show only the traceback). An interrupted cell answered with
   status ``abort``; it now answers as IPython does (status ``error``, ``ename``
   ``KeyboardInterrupt``), so a gateway tells an interrupt from a failure.
+  The interrupt itself is SIGINT to the terminal's foreground process group
+  (`interrupt_foreground`): bash_kernel wrote the terminal's ^C, and gVisor's
+  terminal (runsc 20221219) turned it into no signal, so under runsc an endless
+  loop ran on until the gateway restarted the kernel.
   A cell bash could not finish reading (an unclosed quote) made pexpect raise
   and the kernel sent no reply at all; it is now an ``IncompleteInput`` error,
   and nothing of the cell ran (the group was never closed).
@@ -367,6 +371,20 @@ class StderrRelay:
                 break
 
 
+def interrupt_foreground(child: Any) -> None:
+    """SIGINT the foreground process group of bash's terminal, as the terminal
+    itself does on ^C (bash, or the command it runs in the foreground); the ^C
+    written to the terminal when that cannot be done."""
+    try:
+        group = os.tcgetpgrp(child.child_fd)
+    except OSError:
+        group = child.pid  # bash leads its own group
+    try:
+        os.killpg(group, signal.SIGINT)
+    except OSError:
+        child.sendcontrol("c")
+
+
 def kernel_class() -> type:
     """bash_kernel's BashKernel with the changes of the module doc."""
     from bash_kernel.kernel import BashKernel
@@ -381,6 +399,11 @@ def kernel_class() -> type:
             self._kgw_stderr: StderrRelay | None = None
             super().__init__(**kwargs)  # starts bash
             self._kgw_stderr = StderrRelay(self._kgw_outlet, tempfile.mkdtemp(prefix="kernelgw-bash-"))
+
+        def _start_bash(self) -> None:
+            super()._start_bash()
+            child = self.bashwrapper.child
+            child.sendintr = lambda: interrupt_foreground(child)
 
         def do_execute(
             self,
