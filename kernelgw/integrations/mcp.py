@@ -66,7 +66,7 @@ from pydantic import Field  # noqa: E402
 from kernelgw.client import DEFAULT_URL, AsyncClient, AsyncSession  # noqa: E402
 from kernelgw.errors import ClientError  # noqa: E402
 from kernelgw.integrations.observation import IMAGE_MIME_TYPES, observe  # noqa: E402
-from kernelgw.integrations.tools import tool_text  # noqa: E402
+from kernelgw.integrations.tools import CODE_DESCRIPTION, tool_text  # noqa: E402
 
 __all__ = ["DEFAULT_IDLE_TIMEOUT", "SandboxRegistry", "create_server", "http_app", "run_http", "run_stdio"]
 
@@ -339,16 +339,8 @@ def create_server(
         except GATEWAY_FAILURES as exc:
             raise _gateway_error(exc) from exc
 
-    @server.tool(
-        name=text.name,
-        description=text.description,
-        annotations=ToolAnnotations(
-            title=text.name.replace("_", " ").capitalize(), read_only_hint=False, open_world_hint=False
-        ),
-        structured_output=False,
-    )
     async def run_python(
-        code: Annotated[str, Field(description=text.code_description)],
+        code: Annotated[str, Field(description=CODE_DESCRIPTION)],
         ctx: Context[Any, Any],
         timeout: Annotated[
             float | None, Field(description="Seconds before the execution is interrupted (default: the gateway's).")
@@ -361,6 +353,18 @@ def create_server(
         content: list[ContentBlock] = [_text(f"{note}\n{obs.text}" if note else obs.text)]
         content += [ImageContent(type="image", data=i.data, mime_type=i.mime_type) for i in obs.images]
         return _result(sandbox, content, is_error=obs.is_error)
+
+    # the code argument is described for the kernel's language: an annotation that
+    # names a local would not resolve (annotations are strings in this module)
+    run_python.__annotations__["code"] = Annotated[str, Field(description=text.code_description)]
+    server.tool(
+        name=text.name,
+        description=text.description,
+        annotations=ToolAnnotations(
+            title=text.name.replace("_", " ").capitalize(), read_only_hint=False, open_world_hint=False
+        ),
+        structured_output=False,
+    )(run_python)
 
     @server.tool(
         name="upload_file",

@@ -480,7 +480,7 @@ def _stand_in_session(session_id: str) -> Any:
     """What the store reads of a KernelSession (no kernel needed to record one)."""
     return SimpleNamespace(
         id=session_id,
-        spec=SimpleNamespace(image="img:test", memory_mb=512, cpus=1.0, runtime="runc"),
+        spec=SimpleNamespace(image="img:test", memory_mb=512, cpus=1.0, runtime="runc", kernel="python3"),
         owner=None,
         created_at=datetime.now(UTC),
         kernel_info={"language_info": {"name": "python", "version": "3.11"}},

@@ -175,7 +175,11 @@ def test_an_out_of_memory_kill_replays_from_an_upload_that_survived(http: httpx.
         assert http.put(f"/v1/sessions/{sid}/files/sales.csv", content=csv).status_code == 201
         assert run(http, sid, "import pandas as pd\ndf = pd.read_csv('sales.csv')")["status"] == "ok"
         done = run(http, sid, "chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 1024 * 1024))")
-        assert done["status"] == "dead" and "out-of-memory" in done["events"][-1]["reason"], done["events"][-1]
+        reason = done["events"][-1]["reason"]
+        # gVisor's sandbox does not always get the engine's OOMKilled flag set in
+        # time (seen once in CI, three test passes at once): then it is SIGKILL
+        oom = "out-of-memory" in reason or (RUNTIME == "runsc" and "signal 9" in reason)
+        assert done["status"] == "dead" and oom, done["events"][-1]
         after = run(http, sid, "print(int(df.sales.sum()), len(df))")
         if KEPT:
             assert stdout(after) == f"{sum(range(5000))} 5000\n"
