@@ -26,6 +26,7 @@ from kernelgw.integrations.tools import (
     run_tool_call,
     tool_result,
 )
+from kernelgw.kernels import PROFILES
 
 SCHEMA = {
     "type": "object",
@@ -262,3 +263,32 @@ def test_mcp_command_checks_the_server_url() -> None:
     pytest.importorskip("mcp")
     result = CliRunner().invoke(main, ["mcp", "--server", "ftp://x"])
     assert result.exit_code == 2 and "--server" in result.output
+
+
+@pytest.mark.parametrize(
+    ("kernel", "name", "described"),
+    [
+        (None, "run_python", "Python source"),
+        ("ruby", "run_ruby", "Ruby source"),
+        ("go", "run_go", "complete Go program"),
+    ],
+)
+def test_the_code_tool_is_named_and_described_for_its_kernel(kernel: str | None, name: str, described: str) -> None:
+    """One code tool per sandbox language, in MCP, LangChain and the tool texts
+    (an MCP server that could not build its tool once failed every MCP client)."""
+    import asyncio
+
+    from kernelgw.integrations.langchain import KernelGWTool
+    from kernelgw.integrations.mcp import create_server
+    from kernelgw.integrations.tools import tool_text
+
+    text = tool_text(kernel)
+    assert text.name == name and described in text.code_description
+    tools = asyncio.run(create_server("http://127.0.0.1:1", kernel=kernel).list_tools())
+    (code_tool,) = [t for t in tools if t.name.startswith("run_")]
+    assert code_tool.name == name and code_tool.description == text.description
+    assert described in code_tool.input_schema["properties"]["code"]["description"]
+    tool = KernelGWTool(kernel=kernel) if kernel else KernelGWTool()
+    assert tool.name == name and tool.session_options == ({"kernel": kernel} if kernel else {})
+    if kernel is not None and not PROFILES[kernel].keeps_state:
+        assert "nothing but files persists" in text.description
