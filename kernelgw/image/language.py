@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import tarfile
 import tempfile
 import time
 from collections import deque
@@ -52,6 +53,9 @@ COMMIT_CHANGES = (
 )
 """The Python image's run-time settings, restated: a commit keeps the base's
 config only where these do not override it, and the install ran as root."""
+BUILD_FORMAT = b"2"
+"""Part of the build hash: bumped when the way these images are made changes in a
+way their files do not show (2: the context is copied in, no VOLUME /build)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +102,7 @@ def build_kernel_image(
     timings: list[tuple[str, float]] = []
     base = build_image(tag=python_image, console=console)
     ctx = read_language_context(name, directory)
-    build_hash = compute_build_hash(ctx.files, base.image_id)
+    build_hash = compute_build_hash({**ctx.files, "\0language-build-format": BUILD_FORMAT}, base.image_id)
     client = connect()
     try:
         with build_lock():
@@ -213,18 +217,25 @@ def _install_and_commit(
 ) -> str:
     """Run install.sh in a network-less container, show its log, commit it as ``tag``."""
     tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-    container = client.containers.run(
+    # The context is copied in, not bind-mounted: a commit records a mount point
+    # as a VOLUME of the image, and every kernel container would then get an
+    # anonymous volume there (left behind on the engine when it is removed).
+    container = client.containers.create(
         python_image,
-        command=["sh", "-eu", "/build/install.sh"],
+        command=["sh", "-euc", "sh -eu /build/install.sh && rm -rf /build"],
         user="0:0",
         working_dir="/",
         network_mode="none",
-        volumes={str(context): {"bind": "/build", "mode": "ro"}},
         environment={"DEBIAN_FRONTEND": "noninteractive"},
         labels={"kernelgw.stage": "install"},
-        detach=True,
     )
     try:
+        with tempfile.TemporaryFile(dir=context.parent) as archive:
+            with tarfile.open(fileobj=archive, mode="w") as tar:
+                tar.add(str(context), arcname="build")
+            archive.seek(0)
+            container.put_archive("/", archive)
+        container.start()
         progress = spinner(console)
         with progress:
             task = progress.add_task(f"install.sh for {tag}", total=None)
@@ -254,7 +265,7 @@ def _install_and_commit(
         raise ImageBuildError(f"building {tag} failed: {exc}", "\n".join(tail)) from exc
     finally:
         try:
-            container.remove(force=True)
+            container.remove(force=True, v=True)
         except docker.errors.APIError:
             pass
 

@@ -325,7 +325,14 @@ def test_an_interrupt_on_request_ends_the_cell_as_interrupted(
     assert ok(lang_http, sid, case.total, kernel).strip() == "50005000"
 
 
-def test_the_gateway_lists_its_kernels_and_refuses_what_only_python_does(lang_http: httpx.Client) -> None:
+def test_the_gateway_lists_its_kernels_and_refuses_what_only_python_does(
+    lang_http: httpx.Client, polyglot: RunningGateway, docker_client: docker.DockerClient
+) -> None:
+    # no image declares a volume: each kernel container would get an anonymous one,
+    # left on the engine (a committed build container's mount point once did)
+    for name in CASES:
+        config = docker_client.images.get(polyglot.settings.kernel_image(name)).attrs["Config"]
+        assert not config.get("Volumes"), (name, config.get("Volumes"))
     kernels = {k["name"]: k for k in lang_http.get("/v1/kernels").json()["kernels"]}
     assert list(kernels) == list(CASES)
     assert kernels["python3"]["default"] and not kernels["ruby"]["default"]

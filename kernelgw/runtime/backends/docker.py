@@ -357,7 +357,7 @@ class DockerBackend:
                     raise
                 log.warning("starting container %s failed (%s); trying again", name, text)
                 with contextlib.suppress(docker.errors.DockerException):
-                    client.api.remove_container(name, force=True)
+                    client.api.remove_container(name, force=True, v=True)
                 time.sleep(0.2 * attempt)
         raise AssertionError("unreachable")
 
@@ -434,7 +434,7 @@ class DockerBackend:
         cannot be removed). Idempotent."""
         client = self._client()
         try:
-            client.api.remove_container(self._store_name(session_id), force=True)
+            client.api.remove_container(self._store_name(session_id), force=True, v=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
@@ -451,7 +451,7 @@ class DockerBackend:
     def _remove_by_label(self, label: str, value: str) -> None:
         try:
             for c in self._client().containers.list(all=True, filters={"label": f"{label}={value}"}):
-                c.remove(force=True)
+                c.remove(force=True, v=True)
         except docker.errors.DockerException:
             log.warning("could not remove containers with %s=%s", label, value, exc_info=True)
 
@@ -460,7 +460,7 @@ class DockerBackend:
 
     def _stop_sync(self, handle: KernelHandle) -> None:
         try:
-            self._client().api.remove_container(handle.container_id, force=True)
+            self._client().api.remove_container(handle.container_id, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
@@ -572,7 +572,7 @@ class DockerBackend:
             if c.labels.get(LABEL_KERNEL) in keep or c.labels.get(LABEL_STORE) in kept:
                 continue
             try:
-                c.remove(force=True)
+                c.remove(force=True, v=True)
                 removed.append(c.name or c.short_id)  # a listed container has a name
             except docker.errors.NotFound:
                 pass
