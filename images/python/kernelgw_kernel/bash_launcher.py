@@ -195,23 +195,22 @@ class StdoutBatch:
     The terminal ends lines with CR LF. bash_kernel cuts them at LF, or at a
     CR, which passes a line ending CR when a read ended between the two and the
     LF as a line of its own: such a CR, followed by its LF, is dropped (a
-    trailing CR waits one more BATCH_S for it)."""
+    trailing CR waits for what follows it, or for the cell's end: under load
+    its LF came more than one batch later, and a CR went out on its own)."""
 
     def __init__(self, outlet: Outlet) -> None:
         self.outlet = outlet
         self.cond = threading.Condition()
         self.text = ""
-        self.held_cr = False
         thread = threading.Thread(target=self._run, name="kernelgw-stdout", daemon=True)
         thread.start()
 
     def add(self, text: str) -> None:
         with self.cond:
-            first = not self.text
+            first = self.text in ("", "\r")
             if text.startswith("\n") and self.text.endswith("\r"):
                 self.text = self.text[:-1]
             self.text += text
-            self.held_cr = False
             if len(self.text) >= MAX_BATCH:
                 self._flush(hold_cr=True)
             elif first:
@@ -223,16 +222,15 @@ class StdoutBatch:
 
     def _flush(self, hold_cr: bool) -> None:
         text, self.text = self.text, ""
-        if hold_cr and not self.held_cr and text.endswith("\r"):
+        if hold_cr and text.endswith("\r"):
             text, self.text = text[:-1], "\r"
-        self.held_cr = bool(self.text)
         if text:
             self.outlet.show("stdout", text)
 
     def _run(self) -> None:
         with self.cond:
             while True:
-                while not self.text:
+                while self.text in ("", "\r"):  # a held CR waits for its LF
                     self.cond.wait()
                 deadline = time.monotonic() + BATCH_S
                 while self.text and (left := deadline - time.monotonic()) > 0:

@@ -186,6 +186,9 @@ class Expressions:
         self.before: Any = None
         self.pending: OrderedDict[str, dict[str, str]] = OrderedDict()
         """msg_id of a request -> the expressions taken out of it."""
+        self.running: str | None = None
+        """The msg_id of the cell the kernel runs (a non-silent execute_request
+        whose reply has not come): a SIGINT while none runs is not passed on."""
         self.interrupted = False
         """The shim sent an interrupt_request since the last cell started: the
         cell's failed reply is reported as Python's ``KeyboardInterrupt`` (Deno
@@ -210,6 +213,8 @@ class Expressions:
         if not content.get("silent"):
             self.before = self.snapshot()
             self.interrupted = False
+            msg_id = header.get("msg_id")
+            self.running = msg_id if isinstance(msg_id, str) else None
         expressions = content.get("user_expressions")
         if not isinstance(expressions, dict):
             return frames
@@ -235,8 +240,6 @@ class Expressions:
     def reply(self, frames: list[bytes]) -> list[bytes]:
         """An execute_reply from the kernel, with the answers to what its
         request asked of us added (the same frames otherwise)."""
-        if not self.pending:
-            return frames
         i = split(frames)
         if i is None:
             return frames
@@ -245,6 +248,8 @@ class Expressions:
             return frames
         parent = json.loads(frames[i + 3])
         msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
+        if msg_id is not None and msg_id == self.running:
+            self.running = None
         if not isinstance(msg_id, str) or msg_id not in self.pending:
             return frames
         content = json.loads(frames[i + 5])
@@ -665,6 +670,8 @@ class Shim:
         return [self.expressions.reply(routed) if channel == "shell" else routed]
 
     def interrupt(self, pid: int) -> None:
+        if self.expressions.running is None:
+            return  # no cell runs: nothing to interrupt (IRkernel hung on a SIGINT between cells under load)
         if self.interrupter is None:
             try:
                 os.kill(pid, signal.SIGINT)
