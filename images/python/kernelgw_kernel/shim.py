@@ -233,9 +233,7 @@ class Expressions:
         self.pending[msg_id] = ours
         while len(self.pending) > PENDING_MAX:
             self.pending.popitem(last=False)
-        new_content = _dumps(content)
-        signature = self.signer.sign([frames[i + 2], frames[i + 3], frames[i + 4], new_content])
-        return [*frames[: i + 1], signature, frames[i + 2], frames[i + 3], frames[i + 4], new_content, *frames[i + 6 :]]
+        return self._with_content(frames, i, content)
 
     def reply(self, frames: list[bytes]) -> list[bytes]:
         """An execute_reply from the kernel, with the answers to what its
@@ -268,6 +266,10 @@ class Expressions:
             content.update(status="error", ename="KeyboardInterrupt", evalue=was or "interrupted")
             content.setdefault("traceback", [])
         content["user_expressions"] = answers
+        return self._with_content(frames, i, content)
+
+    def _with_content(self, frames: list[bytes], i: int, content: dict[str, Any]) -> list[bytes]:
+        """``frames`` (delimiter at ``i``) with ``content`` in place of theirs, signed again."""
         new_content = _dumps(content)
         signature = self.signer.sign([frames[i + 2], frames[i + 3], frames[i + 4], new_content])
         return [*frames[: i + 1], signature, frames[i + 2], frames[i + 3], frames[i + 4], new_content, *frames[i + 6 :]]
