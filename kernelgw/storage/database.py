@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from kernelgw.storage import migrate
-from kernelgw.storage.engine import create_sqlite_writer_engine, create_store_engine, sqlite_file
+from kernelgw.storage.engine import create_sqlite_writer_engine, create_store_engine, enable_wal, sqlite_file
 from kernelgw.storage.health import FileIdentity
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,8 @@ class Database:
             return False
         self._last_attempt = now
         try:
+            if (path := self.sqlite_file) is not None:
+                await asyncio.to_thread(enable_wal, path)
             async with self.engine.begin() as conn:
                 upgrade = await conn.run_sync(migrate.upgrade)
         except Exception as exc:

@@ -7,6 +7,8 @@ the writer thread (a whole batch per hop off the event loop).
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +67,31 @@ def create_sqlite_writer_engine(path: Path, durability: str) -> Engine:
     engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": 30, "check_same_thread": False})
     sqlite_pragmas(engine, durability)
     return engine
+
+
+WAL_SWITCH_TIMEOUT_S = 30.0
+
+
+def enable_wal(path: Path) -> None:
+    """Put a SQLite file in WAL mode once, before any engine connects (blocking).
+
+    The switch needs an exclusive lock, and SQLite answers "database is locked"
+    at once, without waiting out the busy timeout, when waiting could deadlock:
+    gateways starting together on a new file then failed their connection hook.
+    WAL mode is stored in the file, so after this the hook's pragma is a no-op.
+    """
+    deadline = time.monotonic() + WAL_SWITCH_TIMEOUT_S
+    while True:
+        conn = sqlite3.connect(path, timeout=WAL_SWITCH_TIMEOUT_S)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        finally:
+            conn.close()
+        time.sleep(0.05)
 
 
 def sqlite_pragmas(engine: Engine, durability: str) -> None:
