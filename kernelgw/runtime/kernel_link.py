@@ -58,6 +58,7 @@ from kernelgw.runtime.execution import (
     ARTIFACTS_EXPRESSION,
     ARTIFACTS_KEY,
     END_KEY,
+    EndedCell,
     QueuedExecution,
     answers,
     message_order,
@@ -98,8 +99,8 @@ class LinkListener(Protocol):
         """A message over the size limit was dropped while ``execution`` ran."""
         ...
 
-    def on_anomaly(self, execution: QueuedExecution, what: str) -> None:
-        """The kernel sent something for ``execution`` after it had ended."""
+    def on_anomaly(self, ended: EndedCell, what: str) -> None:
+        """The kernel sent something for a cell after it had ended."""
         ...
 
 
@@ -128,7 +129,7 @@ class KernelLink:
         self._iopub_probes: dict[str, asyncio.Event] = {}
         self._shell_probes: dict[str, asyncio.Event] = {}
         self._end_probes: dict[str, QueuedExecution] = {}
-        self._ended: collections.OrderedDict[str, QueuedExecution] = collections.OrderedDict()
+        self._ended: collections.OrderedDict[str, EndedCell] = collections.OrderedDict()
         """Recently ended cells by msg_id: what arrives for them later is an anomaly."""
         self._listener: LinkListener | None = None
 
@@ -326,7 +327,7 @@ class KernelLink:
         if execution.msg_id is not None:
             self._pending.pop(execution.msg_id, None)
             if not execution.silent:
-                self._ended[execution.msg_id] = execution
+                self._ended[execution.msg_id] = EndedCell.of(execution)
                 while len(self._ended) > ENDED_REMEMBERED:
                     self._ended.popitem(last=False)
         if execution.end_probe is not None:

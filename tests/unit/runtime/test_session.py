@@ -8,7 +8,9 @@ Tests wait on what the session says (events, ``done``), never on sleeps.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from typing import Any
 
 import pytest
@@ -274,3 +276,16 @@ async def test_submit_validates_timeout_and_execution_id(new_session: SessionFac
     with pytest.raises(BadRequest, match="already used"):
         session.submit("2", execution_id="once")
     assert (await rec.done).status == "ok"
+
+
+async def test_an_ended_cell_and_its_output_are_not_kept_by_the_session(new_session: SessionFactory) -> None:
+    """The link remembers ended cells to report the kernel's late messages for
+    them; it must not keep their output (up to the cap, per remembered cell)."""
+    session = await new_session()
+    rec = session.submit("print('x' * 1_000_000)")
+    assert (await rec.done).status == "ok"
+    assert (await run(session, "1+1"))[-1]["status"] == "ok"  # the queue has moved on
+    ended = weakref.ref(rec)
+    del rec
+    gc.collect()
+    assert ended() is None, gc.get_referrers(ended())
