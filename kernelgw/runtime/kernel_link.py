@@ -63,7 +63,7 @@ from kernelgw.runtime.execution import (
     answers,
     message_order,
 )
-from kernelgw.runtime.kernel_messages import InvalidKernelMessage, KernelMessageReader
+from kernelgw.runtime.kernel_messages import InvalidKernelMessage, KernelMessageReader, coalesce_streams
 from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.tasks import cancel_and_wait
@@ -423,7 +423,7 @@ class KernelLink:
     async def _read_iopub(self, kc: AsyncKernelClient, listener: LinkListener) -> None:
         reader = self._reader(kc.iopub_channel.socket, kc, "iopub")
         while True:
-            for msg in await reader.batch():
+            for msg in coalesce_streams(await reader.batch()):
                 self._on_iopub(msg, listener)
             await asyncio.sleep(0)  # a flood's next slice waits its turn behind other sessions
 

@@ -30,6 +30,8 @@ from jupyter_client.session import DELIM, Session
 
 MAX_BATCH = 256
 """Most messages one read takes, so a flood is handed over in bounded slices."""
+COALESCE_MAX_CHARS = 1 << 20
+"""Largest stream text `coalesce_streams` makes from several messages."""
 SIGNATURES_REMEMBERED = 1 << 16
 """Signatures kept to refuse a replayed message (jupyter_client keeps as many)."""
 
@@ -101,6 +103,38 @@ def decode(frames: list[bytes], session: Session, history: SignatureHistory) -> 
         "content": _object(parts[4], "content"),
         "buffers": [memoryview(b) for b in parts[5:]],
     }
+
+
+def _stream_text(msg: dict[str, Any]) -> str | None:
+    text = msg["content"].get("text")
+    return text if msg["msg_type"] == "stream" and isinstance(text, str) else None
+
+
+def coalesce_streams(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs of stream messages of one request and one stream, read together, as one
+    message each (up to `COALESCE_MAX_CHARS`): a print loop's flood costs the gateway,
+    the history and every watcher one event per read instead of one per flush.
+    Nothing else is merged or reordered; the first message of a run carries it."""
+    out: list[dict[str, Any]] = []
+    run: list[str] = []  # the texts of out[-1] while it is a stream run
+    for msg in messages:
+        text = _stream_text(msg)
+        if run and text is not None:
+            head = out[-1]
+            if (
+                head["parent_header"].get("msg_id") == msg["parent_header"].get("msg_id")
+                and head["content"].get("name") == msg["content"].get("name")
+                and sum(map(len, run)) + len(text) <= COALESCE_MAX_CHARS
+            ):
+                run.append(text)
+                continue
+        if len(run) > 1:
+            out[-1]["content"]["text"] = "".join(run)
+        out.append(msg)
+        run = [text] if text is not None else []
+    if len(run) > 1:
+        out[-1]["content"]["text"] = "".join(run)
+    return out
 
 
 class KernelMessageReader:

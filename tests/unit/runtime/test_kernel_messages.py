@@ -11,9 +11,11 @@ import zmq.asyncio
 from jupyter_client.session import DELIM, Session
 
 from kernelgw.runtime.kernel_messages import (
+    COALESCE_MAX_CHARS,
     InvalidKernelMessage,
     KernelMessageReader,
     SignatureHistory,
+    coalesce_streams,
     decode,
 )
 
@@ -98,3 +100,45 @@ async def test_a_burst_is_read_in_one_batch_and_bad_messages_do_not_stop_the_rea
     assert [m["content"]["text"] for m in first] == ["0\n", "1\n", "2\n"]  # the forgery took a slot
     assert [m["content"]["text"] for m in second] == ["3\n", "4\n", "5\n"]
     assert len(dropped) == 1 and "invalid signature" in str(dropped[0])
+
+
+def stream(parent: str, name: str, text: str) -> dict[str, object]:
+    return {"msg_type": "stream", "parent_header": {"msg_id": parent}, "content": {"name": name, "text": text}}
+
+
+def other(parent: str, msg_type: str = "display_data") -> dict[str, object]:
+    return {"msg_type": msg_type, "parent_header": {"msg_id": parent}, "content": {"data": {}}}
+
+
+def test_runs_of_one_requests_stream_are_merged_and_nothing_is_reordered() -> None:
+    messages = [
+        stream("a", "stdout", "1\n"),
+        stream("a", "stdout", "2\n"),
+        stream("a", "stderr", "e\n"),  # another stream: a new run
+        stream("a", "stderr", "f\n"),
+        other("a"),  # a display between prints keeps its place
+        stream("a", "stdout", "3\n"),
+        stream("b", "stdout", "x\n"),  # another request: never merged into a's
+        stream("b", "stdout", "y\n"),
+    ]
+    merged = coalesce_streams(messages)  # type: ignore[arg-type]
+    assert [(m["msg_type"], m["parent_header"]["msg_id"], m["content"].get("text")) for m in merged] == [
+        ("stream", "a", "1\n2\n"),
+        ("stream", "a", "e\nf\n"),
+        ("display_data", "a", None),
+        ("stream", "a", "3\n"),
+        ("stream", "b", "x\ny\n"),
+    ]
+
+
+def test_a_merged_stream_stays_within_its_bound() -> None:
+    piece = "x" * (COALESCE_MAX_CHARS // 3 + 1)
+    merged = coalesce_streams([stream("a", "stdout", piece) for _ in range(5)])  # type: ignore[arg-type]
+    assert [len(m["content"]["text"]) for m in merged] == [2 * len(piece), 2 * len(piece), len(piece)]
+    assert all(len(m["content"]["text"]) <= COALESCE_MAX_CHARS for m in merged)
+
+
+def test_a_stream_message_without_text_is_not_merged() -> None:
+    odd = {"msg_type": "stream", "parent_header": {"msg_id": "a"}, "content": {"name": "stdout", "text": 5}}
+    merged = coalesce_streams([stream("a", "stdout", "1"), odd, stream("a", "stdout", "2")])  # type: ignore[list-item]
+    assert [m["content"]["text"] for m in merged] == ["1", 5, "2"]
