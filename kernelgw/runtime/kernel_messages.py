@@ -30,6 +30,8 @@ from jupyter_client.session import DELIM, Session
 
 MAX_BATCH = 256
 """Most messages one read takes, so a flood is handed over in bounded slices."""
+MAX_BATCH_BYTES = 1 << 20
+"""One read stops taking more once it holds this many bytes (a message may be bigger)."""
 COALESCE_MAX_CHARS = 1 << 20
 """Largest stream text `coalesce_streams` makes from several messages."""
 SIGNATURES_REMEMBERED = 1 << 16
@@ -146,6 +148,7 @@ class KernelMessageReader:
         session: Session,
         on_invalid: Callable[[InvalidKernelMessage], None],
         max_batch: int = MAX_BATCH,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
     ) -> None:
         self._socket = socket
         # the same ZMQ socket, read without a future when a message is already there
@@ -154,16 +157,20 @@ class KernelMessageReader:
         self._history = SignatureHistory()
         self._on_invalid = on_invalid
         self._max_batch = max_batch
+        self._max_batch_bytes = max_batch_bytes
 
     async def batch(self) -> list[dict[str, Any]]:
-        """The next messages: waits for one, then takes up to ``max_batch`` already queued."""
+        """The next messages: waits for one, then takes what is already queued, up to
+        ``max_batch`` messages or ``max_batch_bytes``."""
         while True:
             received = [await self._socket.recv_multipart()]
-            while len(received) < self._max_batch:
+            size = sum(map(len, received[0]))
+            while len(received) < self._max_batch and size < self._max_batch_bytes:
                 try:
                     received.append(self._now.recv_multipart(zmq.NOBLOCK))
                 except zmq.Again:
                     break
+                size += sum(map(len, received[-1]))
             messages = []
             for frames in received:
                 try:

@@ -142,3 +142,23 @@ def test_a_stream_message_without_text_is_not_merged() -> None:
     odd = {"msg_type": "stream", "parent_header": {"msg_id": "a"}, "content": {"name": "stdout", "text": 5}}
     merged = coalesce_streams([stream("a", "stdout", "1"), odd, stream("a", "stdout", "2")])  # type: ignore[list-item]
     assert [m["content"]["text"] for m in merged] == ["1", 5, "2"]
+
+
+async def test_a_read_stops_taking_messages_once_it_holds_its_bytes() -> None:
+    ctx = zmq.asyncio.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    address = f"inproc://{uuid.uuid4().hex}"
+    pull.bind(address)
+    push.connect(address)
+    kernel = Session(key=KEY)
+    reader = KernelMessageReader(pull, Session(key=KEY), lambda exc: None, max_batch_bytes=25_000)
+    try:
+        for _ in range(4):
+            await push.send_multipart(frames(kernel, content={"name": "stdout", "text": "x" * 10_000}))
+        await asyncio.sleep(0.05)
+        sizes = [len(await asyncio.wait_for(reader.batch(), 5)) for _ in range(2)]
+    finally:
+        pull.close(0)
+        push.close(0)
+        ctx.term()
+    assert sizes == [3, 1]  # 10 kB, 20 kB, 30 kB: past the bound after the third
