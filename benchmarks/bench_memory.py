@@ -64,8 +64,11 @@ class RssSampler:
         self._thread.join()
 
 
-def measure(image: str) -> dict[str, Any]:
-    env = {"KERNELGW_POOL_SIZE": "0", "KERNELGW_MAX_OUTPUT_BYTES": str(160 * MIB)}
+def measure(image: str, cap: int | None) -> dict[str, Any]:
+    """``cap``: the output cap (None: the default, 16 MiB, which cuts the 100 MB stream)."""
+    env = {"KERNELGW_POOL_SIZE": "0"}
+    if cap is not None:
+        env["KERNELGW_MAX_OUTPUT_BYTES"] = str(cap)
     with Gateway("memory", image=image, env=env) as gw:
         sid = httpx.post(f"{gw.url}/v1/sessions", json={}, timeout=120).json()["id"]
         try:
@@ -84,7 +87,7 @@ async def stream(gw: Gateway, sid: str) -> dict[str, Any]:
         with rss:
             for _ in range(5):
                 _, events = await ws.execute("print('x' * 50_000_000)")
-                assert events[-1]["status"] == "ok", events[-1]
+                assert events[-1]["status"] in ("ok", "error"), events[-1]
         right_after = rss.now()
         await asyncio.sleep(10)
         later = rss.now()
@@ -137,33 +140,32 @@ def main() -> int:
     parser.add_argument("--chart", type=Path, default=DOCS_BENCH / "memory.png")
     args = parser.parse_args()
     started = now_iso()
-    result = measure(args.image)
-    after_ok = result["after_10s_over_idle_mb"] <= AFTER_GOAL_MB
-    peak_ok = result["big_peak_growth_mb"] < PEAK_GOAL_MB
-    print("\nThe gateway's RSS around large outputs (MB)\n")
-    print("| measurement | MB |")
-    print("|---|---:|")
-    for key, value in result.items():
-        if key.endswith("_mb"):
-            print(f"| {key.removesuffix('_mb').replace('_', ' ')} | {value} |")
-    print(
-        f"\n10 s after 5 x 50 MB: +{result['after_10s_over_idle_mb']} MB over idle "
-        f"(goal <= {AFTER_GOAL_MB}: {'met' if after_ok else 'MISSED'}); "
-        f"100 MB streamed: peak +{result['big_peak_growth_mb']} MB "
-        f"(goal < {PEAK_GOAL_MB}: {'met' if peak_ok else 'MISSED'}); "
-        f"delivered {result['big_delivered_bytes']:,} bytes"
-    )
+    results = {
+        "output cap 160 MiB": measure(args.image, 160 * MIB),
+        "default output cap (16 MiB)": measure(args.image, None),
+    }
+    verdicts = {}
+    for name, result in results.items():
+        after_ok = result["after_10s_over_idle_mb"] <= AFTER_GOAL_MB
+        peak_ok = result["big_peak_growth_mb"] < PEAK_GOAL_MB
+        verdicts[name] = {"after_ok": after_ok, "peak_ok": peak_ok}
+        print(f"\nThe gateway's RSS around large outputs (MB), {name}\n")
+        print("| measurement | MB |")
+        print("|---|---:|")
+        for key, value in result.items():
+            if key.endswith("_mb"):
+                print(f"| {key.removesuffix('_mb').replace('_', ' ')} | {value} |")
+        print(
+            f"\n10 s after 5 x 50 MB: +{result['after_10s_over_idle_mb']} MB over idle "
+            f"(goal <= {AFTER_GOAL_MB}: {'met' if after_ok else 'MISSED'}); "
+            f"100 MB streamed: peak +{result['big_peak_growth_mb']} MB "
+            f"(goal < {PEAK_GOAL_MB}: {'met' if peak_ok else 'MISSED'}); "
+            f"delivered {result['big_delivered_bytes']:,} bytes"
+        )
     write_json(
-        args.json,
-        {
-            "started": started,
-            "machine": machine_info(args.image),
-            "result": result,
-            "after_ok": after_ok,
-            "peak_ok": peak_ok,
-        },
+        args.json, {"started": started, "machine": machine_info(args.image), "results": results, "verdicts": verdicts}
     )
-    chart(result, args.chart)
+    chart(results["output cap 160 MiB"], args.chart)
     print(f"wrote {args.json}\nwrote {args.chart}")
     return 0
 
