@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_IMAGE, DOCS_BENCH, Gateway, WsConn, machine_info, now_iso, write_json
+from _common import DEFAULT_IMAGE, DOCS_BENCH, Gateway, WsConn, machine_info, now_iso, other_activity, write_json
 
 MIB = 1024 * 1024
 AFTER_GOAL_MB = 50
@@ -136,6 +136,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image", default=DEFAULT_IMAGE)
+    parser.add_argument("--quick", action="store_true", help="accepted for scripts/bench.sh; the run is short already")
     parser.add_argument("--json", type=Path, default=DOCS_BENCH / "memory.json")
     parser.add_argument("--chart", type=Path, default=DOCS_BENCH / "memory.png")
     args = parser.parse_args()
@@ -163,7 +164,15 @@ def main() -> int:
             f"delivered {result['big_delivered_bytes']:,} bytes"
         )
     write_json(
-        args.json, {"started": started, "machine": machine_info(args.image), "results": results, "verdicts": verdicts}
+        args.json,
+        {
+            "benchmark": "memory",
+            "date": started,
+            "machine": machine_info(args.image),
+            "activity_end": other_activity(),
+            "results": results,
+            "verdicts": verdicts,
+        },
     )
     chart(results["output cap 160 MiB"], args.chart)
     print(f"wrote {args.json}\nwrote {args.chart}")
