@@ -21,7 +21,7 @@ import collections
 import hmac
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import zmq
@@ -34,6 +34,8 @@ MAX_BATCH_BYTES = 1 << 20
 """One read stops taking more once it holds this many bytes (a message may be bigger)."""
 COALESCE_MAX_CHARS = 1 << 20
 """Largest stream text `coalesce_streams` makes from several messages."""
+POLLIN = int(zmq.POLLIN)
+"""As a plain int: pyzmq's flag enums cost a call per operation."""
 SIGNATURES_REMEMBERED = 1 << 16
 """Signatures kept to refuse a replayed message (jupyter_client keeps as many)."""
 
@@ -74,9 +76,13 @@ def _object(part: bytes, what: str) -> dict[str, Any]:
     return value
 
 
-def decode(frames: list[bytes], session: Session, history: SignatureHistory) -> dict[str, Any]:
+def decode(
+    frames: list[bytes], session: Session, history: SignatureHistory, auth: hmac.HMAC | None = None
+) -> dict[str, Any]:
     """One multipart message as jupyter_client's ``deserialize`` gives it (header,
-    parent_header, metadata, content, buffers, msg_id, msg_type), dates left as sent."""
+    parent_header, metadata, content, buffers, msg_id, msg_type), dates left as sent.
+    ``auth``: the session's HMAC, when the caller took it once (`Session.auth` is a
+    traitlets attribute, slow to read for every message)."""
     try:
         start = frames.index(DELIM) + 1
     except ValueError:
@@ -85,10 +91,15 @@ def decode(frames: list[bytes], session: Session, history: SignatureHistory) -> 
     if len(parts) < 5:
         raise InvalidKernelMessage(f"{len(parts)} frames after the delimiter, not at least 5")
     signature = parts[0]
-    if session.auth is not None:
+    if auth is None:
+        auth = session.auth
+    if auth is not None:
         if not signature:
             raise InvalidKernelMessage("unsigned message")
-        if not hmac.compare_digest(signature, session.sign(parts[1:5])):
+        mac = auth.copy()
+        for part in parts[1:5]:
+            mac.update(part)
+        if not hmac.compare_digest(signature, mac.hexdigest().encode()):
             raise InvalidKernelMessage("invalid signature")
         if not history.add(signature):
             raise InvalidKernelMessage("a signature seen before (a replayed message)")
@@ -154,6 +165,7 @@ class KernelMessageReader:
         # the same ZMQ socket, read without a future when a message is already there
         self._now: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
         self._session = session
+        self._auth = session.auth
         self._history = SignatureHistory()
         self._on_invalid = on_invalid
         self._max_batch = max_batch
@@ -166,6 +178,9 @@ class KernelMessageReader:
             received = [await self._socket.recv_multipart()]
             size = sum(map(len, received[0]))
             while len(received) < self._max_batch and size < self._max_batch_bytes:
+                # asked first: a receive that finds nothing raises, which costs more
+                if not cast(int, self._now.getsockopt(zmq.EVENTS)) & POLLIN:
+                    break
                 try:
                     received.append(self._now.recv_multipart(zmq.NOBLOCK))
                 except zmq.Again:
@@ -174,7 +189,7 @@ class KernelMessageReader:
             messages = []
             for frames in received:
                 try:
-                    messages.append(decode(frames, self._session, self._history))
+                    messages.append(decode(frames, self._session, self._history, self._auth))
                 except InvalidKernelMessage as exc:
                     self._on_invalid(exc)
             if messages:
