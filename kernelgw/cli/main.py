@@ -5,6 +5,7 @@ kernelgw serve [--host H] [--port P] [--config FILE] [--log-format auto|json|tex
 kernelgw keys create NAME [--admin] [--max-sessions N] ... | keys list | keys revoke ID
 kernelgw audit [--since 2h] [--key ID] [--session ID] [--kind K] [--json]
 kernelgw image build [--tag T] [--base auto|debootstrap|IMAGE] [--kernel NAME ...] [--force]
+kernelgw image build-gateway [--tag T] [--base auto|debootstrap|IMAGE] [--force]
 kernelgw run [CODE | -] [--server URL] [--session ID] [--timeout S]
              [--save-images DIR | --no-save-images] [--keep] [--upload FILE ...]
              [--save-artifacts DIR]
@@ -276,6 +277,32 @@ def image_build(tag: str | None, base: str, kernels: tuple[str, ...], python_ima
             click.echo(f"built {result.tag} ({result.image_id}) in {result.seconds:.1f}s")
         else:
             click.echo(f"{result.tag} is up to date ({result.image_id}); --force rebuilds it")
+
+
+@image.command("build-gateway")
+@click.option("--tag", default="kernelgw/gateway:latest", show_default=True, help="Image tag to build.")
+@click.option(
+    "--base",
+    default="auto",
+    show_default=True,
+    help="Base image: 'auto', 'debootstrap' (from scratch), or an image to build on.",
+)
+@click.option("--force", is_flag=True, help="Rebuild even if the image is up to date.")
+def image_build_gateway(tag: str, base: str, force: bool) -> None:
+    """Build the gateway's container image (images/gateway; from a source checkout)."""
+    with server_extra("image build-gateway"):
+        from rich.console import Console
+
+        from kernelgw.image import build_gateway_image
+
+    try:
+        result = build_gateway_image(tag=tag, base=base, force=force, console=Console(stderr=True))
+    except KernelGWError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if result.built:
+        click.echo(f"built {result.tag} ({result.image_id}) in {result.seconds:.1f}s")
+    else:
+        click.echo(f"{result.tag} is up to date ({result.image_id}); --force rebuilds it")
 
 
 # -------------------------------------------------------------------------- run
