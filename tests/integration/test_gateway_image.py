@@ -63,6 +63,12 @@ def run_gateway(client: docker.DockerClient, image: str, **overrides: Any) -> An
         },
         ports={"8000/tcp": ("127.0.0.1", None)},
         init=True,
+        # compose.yaml's hardening: only the capabilities the gateway needs
+        cap_drop=["ALL"],
+        cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER"],
+        read_only=True,
+        tmpfs={"/tmp": "", "/var/lib/kernelgw": "", "/var/cache/kernelgw": ""},
+        security_opt=["no-new-privileges"],
     )
     options.update(overrides)
     return client.containers.run(image, **options)
