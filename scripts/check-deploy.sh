@@ -80,7 +80,10 @@ exercise() {
     if curl -fsS -o /dev/null "$url/readyz" 2>/dev/null; then break; fi
     sleep 1
   done
-  curl -fsS "$url/readyz" >/dev/null || { say "the load balancer never answered /readyz with 200"; return 1; }
+  if ! curl -fsS "$url/readyz" >/dev/null; then
+    say "the load balancer never answered /readyz with 200; it answers: $(curl -sS "$url/readyz" 2>&1 | head -c 500)"
+    return 1
+  fi
   say "ready after $(($(date +%s) - t_start)) s"
   local key="" out=""
   for _ in 1 2 3 4 5; do
@@ -90,6 +93,15 @@ exercise() {
     sleep 2
   done
   [ -n "$key" ] || { say "no API key made: $out"; return 1; }
+  # the gateway container's hardening is applied (Swarm ignores some options)
+  local hardening
+  hardening=$($exec_gateway sh -c 'touch /opt/x 2>&1; grep CapEff /proc/self/status')
+  say "gateway container: $(printf '%s' "$hardening" | tr '\n' ' ')"
+  case "$hardening" in *"Read-only file system"*) ;; *)
+    say "the gateway's root file system is writable"
+    return 1
+    ;;
+  esac
   KGW_URL=$url KGW_KEY=$key KGW_GATEWAY=$project "$bin/python" - <<'EOF'
 import os, time
 import docker, httpx
