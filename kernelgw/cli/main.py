@@ -299,7 +299,8 @@ def image_build_gateway(tag: str, base: str, force: bool, stand_ins: bool) -> No
     with server_extra("image build-gateway"):
         from rich.console import Console
 
-        from kernelgw.image import build_gateway_image, build_standins, source_root
+        from kernelgw.image.gateway import build_gateway_image, source_root
+        from kernelgw.image.standins import build_standins
 
     console = Console(stderr=True)
     try:

@@ -19,25 +19,19 @@ from kernelgw.image.builder import ImageBuildResult, build_image
 from kernelgw.image.cache import cache_dir
 from kernelgw.image.engine import image_exists
 from kernelgw.image.errors import BaseImageError, ImageBuildError, WheelDownloadError
-from kernelgw.image.gateway import GATEWAY_TAG, build_gateway_image, source_root
 from kernelgw.image.language import build_kernel_image, language_dir
 from kernelgw.image.names import DEFAULT_TAG, HASH_LABEL
-from kernelgw.image.standins import STANDINS, build_standins
 from kernelgw.image.wheels import manylinux_platforms, packages_from_wheels, pip_command, pip_download_command
 
 __all__ = [
     "DEFAULT_TAG",
-    "GATEWAY_TAG",
     "HASH_LABEL",
-    "STANDINS",
     "BaseImageError",
     "ImageBuildError",
     "ImageBuildResult",
     "WheelDownloadError",
-    "build_gateway_image",
     "build_image",
     "build_kernel_image",
-    "build_standins",
     "cache_dir",
     "image_exists",
     "language_dir",
@@ -45,5 +39,4 @@ __all__ = [
     "packages_from_wheels",
     "pip_command",
     "pip_download_command",
-    "source_root",
 ]

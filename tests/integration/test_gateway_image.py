@@ -17,7 +17,8 @@ import docker.errors
 import httpx
 import pytest
 
-from kernelgw.image import GATEWAY_TAG, HASH_LABEL, build_gateway_image
+from kernelgw.image import HASH_LABEL
+from kernelgw.image.gateway import GATEWAY_TAG, build_gateway_image
 from tests.integration.conftest import IMAGE, RUNTIME, assert_nothing_left, remove_everything
 from tests.support.waiting import wait_until
 
