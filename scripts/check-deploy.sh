@@ -2,7 +2,8 @@
 # Bring compose.yaml up for real and use it: PostgreSQL, the gateway container
 # (host engine through the mounted socket) and HAProxy in front, then a session
 # through the load balancer (multi-turn cells, a network-less kernel, listing),
-# then down, checking nothing is left on the engine.
+# then (compose) a re-created gateway container that reattaches the session's
+# kernel, then down, checking nothing is left on the engine.
 #
 #   scripts/check-deploy.sh [compose|swarm|all]     (default: compose)
 #
@@ -54,7 +55,10 @@ export KERNELGW_LB_IMAGE=kernelgw/haproxy:2.6
 export KERNELGW_DB_PASSWORD=check-$RANDOM$RANDOM
 export KERNELGW_TOKEN_SECRET=token-$RANDOM$RANDOM
 export KERNELGW_CLUSTER_SECRET=cluster-$RANDOM$RANDOM
-export KERNELGW_ON_SHUTDOWN=stop
+# keep: a stopped gateway leaves its kernels to its successor (compose checks
+# that a re-created container reattaches them); swarm and the end of compose
+# use stop, so that taking the deployment down leaves nothing behind
+export KERNELGW_ON_SHUTDOWN=keep
 export KERNELGW_POOL_SIZE=1
 export KERNELGW_LB_PORT=$($bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 url=http://127.0.0.1:$KERNELGW_LB_PORT
@@ -69,23 +73,55 @@ leftovers() {
   docker volume ls -q --filter "label=kernelgw.gateway=$project"
 }
 
+# Until the load balancer answers /readyz with 200 three times in a row, a
+# second apart: a starting gateway can pass one request (HAProxy retries the
+# connection) and fail the next health check, leaving the backend empty for
+# a check interval.
+wait_ready() {
+  local t_start=$(date +%s) ok=0
+  say "waiting for $url/readyz (through HAProxy)"
+  for _ in $(seq 1 120); do
+    if curl -fsS -o /dev/null "$url/readyz" 2>/dev/null; then ok=$((ok + 1)); else ok=0; fi
+    if [ "$ok" -ge 3 ]; then
+      say "ready after $(($(date +%s) - t_start)) s"
+      return 0
+    fi
+    sleep 1
+  done
+  say "the load balancer did not answer /readyz with 200 in 120 s; it answers: $(curl -sS "$url/readyz" 2>&1 | head -c 500)"
+  return 1
+}
+
+# A cell through the load balancer: run CODE in session SID (a new session when
+# SID is "new", whose id is printed) and check its result is EXPECTED.
+session_cell() {
+  KGW_URL=$url KGW_KEY=$key "$bin/python" - "$@" <<'EOF'
+import os, sys
+import httpx
+
+sid, code, expected = sys.argv[1:4]
+headers = {"Authorization": f"Bearer {os.environ['KGW_KEY']}"}
+with httpx.Client(base_url=os.environ["KGW_URL"], headers=headers, timeout=60) as http:
+    if sid == "new":
+        r = http.post("/v1/sessions", json={})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        print(sid)
+    r = http.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+    assert r.status_code == 200, r.text
+    got = [e["data"]["text/plain"] for e in r.json()["events"] if e["type"] == "result"]
+    assert got == ([expected] if expected else []), (got, r.json()["events"])
+EOF
+}
+
 # The service in use: sessions through the load balancer. $1: how to run a
 # command in the gateway's container. Runs as an `if` condition (errexit is
 # off there), so each step checks its own result.
 exercise() {
   local exec_gateway=$1
-  local t_start=$(date +%s)
-  say "waiting for $url/readyz (through HAProxy)"
-  for _ in $(seq 1 120); do
-    if curl -fsS -o /dev/null "$url/readyz" 2>/dev/null; then break; fi
-    sleep 1
-  done
-  if ! curl -fsS "$url/readyz" >/dev/null; then
-    say "the load balancer never answered /readyz with 200; it answers: $(curl -sS "$url/readyz" 2>&1 | head -c 500)"
-    return 1
-  fi
-  say "ready after $(($(date +%s) - t_start)) s"
-  local key="" out=""
+  wait_ready || return 1
+  local out=""
+  key=""
   for _ in 1 2 3 4 5; do
     out=$($exec_gateway kernelgw keys create "check$RANDOM" --admin 2>&1) || true
     key=$(printf '%s\n' "$out" | grep -o 'kgw_[A-Za-z0-9_-]*' | head -n 1) || true
@@ -144,10 +180,26 @@ check_compose() {
   local t_up=$(date +%s)
   "${compose[@]}" up -d
   trap 'docker-compose -p "$project" -f compose.yaml down -v --timeout 60 >/dev/null 2>&1 || true' EXIT
-  if ! exercise "${compose[*]} exec -T gateway"; then
-    "${compose[@]}" logs --tail 50 >&2 || true
-    die "compose"
-  fi
+  diagnose() {
+    "${compose[@]}" ps >&2 || true
+    "${compose[@]}" logs --no-color --tail 40 gateway lb >&2 || true
+    die "$1"
+  }
+  exercise "${compose[*]} exec -T gateway" || diagnose "compose"
+  # A re-created gateway container (a new image, a changed setting) keeps its
+  # name (the host's) and reattaches the kernel its predecessor left running:
+  # the session's variables are still there.
+  local sid
+  sid=$(session_cell new "x = 41" "") || diagnose "a session before re-creating the gateway"
+  say "re-creating the gateway container (session $sid holds x = 41)"
+  "${compose[@]}" up -d --no-deps --force-recreate gateway
+  wait_ready || diagnose "the re-created gateway"
+  session_cell "$sid" "x + 1" "42" || diagnose "the session did not survive the gateway's re-creation"
+  say "the session survived the re-created gateway container"
+  # the last gateway removes its kernels when it stops (the first kept them)
+  export KERNELGW_ON_SHUTDOWN=stop
+  "${compose[@]}" up -d --no-deps gateway
+  wait_ready || diagnose "the gateway re-created with on_shutdown=stop"
   say "docker-compose down"
   "${compose[@]}" down -v --timeout 60
   trap - EXIT
@@ -158,6 +210,7 @@ check_compose() {
 }
 
 check_swarm() {
+  export KERNELGW_ON_SHUTDOWN=stop
   local made_swarm=0
   if [ "$(docker info --format '{{.Swarm.LocalNodeState}}')" = inactive ]; then
     say "docker swarm init (a one-node swarm for the check; left again at the end)"
