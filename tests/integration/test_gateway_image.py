@@ -5,8 +5,10 @@ behind when it stops."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,3 +177,65 @@ def test_gateway_container_refuses_a_runtime_dir_not_shared_with_the_host(
     assert status == 2, logs
     assert f"-v {RUNTIME_DIR}:{RUNTIME_DIR}" in logs, logs
     assert_nothing_left(docker_client, NAME)
+
+
+def test_gateway_container_loads_a_missing_kernel_image_from_an_archive(
+    docker_client: docker.DockerClient, gateway_image: str, tmp_path: Path
+) -> None:
+    """A node without a registry gets the kernel image from a `docker save`
+    tarball (KERNELGW_IMAGE_ARCHIVE): loaded before the gateway serves. A tiny
+    stand-in image keeps the test fast; /healthz reports it present."""
+    tag = f"kgwi-{os.getpid()}/kernel:archive"
+    container = None
+    try:
+        context = io.BytesIO()
+        with tarfile.open(fileobj=context, mode="w") as tar:
+            for name, data in {
+                "Dockerfile": b"FROM scratch\nCOPY f /f\nLABEL kernelgw.test=archive\n",
+                "f": b"x",
+            }.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        context.seek(0)
+        image, _ = docker_client.images.build(
+            fileobj=context, custom_context=True, tag=tag, rm=True, network_mode="none"
+        )
+        archive = tmp_path / "kernel.tar"
+        with archive.open("wb") as fh:
+            for chunk in image.save(named=True):
+                fh.write(chunk)
+        docker_client.images.remove(tag)
+        RUNTIME_DIR.mkdir(exist_ok=True)
+        container = run_gateway(
+            docker_client,
+            gateway_image,
+            environment={
+                "KERNELGW_GATEWAY_NAME": NAME,
+                "KERNELGW_RUNTIME_DIR": str(RUNTIME_DIR),
+                "KERNELGW_IMAGE": tag,
+                "KERNELGW_IMAGE_ARCHIVE": "/archive/kernel.tar",
+                "KERNELGW_POOL_SIZE": "0",
+                "KERNELGW_AUTH": "required",
+            },
+            volumes={
+                "/var/run/docker.sock": {"bind": "/var/run/docker.sock", "mode": "rw"},
+                str(RUNTIME_DIR): {"bind": str(RUNTIME_DIR), "mode": "rw"},
+                str(tmp_path): {"bind": "/archive", "mode": "ro"},
+            },
+        )
+        url = base_url(container)
+        wait_until(lambda: ready(url), "the gateway container's /readyz", timeout=120, interval=0.2)
+        health = httpx.get(f"{url}/healthz", timeout=5).json()
+        assert health["image"] is True and health["image_name"] == tag, health
+        assert (docker_client.images.get(tag).labels or {}).get("kernelgw.test") == "archive"
+        assert "loading the kernel image" in container.logs().decode(errors="replace")
+    finally:
+        if container is not None:
+            container.remove(force=True)
+        remove_everything(docker_client, NAME)
+        shutil.rmtree(RUNTIME_DIR, ignore_errors=True)
+        try:
+            docker_client.images.remove(tag)
+        except docker.errors.ImageNotFound:
+            pass
