@@ -17,4 +17,5 @@ check "ruff format" "$bin/ruff" format --check .
 check "mypy --strict" "$bin/mypy"
 # --no-cache: a cache left by an earlier run once hid a new import cycle that a clean clone found
 check "import contracts" "$bin/lint-imports" --no-cache
+check "kubernetes manifests" bash scripts/check-kubernetes.sh
 exit "$status"

@@ -5,6 +5,7 @@ kernelgw serve [--host H] [--port P] [--config FILE] [--log-format auto|json|tex
 kernelgw keys create NAME [--admin] [--max-sessions N] ... | keys list | keys revoke ID
 kernelgw audit [--since 2h] [--key ID] [--session ID] [--kind K] [--json]
 kernelgw image build [--tag T] [--base auto|debootstrap|IMAGE] [--kernel NAME ...] [--force]
+kernelgw image build-gateway [--tag T] [--base auto|debootstrap|IMAGE] [--force] [--stand-ins]
 kernelgw run [CODE | -] [--server URL] [--session ID] [--timeout S]
              [--save-images DIR | --no-save-images] [--keep] [--upload FILE ...]
              [--save-artifacts DIR]
@@ -269,6 +270,43 @@ def image_build(tag: str | None, base: str, kernels: tuple[str, ...], python_ima
             results.append(
                 build_kernel_image(name, tag, python_image=python_image or DEFAULT_IMAGE, force=force, console=console)
             )
+    except KernelGWError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for result in results:
+        if result.built:
+            click.echo(f"built {result.tag} ({result.image_id}) in {result.seconds:.1f}s")
+        else:
+            click.echo(f"{result.tag} is up to date ({result.image_id}); --force rebuilds it")
+
+
+@image.command("build-gateway")
+@click.option("--tag", default="kernelgw/gateway:latest", show_default=True, help="Image tag to build.")
+@click.option(
+    "--base",
+    default="auto",
+    show_default=True,
+    help="Base image: 'auto', 'debootstrap' (from scratch), or an image to build on.",
+)
+@click.option("--force", is_flag=True, help="Rebuild even if the image is up to date.")
+@click.option(
+    "--stand-ins",
+    is_flag=True,
+    help="Also build kernelgw/postgres:15 and kernelgw/haproxy:2.6 from Debian packages, "
+    "for compose.yaml where no registry can be reached.",
+)
+def image_build_gateway(tag: str, base: str, force: bool, stand_ins: bool) -> None:
+    """Build the gateway's container image (images/gateway; from a source checkout)."""
+    with server_extra("image build-gateway"):
+        from rich.console import Console
+
+        from kernelgw.image.gateway import build_gateway_image, source_root
+        from kernelgw.image.standins import build_standins
+
+    console = Console(stderr=True)
+    try:
+        results = [build_gateway_image(tag=tag, base=base, force=force, console=console)]
+        if stand_ins:
+            results += build_standins(source_root(), force=force, console=console)
     except KernelGWError as exc:
         raise click.ClickException(str(exc)) from exc
     for result in results:

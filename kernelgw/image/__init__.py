@@ -10,7 +10,9 @@ One module a job: :mod:`.builder` runs a build from :mod:`.base` (with
 (inputs and their hash), :mod:`.wheels` (pip on the host) and
 :mod:`.docker_build`; :mod:`.language` builds other languages' kernels on that
 image (with :mod:`.debs` for their Debian packages); :mod:`.engine`, :mod:`.cache`, :mod:`.names`,
-:mod:`.errors` and :mod:`.progress` serve them.
+:mod:`.errors` and :mod:`.progress` serve them. :mod:`.gateway` builds the gateway's
+own container image (images/gateway) the same way, :mod:`.standins` the PostgreSQL
+and HAProxy images compose.yaml can use where no registry answers.
 """
 
 from kernelgw.image.builder import ImageBuildResult, build_image
