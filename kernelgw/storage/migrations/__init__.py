@@ -31,6 +31,8 @@ REPLAY = "0003"
 """Executions name their kernel and what they replayed (recovery by replay)."""
 KERNEL_NAME = "0004"
 """Sessions name their kernel (language): python3, deno, ir, ..."""
+GATEWAYS = "0005"
+"""The registry of gateways sharing the store (many gateways as one service)."""
 
 
 class MigrationsNeedAConnection(RuntimeError):
