@@ -71,6 +71,11 @@ _NOT_RELAYED_WS = _HOP_BY_HOP | {
     "content-length",
 }
 _NOT_RETURNED = _HOP_BY_HOP | {"date", "server"}
+GATEWAY_HEADER = b"x-kernelgw-gateway"
+"""On every HTTP answer of a cluster gateway: the gateway that served it (a forwarded
+request's owner), for operators reading logs and load balancer traces."""
+VIA_HEADER = b"x-kernelgw-via"
+"""On a forwarded answer: the gateway that received the request and forwarded it."""
 CLOSE_TRY_AGAIN = 1013
 CLOSE_CODES = {401: 4401, 403: 4403, 404: 4404}
 _UNSENDABLE_CLOSE = {1004, 1005, 1006, 1015}
@@ -92,17 +97,18 @@ class Forwarder:
         path: str = scope["path"]
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            if cluster.verify(headers, method, path) is not None:
-                await self.app(scope, receive, send)  # forwarded once already: served here
-                return
-            target = await self._target(state, cluster, scope, method, path)
+            forwarded = cluster.verify(headers, method, path) is not None
+            # forwarded once already: served here, whatever the registry says (no loops)
+            target = None if forwarded else await self._target(state, cluster, scope, method, path)
         except KernelGWError as exc:
             await refuse(scope, receive, send, exc)
             return
         if target is None:
-            await self.app(scope, receive, send)
+            await self.app(
+                scope, receive, send if scope["type"] != "http" else _named(send, GATEWAY_HEADER, cluster.name)
+            )
         elif scope["type"] == "http":
-            await proxy_http(cluster, target, scope, receive, send)
+            await proxy_http(cluster, target, scope, receive, _named(send, VIA_HEADER, cluster.name))
         else:
             await relay_websocket(cluster, target, scope, receive, send)
 
@@ -149,6 +155,18 @@ async def _principal(state: GatewayState, scope: Scope) -> Principal:
     if token is not None:
         return await state.auth.from_key_or_token(None, token)
     return await state.auth.from_key(key)
+
+
+def _named(send: Send, header: bytes, name: str) -> Send:
+    """``send`` adding ``header: name`` to the response's start."""
+    value = name.encode("latin-1", errors="replace")
+
+    async def named(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (header, value)]}
+        await send(message)
+
+    return named
 
 
 # ---------------------------------------------------------------- errors
