@@ -98,15 +98,23 @@ class Forwarder:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             forwarded = cluster.verify(headers, method, path) is not None
-            # forwarded once already: served here, whatever the registry says (no loops)
-            target = None if forwarded else await self._target(state, cluster, scope, method, path)
+            if forwarded:
+                target = None  # forwarded once already: served here, whatever the registry says (no loops)
+            elif create_face(method, path) == "v1" and scope["type"] == "http":
+                receive, source = await _fork_source(receive, state.settings.max_request_bytes)
+                route = SessionRoute(source, "v1", "") if source is not None else None
+                target = await self._owner(state, cluster, scope, route) if route else cluster.placement_target()
+            else:
+                target = await self._target(state, cluster, scope, method, path)
         except KernelGWError as exc:
             await refuse(scope, receive, send, exc)
             return
         if target is None:
-            await self.app(
-                scope, receive, send if scope["type"] != "http" else _named(send, GATEWAY_HEADER, cluster.name)
-            )
+            if scope["type"] == "http":
+                send = _named(send, GATEWAY_HEADER, cluster.name)
+                if method == "DELETE" and (route := session_route(path)) is not None and not route.rest:
+                    send = _after_flush(send, state)
+            await self.app(scope, receive, send)
         elif scope["type"] == "http":
             await proxy_http(cluster, target, scope, receive, _named(send, VIA_HEADER, cluster.name))
         else:
@@ -119,7 +127,14 @@ class Forwarder:
         route = session_route(path)
         if route is None:
             return cluster.placement_target() if create_face(method, path) and scope["type"] == "http" else None
-        if route.from_store(method) or _runs_here(state, route):
+        if route.from_store(method):
+            return None
+        return await self._owner(state, cluster, scope, route)
+
+    async def _owner(self, state: GatewayState, cluster: Cluster, scope: Scope, route: SessionRoute) -> Gateway | None:
+        """The live peer running ``route``'s session; None when it runs here or
+        nowhere; raises `OwnerGone` when its gateway is gone."""
+        if _runs_here(state, route):
             return None
         ownership = await cluster.registry.owner_of(route.candidate_ids())
         if ownership is None or ownership.gateway_name == cluster.name:
@@ -136,6 +151,37 @@ class Forwarder:
             f"gateways are gone after {cluster.registry.gone_after_s:g} s without a heartbeat). Its kernel comes "
             "back when that gateway restarts and reattaches it; retry later."
         )
+
+
+async def _fork_source(receive: Receive, limit: int) -> tuple[Receive, str | None]:
+    """A create's body read ahead for its ``from`` (a fork runs where its source
+    runs: its files are copied on that host), and a ``receive`` that gives the
+    body again. A body over ``limit`` is not parsed (the app refuses it)."""
+    messages: list[Message] = []
+    size = 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False) or size > limit:
+            break
+    source = None
+    if size <= limit and messages and not messages[-1].get("more_body", False):
+        try:
+            body = orjson.loads(b"".join(m.get("body", b"") for m in messages))
+        except orjson.JSONDecodeError:
+            body = None
+        if isinstance(body, dict) and isinstance(body.get("from"), str):
+            source = body["from"]
+    pending = iter(messages)
+
+    async def replay() -> Message:
+        message = next(pending, None)
+        return message if message is not None else await receive()
+
+    return replay, source
 
 
 def _runs_here(state: GatewayState, route: SessionRoute) -> bool:
@@ -167,6 +213,19 @@ def _named(send: Send, header: bytes, name: str) -> Send:
         await send(message)
 
     return named
+
+
+def _after_flush(send: Send, state: GatewayState) -> Send:
+    """``send`` whose answer starts once the store has committed what is queued:
+    a deleted session's end is in its row before the client hears 204, so no
+    other gateway lists it afterwards."""
+
+    async def flushed(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            await state.store.flush()
+        await send(message)
+
+    return flushed
 
 
 # ---------------------------------------------------------------- errors

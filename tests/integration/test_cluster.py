@@ -18,9 +18,11 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ import pytest
 from sqlalchemy.engine import make_url
 from websockets.sync.client import connect
 
+from kernelgw.cluster import proof
 from kernelgw.config import Settings
 from kernelgw.storage import Store
 from kernelgw.storage.keys import KeyStore
@@ -71,12 +74,12 @@ def cluster_database() -> Iterator[str]:
         asyncio.run(run(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
-def make_key(database_url: str, data_dir: Path) -> str:
+def make_key(database_url: str, data_dir: Path, name: str = "cluster-test") -> str:
     async def create() -> str:
         store = Store.from_settings(Settings(database_url=database_url, data_dir=data_dir))
         await store.start()  # migrates the new database
         try:
-            return (await KeyStore(store).create("cluster-test"))[1]
+            return (await KeyStore(store).create(name))[1]
         finally:
             await store.close()
 
@@ -209,12 +212,44 @@ def ws_execute(ws_base: str, key: str, sid: str, code: str) -> list[dict[str, An
                 return events
 
 
+def channels_execute(ws_base: str, key: str, kernel_id: str, code: str) -> list[str]:
+    """One cell over Jupyter's channels WebSocket (``?token=``, JSON frames): its
+    results' text/plain, up to the idle status."""
+    msg_id = uuid.uuid4().hex
+    request = {
+        "header": {
+            "msg_id": msg_id,
+            "msg_type": "execute_request",
+            "username": "test",
+            "session": uuid.uuid4().hex,
+            "date": datetime.now(UTC).isoformat(),
+            "version": "5.3",
+        },
+        "parent_header": {},
+        "metadata": {},
+        "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False},
+        "channel": "shell",
+    }
+    results: list[str] = []
+    with connect(f"{ws_base}/api/kernels/{kernel_id}/channels?token={key}", open_timeout=30) as ws:
+        ws.send(json.dumps(request))
+        while True:
+            msg = json.loads(ws.recv(timeout=60))
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "execute_result":
+                results.append(msg["content"]["data"]["text/plain"])
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return results
+
+
 # ---------------------------------------------------------------- the test
 def test_three_gateways_behind_haproxy_are_one_service(docker_client: docker.DockerClient, tmp_path: Path) -> None:
     names = [f"c{os.getpid()}-{i}" for i in range(3)]
     with ExitStack() as stack:
         database_url = stack.enter_context(cluster_database())
         key = make_key(database_url, tmp_path / "keys")
+        other_key = make_key(database_url, tmp_path / "keys", "someone-else")
         gateways = []
         for i, name in enumerate(names):
             env = {
@@ -280,6 +315,44 @@ def test_three_gateways_behind_haproxy_are_one_service(docker_client: docker.Doc
                 assert next(e for e in events if e["type"] == "result")["data"]["text/plain"] == "2"
                 assert events[-1]["type"] == "done" and events[-1]["status"] == "ok"
 
+        # --- Jupyter's channels WebSocket through the proxy (relayed when it lands elsewhere)
+        for sid in owners:
+            for _ in range(3):
+                assert channels_execute(ws_base, key, sid, "x + 1") == ["2"]
+
+        # --- loop guard: a request with a valid proof is served where it lands, never forwarded
+        # again (here: the 404 of a session this gateway does not run); a bad proof is refused
+        stranger = gateways[0]
+        elsewhere = by_owner[names[1]]
+        path = f"/v1/sessions/{elsewhere}"
+        signed = proof.proof_headers(SECRET.encode(), names[2], "GET", path)
+        served = httpx.get(stranger.url + path, headers=auth | signed, timeout=30)
+        assert served.status_code == 404 and served.headers["x-kernelgw-gateway"] == stranger.name, served.text
+        assert "x-kernelgw-via" not in served.headers
+        forged = proof.proof_headers(b"not the secret", names[2], "GET", path)
+        refused = httpx.get(stranger.url + path, headers=auth | forged, timeout=30)
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "forward_refused", refused.text
+        unsigned = httpx.get(stranger.url + path, headers=auth, timeout=30)
+        assert unsigned.status_code == 200 and unsigned.headers["x-kernelgw-gateway"] == names[1]
+        assert unsigned.headers["x-kernelgw-via"] == stranger.name
+        # the owner checks the key itself: none is a 401, another key's session a 404
+        assert httpx.get(stranger.url + path, timeout=30).status_code == 401
+        theirs = httpx.get(stranger.url + path, headers={"Authorization": f"Bearer {other_key}"}, timeout=30)
+        assert theirs.status_code == 404 and theirs.headers["x-kernelgw-gateway"] == names[1], theirs.text
+
+        # --- a fork runs where its source runs (its files are copied on that host), wherever it is asked
+        source = by_owner[names[0]]
+        forks = []
+        for _ in range(3):
+            fork = lb.post("/v1/sessions", json={"from": source})
+            assert fork.status_code == 201, fork.text
+            assert fork.headers["x-kernelgw-gateway"] == names[0]
+            forks.append(fork.json()["id"])
+        for fid in forks:
+            response, body = execute(lb, fid, "x + 1")
+            assert response.status_code == 200 and result_text(body) == "2", body
+            assert lb.delete(f"/v1/sessions/{fid}").status_code == 204
+
         # --- listings through the proxy, from every gateway: all three sessions, both faces
         for _ in range(3):
             listed = lb.get("/v1/sessions")
@@ -288,6 +361,8 @@ def test_three_gateways_behind_haproxy_are_one_service(docker_client: docker.Doc
             kernels = lb.get("/api/kernels")
             assert kernels.status_code == 200
             assert {k["id"] for k in kernels.json()} == set(owners)
+        other_listing = lb.get("/v1/sessions", headers={"Authorization": f"Bearer {other_key}"})
+        assert other_listing.status_code == 200 and other_listing.json()["sessions"] == []
         # a gateway's own sessions and the others', directly
         for gw in gateways:
             direct = httpx.get(f"{gw.url}/v1/sessions/{by_owner[names[0]]}", headers=auth, timeout=30)
