@@ -187,6 +187,29 @@ backend gateways
             proc.wait()
 
 
+def cluster_gateway(name: str, index: int, tmp_path: Path, database_url: str, **env: str) -> Gateway:
+    """A gateway of the test's cluster (not started): its own name, port, runtime and data directories."""
+    runtime_dir = Path(f"/tmp/kgwc{os.getpid() % 1000}-{index}")
+    full_env = {
+        **os.environ,
+        "KERNELGW_GATEWAY_NAME": name,
+        "KERNELGW_IMAGE": IMAGE,
+        "KERNELGW_RUNTIME": RUNTIME,
+        "KERNELGW_RUNTIME_DIR": str(runtime_dir),
+        "KERNELGW_DATA_DIR": str(tmp_path / name),
+        "KERNELGW_DATABASE_URL": database_url,
+        "KERNELGW_MEMORY_MB": "256",
+        "KERNELGW_LOG_FORMAT": "text",
+        "KERNELGW_POOL_SIZE": "0",
+        "KERNELGW_ON_SHUTDOWN": "stop",  # a clean stop at the end leaves nothing
+        "KERNELGW_CLUSTER_SECRET": SECRET,
+        "KERNELGW_CLUSTER_HEARTBEAT_S": "1",
+        "KERNELGW_CLUSTER_GONE_AFTER_S": str(GONE_AFTER_S),
+        **env,
+    }
+    return Gateway(name, free_port(), runtime_dir, tmp_path / name, tmp_path / f"{name}.log", full_env)
+
+
 # ---------------------------------------------------------------- helpers
 def execute(lb: httpx.Client, sid: str, code: str) -> tuple[httpx.Response, dict[str, Any]]:
     response = lb.post(f"/v1/sessions/{sid}/execute", json={"code": code})
@@ -250,26 +273,7 @@ def test_three_gateways_behind_haproxy_are_one_service(docker_client: docker.Doc
         database_url = stack.enter_context(cluster_database())
         key = make_key(database_url, tmp_path / "keys")
         other_key = make_key(database_url, tmp_path / "keys", "someone-else")
-        gateways = []
-        for i, name in enumerate(names):
-            env = {
-                **os.environ,
-                "KERNELGW_GATEWAY_NAME": name,
-                "KERNELGW_IMAGE": IMAGE,
-                "KERNELGW_RUNTIME": RUNTIME,
-                "KERNELGW_RUNTIME_DIR": f"/tmp/kgwc{i}",
-                "KERNELGW_DATA_DIR": str(tmp_path / name),
-                "KERNELGW_DATABASE_URL": database_url,
-                "KERNELGW_MEMORY_MB": "256",
-                "KERNELGW_LOG_FORMAT": "text",
-                "KERNELGW_POOL_SIZE": "0",
-                "KERNELGW_ON_SHUTDOWN": "stop",  # a clean stop at the end leaves nothing
-                "KERNELGW_CLUSTER_SECRET": SECRET,
-                "KERNELGW_CLUSTER_HEARTBEAT_S": "1",
-                "KERNELGW_CLUSTER_GONE_AFTER_S": str(GONE_AFTER_S),
-            }
-            gw = Gateway(name, free_port(), Path(f"/tmp/kgwc{i}"), tmp_path / name, tmp_path / f"{name}.log", env)
-            gateways.append(gw)
+        gateways = [cluster_gateway(name, i, tmp_path, database_url) for i, name in enumerate(names)]
         for name in names:
             stack.callback(remove_everything, docker_client, name)
         for gw in gateways:
@@ -416,5 +420,47 @@ def test_three_gateways_behind_haproxy_are_one_service(docker_client: docker.Doc
         for sid in owners:
             assert lb.delete(f"/v1/sessions/{sid}").status_code == 204
         assert lb.get("/v1/sessions").json()["sessions"] == []
+    for name in names:
+        assert_nothing_left(docker_client, name)
+
+
+def test_placement_by_load_forwards_a_create_to_the_least_loaded_gateway(
+    docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    """``placement=load`` on A: once A runs a session and B none, a create sent to A
+    runs on B (forwarded); B, with ``placement=local``, keeps what it gets."""
+    names = [f"p{os.getpid()}-{i}" for i in range(2)]
+    with ExitStack() as stack:
+        database_url = stack.enter_context(cluster_database())
+        a = cluster_gateway(names[0], 3, tmp_path, database_url, KERNELGW_PLACEMENT="load")
+        b = cluster_gateway(names[1], 4, tmp_path, database_url)
+        for gw in (a, b):
+            stack.callback(remove_everything, docker_client, gw.name)
+            stack.callback(gw.stop)
+            gw.start()
+        to_a = stack.enter_context(httpx.Client(base_url=a.url, timeout=120))
+        first = to_a.post("/v1/sessions", json={})
+        assert first.status_code == 201, first.text
+        assert first.headers["x-kernelgw-gateway"] == a.name  # a tie stays where it was asked
+
+        def placed_on_b() -> httpx.Response | None:
+            # A's registry learns its own load at its next heartbeat; until then a create may stay on A
+            created = to_a.post("/v1/sessions", json={})
+            assert created.status_code == 201, created.text
+            if created.headers["x-kernelgw-gateway"] == b.name:
+                return created
+            assert to_a.delete(f"/v1/sessions/{created.json()['id']}").status_code == 204
+            return None
+
+        moved = eventually(placed_on_b, 30)
+        assert moved.headers["x-kernelgw-via"] == a.name
+        sid = moved.json()["id"]
+        response, body = execute(to_a, sid, "21 * 2")
+        assert response.status_code == 200 and result_text(body) == "42", body
+        to_b = stack.enter_context(httpx.Client(base_url=b.url, timeout=120))
+        local = to_b.post("/v1/sessions", json={})
+        assert local.status_code == 201 and local.headers["x-kernelgw-gateway"] == b.name
+        for created in (first, moved, local):
+            assert to_a.delete(f"/v1/sessions/{created.json()['id']}").status_code == 204
     for name in names:
         assert_nothing_left(docker_client, name)

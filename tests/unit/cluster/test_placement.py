@@ -28,3 +28,7 @@ def test_a_full_tie_stays_on_the_receiving_gateway() -> None:
 
 def test_no_gateway_no_choice() -> None:
     assert least_loaded([], prefer="a") is None
+
+
+def test_free_memory_differing_by_noise_is_a_tie() -> None:
+    assert least_loaded([gw("a", 1, 20_000), gw("b", 1, 20_100)], prefer="a").name == "a"
