@@ -315,7 +315,7 @@ class Settings(BaseSettings):
         if host in ("", "0.0.0.0", "::"):
             import socket
 
-            host = socket.getfqdn()
+            host = socket.gethostname()  # a name PageGuard accepts by default (allowed_hosts)
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"

@@ -53,8 +53,9 @@ class Cluster:
     async def start(self) -> None:
         await self.registry.start()
 
-    async def close(self) -> None:
-        await self.registry.stop()
+    async def close(self, registered: bool = True) -> None:
+        if registered:
+            await self.registry.stop()
         await self.http.aclose()
         await self.engine.dispose()
 

@@ -30,7 +30,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from kernelgw.errors import StorageUnavailable
+from kernelgw.errors import GatewayNameInUse, StorageUnavailable
 from kernelgw.storage import schema
 from kernelgw.storage.records import as_utc
 from kernelgw.tasks import cancel_and_wait
@@ -109,6 +109,20 @@ class GatewayRegistry:
         self._loop: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ lifecycle
+    async def check_name(self) -> None:
+        """Raise `GatewayNameInUse` when a live gateway of this name serves at
+        another address (another host): the two would share the row and the
+        sessions' ownership. Before this gateway touches any kernel."""
+        await self.refresh()
+        other = self._gateways.get(self.name)
+        if other is not None and other.url != self.url and other.live(_now(), self.gone_after_s):
+            raise GatewayNameInUse(
+                f"A live gateway named {self.name!r} serves at {other.url} ({other.last_seen()}), and this one "
+                f"would serve at {self.url}: each gateway of a cluster needs its own name (KERNELGW_GATEWAY_NAME). "
+                f"If that was this gateway before a restart at a new address, start again after "
+                f"{self.gone_after_s:g} s (cluster_gone_after_s)."
+            )
+
     async def start(self) -> None:
         """Register (or re-register under the same name) and start heartbeating."""
         await self._write(started=True)

@@ -101,6 +101,15 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
                 cluster=cluster,
             ),
         )
+        if cluster is not None:  # another host's live gateway of this name: refused before any kernel is touched
+            try:
+                await cluster.registry.check_name()
+            except BaseException as exc:
+                if isinstance(exc, GatewayNameInUse):
+                    log.error("%s", exc.message)
+                await cluster.close(registered=False)
+                await store.close()
+                raise
         try:
             await manager.start()
         except KernelGWError as exc:

@@ -167,6 +167,8 @@ frontend lb
     default_backend gateways
 backend gateways
     balance roundrobin
+    option redispatch
+    retries 2
     option httpchk GET /healthz
 {servers}
 """

@@ -13,6 +13,7 @@ from sqlalchemy import insert, update
 from kernelgw.cluster.node import Cluster
 from kernelgw.cluster.registry import GatewayRegistry, free_memory_mb
 from kernelgw.config import Settings
+from kernelgw.errors import GatewayNameInUse
 from kernelgw.keys import ANONYMOUS, Principal
 from kernelgw.storage import Store, schema
 from tests.support.app import local_settings
@@ -125,6 +126,25 @@ async def test_owner_lookup_and_listing_see_open_sessions_only(store_settings: S
         assert await a.remote_sessions(ANONYMOUS) == []
     finally:
         await a.close()
+
+
+async def test_a_live_gateway_of_the_same_name_elsewhere_is_refused(store_settings: Settings) -> None:
+    a = Cluster(store_settings, running_sessions=lambda: 0)
+    await a.start()
+    try:
+        twin = Cluster(store_settings.model_copy(update={"port": 8109}), running_sessions=lambda: 0)
+        with pytest.raises(GatewayNameInUse) as caught:
+            await twin.registry.check_name()
+        assert "http://127.0.0.1:8101" in caught.value.message and "KERNELGW_GATEWAY_NAME" in caught.value.message
+        await twin.close(registered=False)
+        again = Cluster(store_settings, running_sessions=lambda: 0)  # the same address: a restart
+        await again.registry.check_name()
+        await again.close(registered=False)
+    finally:
+        await a.close()
+    after = Cluster(store_settings.model_copy(update={"port": 8109}), running_sessions=lambda: 0)
+    await after.registry.check_name()  # stopped: the name is free
+    await after.close(registered=False)
 
 
 def test_free_memory_is_read_from_meminfo(tmp_path: Path) -> None:
