@@ -3,7 +3,7 @@
 Every ``/v1/sessions/{id}...`` route (its WebSocket included) and every
 ``/api/kernels/{id}...`` route (the channels WebSocket included) names one.
 Its history and notebook export are read from the shared store, so any
-gateway answers them without forwarding.
+gateway answers them without forwarding, also while the owner is gone.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ Face = Literal["v1", "jupyter"]
 _SESSION = re.compile(r"^/v1/sessions/(?P<id>[^/]+)(?P<rest>/.*)?$")
 _KERNEL = re.compile(r"^/api/kernels/(?P<id>[^/]+)(?P<rest>/.*)?$")
 _HEX_ID = re.compile(r"[0-9a-fA-F]{32}")
-_STORE_ONLY = ("/history",)
+_STORE_ONLY = ("/history", "/notebook")
 """Routes served from the store alone (on any gateway): GET only."""
 
 

@@ -390,7 +390,7 @@ def test_three_gateways_behind_haproxy_are_one_service(docker_client: docker.Doc
         assert error["code"] == "owner_gone" and dead.name in error["message"], error
         assert gone.headers.get("retry-after")
         # once the heartbeat is stale, every gateway says so with when it was last seen
-        eventually(lambda: "last heartbeat" in lb.get(f"/v1/sessions/{dead_sid}").text, GONE_AFTER_S + 10)
+        eventually(lambda: "which is gone" in lb.get(f"/v1/sessions/{dead_sid}").text, GONE_AFTER_S + 10)
         for _ in range(3):
             jupyter = lb.get(f"/api/kernels/{dead_sid}")
             assert jupyter.status_code == 503 and dead.name in jupyter.json()["message"], jupyter.text
@@ -407,6 +407,12 @@ def test_three_gateways_behind_haproxy_are_one_service(docker_client: docker.Doc
                 assert response.status_code == 200 and result_text(body) == "2", response.text
         listed = lb.get("/v1/sessions").json()["sessions"]
         assert {s["id"] for s in listed} == set(owners) - {dead_sid}  # a gone gateway's sessions are not listed
+        # its history and notebook are the store's: any gateway serves them meanwhile
+        for _ in range(3):
+            history = lb.get(f"/v1/sessions/{dead_sid}/history")
+            assert history.status_code == 200, history.text
+            notebook = lb.get(f"/v1/sessions/{dead_sid}/notebook")
+            assert notebook.status_code == 200 and len(notebook.json()["cells"]) >= 5, notebook.text
 
         # --- restarted under its name (same runtime directory): it reattaches, its session comes back
         dead.start()
@@ -422,6 +428,8 @@ def test_three_gateways_behind_haproxy_are_one_service(docker_client: docker.Doc
         for sid in owners:
             assert lb.delete(f"/v1/sessions/{sid}").status_code == 204
         assert lb.get("/v1/sessions").json()["sessions"] == []
+    for gw in gateways:
+        assert gw.proc is not None and gw.proc.poll() is not None, f"gateway {gw.name} still runs"
     for name in names:
         assert_nothing_left(docker_client, name)
 

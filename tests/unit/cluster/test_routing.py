@@ -30,10 +30,12 @@ def test_other_paths_name_none(path: str) -> None:
     assert session_route(path) is None
 
 
-def test_history_is_read_from_the_store_anywhere_but_notes_need_the_owner() -> None:
+def test_history_and_notebooks_are_read_from_the_store_anywhere_but_notes_need_the_owner() -> None:
     history = session_route(f"/v1/sessions/{SID}/history")
+    notebook = session_route(f"/v1/sessions/{SID}/notebook")
     notes = session_route(f"/v1/sessions/{SID}/notes")
     assert history is not None and history.from_store("GET")
+    assert notebook is not None and notebook.from_store("GET")
     assert notes is not None and not notes.from_store("POST")
 
 
