@@ -197,6 +197,10 @@ class GatewayRegistry:
     def is_live(self, gateway: Gateway) -> bool:
         return gateway.name == self.name or gateway.live(_now(), self.gone_after_s)
 
+    def live_and_gone(self) -> list[Gateway]:
+        """Every gateway of the registry as of the last heartbeat."""
+        return list(self._gateways.values())
+
     def live(self) -> list[Gateway]:
         """The live gateways (this one included) as of the last heartbeat."""
         return [g for g in self._gateways.values() if self.is_live(g)]

@@ -159,7 +159,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         return error_response(exc.status_code, code, str(exc.detail))
 
     from kernelgw.server import auth as auth_routes
-    from kernelgw.server import docs, history, routes, ws
+    from kernelgw.server import docs, gateways, history, routes, ws
 
     app.add_middleware(BodySizeLimit)
     app.add_middleware(Forwarder)  # inside PageGuard: Host and Origin are checked where requests land
@@ -170,6 +170,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.include_router(ws.router)
     app.include_router(history.router)
     app.include_router(docs.router)
+    app.include_router(gateways.router)  # the cluster's registry (kernelgw.cluster)
     # --- Jupyter's kernels API (/api/kernelspecs, /api/kernels, channels) on the same sessions
     from kernelgw.server.jupyter import channels as jupyter_channels
     from kernelgw.server.jupyter import rest as jupyter_rest

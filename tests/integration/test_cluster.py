@@ -74,12 +74,12 @@ def cluster_database() -> Iterator[str]:
         asyncio.run(run(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
-def make_key(database_url: str, data_dir: Path, name: str = "cluster-test") -> str:
+def make_key(database_url: str, data_dir: Path, name: str = "cluster-test", role: str = "user") -> str:
     async def create() -> str:
         store = Store.from_settings(Settings(database_url=database_url, data_dir=data_dir))
         await store.start()  # migrates the new database
         try:
-            return (await KeyStore(store).create(name))[1]
+            return (await KeyStore(store).create(name, role))[1]  # type: ignore[arg-type]
         finally:
             await store.close()
 
@@ -275,6 +275,7 @@ def test_three_gateways_behind_haproxy_are_one_service(docker_client: docker.Doc
         database_url = stack.enter_context(cluster_database())
         key = make_key(database_url, tmp_path / "keys")
         other_key = make_key(database_url, tmp_path / "keys", "someone-else")
+        admin_key = make_key(database_url, tmp_path / "keys", "operator", "admin")
         gateways = [cluster_gateway(name, i, tmp_path, database_url) for i, name in enumerate(names)]
         for name in names:
             stack.callback(remove_everything, docker_client, name)
@@ -374,6 +375,12 @@ def test_three_gateways_behind_haproxy_are_one_service(docker_client: docker.Doc
             direct = httpx.get(f"{gw.url}/v1/sessions/{by_owner[names[0]]}", headers=auth, timeout=30)
             assert direct.status_code == 200 and direct.json()["execution_count"] >= 5
 
+        # --- the registry, as an operator reads it: all three live
+        registry = lb.get("/v1/gateways", headers={"Authorization": f"Bearer {admin_key}"})
+        assert registry.status_code == 200, registry.text
+        assert {(g["name"], g["live"]) for g in registry.json()["gateways"]} == {(n, True) for n in names}
+        assert lb.get("/v1/gateways").status_code == 403  # a user key
+
         # --- one gateway killed: the others keep serving theirs, its sessions answer 503
         dead = gateways[2]
         dead_sid = by_owner[dead.name]
@@ -407,6 +414,9 @@ def test_three_gateways_behind_haproxy_are_one_service(docker_client: docker.Doc
                 assert response.status_code == 200 and result_text(body) == "2", response.text
         listed = lb.get("/v1/sessions").json()["sessions"]
         assert {s["id"] for s in listed} == set(owners) - {dead_sid}  # a gone gateway's sessions are not listed
+        registry = lb.get("/v1/gateways", headers={"Authorization": f"Bearer {admin_key}"}).json()
+        print("registry with one gateway gone:", registry)
+        assert {g["name"]: g["live"] for g in registry["gateways"]}[dead.name] is False
         # its history and notebook are the store's: any gateway serves them meanwhile
         for _ in range(3):
             history = lb.get(f"/v1/sessions/{dead_sid}/history")
