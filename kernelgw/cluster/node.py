@@ -72,6 +72,10 @@ class Cluster:
         target = least_loaded(self.registry.live(), prefer=self.name)
         return None if target is None or target.name == self.name else target
 
+    async def held_elsewhere(self, key_id: str) -> int:
+        """Open sessions of ``key_id`` on the other live gateways (for its session quota)."""
+        return await self.registry.count_open([g.name for g in self.registry.live() if g.name != self.name], key_id)
+
     async def remote_sessions(self, principal: Principal) -> list[RemoteSession]:
         """The sessions ``principal`` may see on the other live gateways."""
         names = [g.name for g in self.registry.live() if g.name != self.name]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -235,6 +235,24 @@ class GatewayRegistry:
 
     def forget(self, session_id: str) -> None:
         self._owners.pop(session_id, None)
+
+    async def count_open(self, gateway_names: Sequence[str], owner_key: str) -> int:
+        """How many open sessions ``owner_key`` holds on ``gateway_names``."""
+        if not gateway_names:
+            return 0
+        t = schema.sessions
+        query = (
+            select(func.count())
+            .select_from(t)
+            .where(t.c.gateway_name.in_(list(gateway_names)), t.c.ended_at.is_(None), t.c.owner == owner_key)
+        )
+        try:
+            async with self.engine.connect() as conn:
+                return int((await conn.execute(query)).scalar_one())
+        except (SQLAlchemyError, OSError) as exc:
+            raise StorageUnavailable(
+                f"The store does not answer, so the key's sessions on other gateways cannot be counted ({exc})."
+            ) from exc
 
     async def open_rows(self, gateway_names: Sequence[str], owner_key: str | None, admin: bool) -> list[object]:
         """The open session rows of ``gateway_names``, of ``owner_key`` unless ``admin``."""

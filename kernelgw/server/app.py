@@ -87,6 +87,8 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         metrics = Metrics()
         manager = SessionManager(cfg, be, recorder=store, metrics=metrics)
         cluster = Cluster(cfg, running_sessions=lambda: len(manager)) if cfg.cluster else None
+        if cluster is not None:
+            manager.held_elsewhere = cluster.held_elsewhere  # a key's session quota spans the cluster
         install(
             app,
             GatewayState(

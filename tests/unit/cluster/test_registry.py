@@ -121,6 +121,7 @@ async def test_owner_lookup_and_listing_see_open_sessions_only(store_settings: S
         info = listed[0].info()
         assert (info["state"], info["memory_mb"], info["execution_count"], info["last_seq"]) == ("idle", 512, 2, 9)
         assert {s.id for s in await a.remote_sessions(ANONYMOUS)} == {"s-open", "s-other-key"}
+        assert (await a.held_elsewhere("k1"), await a.held_elsewhere("k2"), await a.held_elsewhere("k3")) == (1, 1, 0)
         await b.close()  # gone: its sessions leave the listing
         await a.registry.refresh()
         assert await a.remote_sessions(ANONYMOUS) == []
