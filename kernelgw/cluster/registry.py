@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
@@ -83,6 +84,18 @@ def free_memory_mb(meminfo: Path = Path("/proc/meminfo")) -> int | None:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _gateway(row: Any) -> Gateway:
+    return Gateway(
+        name=row.name,
+        url=row.advertise_url.rstrip("/"),
+        started_at=as_utc(row.started_at),
+        heartbeat_at=as_utc(row.heartbeat_at),
+        stopped_at=as_utc(row.stopped_at) if row.stopped_at is not None else None,
+        sessions=row.sessions,
+        free_memory_mb=row.free_memory_mb,
+    )
 
 
 class GatewayRegistry:
@@ -177,18 +190,22 @@ class GatewayRegistry:
     async def refresh(self) -> None:
         async with self.engine.connect() as conn:
             rows = (await conn.execute(select(schema.gateways))).all()
-        self._gateways = {
-            row.name: Gateway(
-                name=row.name,
-                url=row.advertise_url.rstrip("/"),
-                started_at=as_utc(row.started_at),
-                heartbeat_at=as_utc(row.heartbeat_at),
-                stopped_at=as_utc(row.stopped_at) if row.stopped_at is not None else None,
-                sessions=row.sessions,
-                free_memory_mb=row.free_memory_mb,
-            )
-            for row in rows
-        }
+        self._gateways = {row.name: _gateway(row) for row in rows}
+
+    async def reread(self, name: str) -> Gateway | None:
+        """Gateway ``name``'s row read again now: one that looked gone in the last
+        heartbeat's copy may have come back since (its sessions answer at once)."""
+        t = schema.gateways
+        try:
+            async with self.engine.connect() as conn:
+                row = (await conn.execute(select(t).where(t.c.name == name))).first()
+        except (SQLAlchemyError, OSError) as exc:
+            log.warning("cluster: could not read gateway %r again: %s", name, exc)
+            return self._gateways.get(name)
+        if row is None:
+            return None
+        gateway = self._gateways[name] = _gateway(row)
+        return gateway
 
     # ------------------------------------------------------------ reading
     def gateway(self, name: str) -> Gateway | None:

@@ -145,6 +145,9 @@ class Forwarder:
         principal = await _principal(state, scope)
         if not principal.can_see(ownership.owner_key):
             return None  # served here: the 404 of a session that does not exist
+        gateway = await cluster.registry.reread(ownership.gateway_name)  # back since the last heartbeat?
+        if gateway is not None and cluster.registry.is_live(gateway):
+            return gateway
         seen = gateway.last_seen() if gateway is not None else "it never registered in the gateway registry"
         raise OwnerGone(
             f"Session {route.session_id} runs on gateway {ownership.gateway_name!r}, which is gone ({seen}; "

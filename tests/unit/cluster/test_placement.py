@@ -31,4 +31,9 @@ def test_no_gateway_no_choice() -> None:
 
 
 def test_free_memory_differing_by_noise_is_a_tie() -> None:
-    assert least_loaded([gw("a", 1, 20_000), gw("b", 1, 20_100)], prefer="a").name == "a"
+    assert least_loaded([gw("a", 1, 20_000), gw("b", 1, 20_900)], prefer="a").name == "a"
+    assert least_loaded([gw("a", 1, 20_000), gw("b", 1, 20_900), gw("c", 1, 30_000)], prefer="a").name == "c"
+
+
+def test_without_the_receiving_gateway_among_the_ties_the_most_free_memory_wins() -> None:
+    assert least_loaded([gw("b", 1, 20_000), gw("c", 1, 20_500), gw("a", 2, 90_000)], prefer="a").name == "c"

@@ -93,9 +93,9 @@ async def test_a_gateway_without_a_fresh_heartbeat_is_gone(store_settings: Setti
                 .where(schema.gateways.c.name == "gw-dead")
                 .values(heartbeat_at=datetime.now(UTC))
             )
-        await a.registry.refresh()
-        back = a.registry.gateway("gw-dead")
-        assert back is not None and a.registry.is_live(back)
+        back = await a.registry.reread("gw-dead")  # no wait for the next heartbeat's copy
+        assert back is not None and a.registry.is_live(back) and a.registry.gateway("gw-dead") == back
+        assert await a.registry.reread("never-was") is None
     finally:
         await a.close()
 
