@@ -119,6 +119,28 @@ class Settings(BaseSettings):
     """Letters, digits, ``_``, ``.`` and ``-``: it is part of the names of the engine's
     containers and volumes (which refuse others) and of the instance lock's file."""
 
+    # --- many gateways as one service (kernelgw.cluster): on when cluster_secret is set
+    cluster_secret: SecretStr | None = None
+    """Shared by every gateway of one service (same PostgreSQL): proves a forwarded
+    request came from a peer gateway. Setting it turns the cluster on: this gateway
+    heartbeats into the store's gateway registry, forwards requests for sessions
+    other live gateways own, and lists theirs. None: a gateway on its own."""
+    advertise_url: str | None = None
+    """Where peer gateways reach this one (``http://10.0.0.5:8000``). None:
+    derived from the listen address (this host's name when it listens on all
+    addresses). Its host must be an IP address or a name in ``allowed_hosts``."""
+    placement: Literal["local", "load"] = "local"
+    """Where a new session's kernel runs: ``local``, on the gateway that got the
+    request (the load balancer spreads them); ``load``, on the live gateway with
+    the fewest running sessions, then the most free memory (the create is
+    forwarded there)."""
+    cluster_heartbeat_s: float = Field(3.0, gt=0)
+    """How often a gateway writes its heartbeat and load into the registry."""
+    cluster_gone_after_s: float = Field(15.0, gt=0)
+    """A gateway whose heartbeat is older than this is gone: its sessions answer
+    503 naming it until it comes back. Keep it several heartbeats long, and
+    the gateways' clocks in step (NTP)."""
+
     # --- kernels
     image: str = DEFAULT_IMAGE
     allowed_images: list[str] = Field(default_factory=list)
@@ -283,8 +305,33 @@ class Settings(BaseSettings):
         return self.kernel_images.get(name) or profile(name).image
 
     @property
+    def cluster(self) -> bool:
+        """Whether this gateway is one of many (``cluster_secret`` set)."""
+        return self.cluster_secret is not None
+
+    def own_url(self) -> str:
+        """``advertise_url``, or one derived from the listen address."""
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = self.host
+        if host in ("", "0.0.0.0", "::"):
+            import socket
+
+            host = socket.gethostname()  # a name PageGuard accepts by default (allowed_hosts)
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    @property
     def default_kernel(self) -> str:
         return self.kernels[0]
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _http_advertise_url(cls, v: str | None) -> str | None:
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError("advertise_url must be an http:// or https:// URL, e.g. http://10.0.0.5:8000")
+        return v or None
 
     @field_validator("database_url")
     @classmethod
@@ -311,6 +358,8 @@ class Settings(BaseSettings):
             raise ValueError("cpus must not exceed max_cpus")
         if self.exec_timeout_s > self.max_exec_timeout_s:
             raise ValueError("exec_timeout_s must not exceed max_exec_timeout_s")
+        if self.cluster_gone_after_s <= self.cluster_heartbeat_s:
+            raise ValueError("cluster_gone_after_s must be longer than cluster_heartbeat_s")
         return self
 
     @classmethod

@@ -15,6 +15,7 @@ import logging
 import shutil
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +88,9 @@ class SessionManager:
         """Sessions being started, by API key id ("" without authentication)."""
         self._reaper: asyncio.Task[None] | None = None
         self.pools: dict[PoolProfile, WarmPool] = {}
+        self.held_elsewhere: Callable[[str], Awaitable[int]] | None = None
+        """Sessions a key holds on other gateways of a cluster (kernelgw.cluster):
+        a key's session quota counts them too."""
 
     async def start(self) -> None:
         """Reattach what a previous gateway of this name left running, remove the
@@ -331,15 +335,20 @@ class SessionManager:
     async def create(self, opts: SessionOptions | None = None, principal: Principal = ANONYMOUS) -> KernelSession:
         opts = opts or SessionOptions()
         spec = self._spec("new", opts, principal.quotas)  # validate before anything starts
+        per_key = principal.quotas.max_sessions or self.settings.max_sessions_per_key
+        elsewhere = 0
+        if self.held_elsewhere is not None and principal.key_id is not None and per_key is not None:
+            # awaited before the checks below: from them to the count of starting sessions nothing awaits
+            elsewhere = await self.held_elsewhere(principal.key_id)
         if len(self._sessions) + sum(self._starting_by.values()) >= self.settings.max_sessions:
             raise SessionLimitReached(
                 f"The gateway already runs its maximum of {self.settings.max_sessions} sessions. "
                 "Delete a session you no longer need, or retry later."
             )
-        per_key = principal.quotas.max_sessions or self.settings.max_sessions_per_key
         if principal.key_id is not None and per_key is not None:
             held = sum(1 for s in self._sessions.values() if s.owner == principal.key_id)
             held += self._starting_by.get(principal.key_id, 0)
+            held += elsewhere
             if held >= per_key:
                 raise SessionLimitReached(
                     f"This API key already holds its maximum of {per_key} sessions. "

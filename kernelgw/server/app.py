@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kernelgw import __version__
+from kernelgw.cluster.node import Cluster
 from kernelgw.config import Settings
 from kernelgw.errors import GatewayNameInUse, KernelGWError, Unauthorized
 from kernelgw.runtime.backends import Backend, create_backend
@@ -22,6 +23,7 @@ from kernelgw.runtime.ownership import InstanceLock
 from kernelgw.server import notebook
 from kernelgw.server.authenticator import Authenticator
 from kernelgw.server.availability import retry_after_s
+from kernelgw.server.forward import Forwarder
 from kernelgw.server.hosts import PageGuard
 from kernelgw.server.limits import BodySizeLimit
 from kernelgw.server.policy import CodePolicy
@@ -84,6 +86,9 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         # ---
         metrics = Metrics()
         manager = SessionManager(cfg, be, recorder=store, metrics=metrics)
+        cluster = Cluster(cfg, running_sessions=lambda: len(manager)) if cfg.cluster else None
+        if cluster is not None:
+            manager.held_elsewhere = cluster.held_elsewhere  # a key's session quota spans the cluster
         install(
             app,
             GatewayState(
@@ -95,18 +100,32 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
                 code_policy=code_policy,
                 metrics=metrics,
                 manager=manager,
+                cluster=cluster,
             ),
         )
+        if cluster is not None:  # another host's live gateway of this name: refused before any kernel is touched
+            try:
+                await cluster.registry.check_name()
+            except BaseException as exc:
+                if isinstance(exc, GatewayNameInUse):
+                    log.error("%s", exc.message)
+                await cluster.close(registered=False)
+                await store.close()
+                raise
         try:
             await manager.start()
         except KernelGWError as exc:
             log.error("could not clean up after a previous gateway: %s", exc.message)
+        if cluster is not None:  # after the reattach: peers forward to this gateway once it is live
+            await cluster.start()
         # after the sessions are back: the first notebook export need not import it
         warming = asyncio.create_task(asyncio.to_thread(notebook.warm_up), name="nbformat-warm-up")
         try:
             yield
         finally:
             await cancel_and_wait(warming)
+            if cluster is not None:
+                await cluster.close()
             await manager.shutdown()
             await be.close()
             await store.close()
@@ -142,9 +161,10 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         return error_response(exc.status_code, code, str(exc.detail))
 
     from kernelgw.server import auth as auth_routes
-    from kernelgw.server import docs, history, routes, ws
+    from kernelgw.server import docs, gateways, history, routes, ws
 
     app.add_middleware(BodySizeLimit)
+    app.add_middleware(Forwarder)  # inside PageGuard: Host and Origin are checked where requests land
     app.add_middleware(PageGuard)  # outermost: before routing, for every route and WebSocket
     app.include_router(routes.public)
     app.include_router(auth_routes.router)
@@ -152,6 +172,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.include_router(ws.router)
     app.include_router(history.router)
     app.include_router(docs.router)
+    app.include_router(gateways.router)  # the cluster's registry (kernelgw.cluster)
     # --- Jupyter's kernels API (/api/kernelspecs, /api/kernels, channels) on the same sessions
     from kernelgw.server.jupyter import channels as jupyter_channels
     from kernelgw.server.jupyter import rest as jupyter_rest

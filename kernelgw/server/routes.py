@@ -161,7 +161,11 @@ async def list_kernels(request: Request) -> dict[str, Any]:
 
 @router.get("/v1/sessions", response_model=SessionList, tags=["sessions"])
 async def list_sessions(request: Request) -> dict[str, Any]:
-    return {"sessions": [s.info() for s in _manager(request).list(principal_of(request))]}
+    principal = principal_of(request)
+    local = [s.info() for s in _manager(request).list(principal)]
+    cluster = gateway_state(request).cluster
+    remote = [s.info() for s in await cluster.remote_sessions(principal)] if cluster is not None else []
+    return {"sessions": local + remote}
 
 
 @router.get("/v1/sessions/{session_id}", response_model=SessionInfo, tags=["sessions"])

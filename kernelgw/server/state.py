@@ -15,6 +15,7 @@ from functools import cached_property
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
+from kernelgw.cluster.node import Cluster
 from kernelgw.config import Settings
 from kernelgw.runtime.backends import Backend
 from kernelgw.runtime.manager import SessionManager
@@ -44,6 +45,8 @@ class GatewayState:
     manager: SessionManager
     drain: Drain = field(default_factory=Drain)
     """Set by a SIGTERM to `kernelgw serve`: new work refused, then sockets closed."""
+    cluster: Cluster | None = None
+    """This gateway as one of many (``cluster_secret`` set): registry, peers."""
 
     @cached_property
     def workspace_files(self) -> WorkspaceFiles:

@@ -115,3 +115,17 @@ audit = Table(
     Index("kgw_audit_key", "key_id", "at"),
     Index("kgw_audit_session", "session_id", "at"),
 )
+
+gateways = Table(
+    "kgw_gateways",
+    metadata,
+    # the registry of gateways sharing this store (kernelgw.cluster.registry):
+    # each live one rewrites its row every few seconds
+    Column("name", String(255), primary_key=True),
+    Column("advertise_url", String(1024), nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=False),
+    Column("stopped_at", DateTime(timezone=True), nullable=True),  # a clean stop; NULL while it runs
+    Column("sessions", Integer, nullable=False, default=0),
+    Column("free_memory_mb", Integer, nullable=True),
+)

@@ -23,6 +23,7 @@ from kernelgw.server.availability import check_available
 from kernelgw.server.jupyter import kernels
 from kernelgw.server.jupyter.errors import JupyterHTTPError, JupyterRoute
 from kernelgw.server.jupyter.models import StartKernel
+from kernelgw.server.jupyter.remote import remote_kernels
 from kernelgw.server.state import gateway_state
 
 RESOURCES = Path(__file__).parent / "resources"
@@ -78,7 +79,8 @@ async def get_kernelspec_resource(name: str, resource: str, request: Request) ->
 @router.get("/api/kernels")
 async def list_kernels(request: Request, principal: Principal = Depends(kernels.authenticate)) -> list[dict[str, Any]]:
     state = gateway_state(request)
-    return [kernels.model(s, state.settings) for s in state.manager.list(principal)]
+    local = [kernels.model(s, state.settings) for s in state.manager.list(principal)]
+    return local + await remote_kernels(state, principal)  # other live gateways' (kernelgw.cluster)
 
 
 @router.post("/api/kernels", status_code=201)
