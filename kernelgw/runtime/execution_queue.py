@@ -267,10 +267,10 @@ class ExecutionQueue:
             rec.abort(reason)
         return rec
 
-    async def stop(self, drain_s: float = 2.0) -> list[QueuedExecution]:
-        """Let the running execution publish its done event, stop the worker, and
-        end what is still queued. Returns the executions left to record."""
-        running = self.abort_current("the session was deleted")
+    async def stop(self, drain_s: float = 2.0, reason: str = "the session was deleted") -> list[QueuedExecution]:
+        """Let the running execution publish its done event (ended with ``reason``),
+        stop the worker, and end what is still queued. Returns the executions left to record."""
+        running = self.abort_current(reason)
         if self._worker is not None:
             try:
                 async with asyncio.timeout(drain_s):

@@ -50,7 +50,7 @@ from kernelgw.runtime.kernel_link import RECEIVE_HWM
 from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.admission import admit
-from kernelgw.server.jupyter import caps, cells, kernels, wire
+from kernelgw.server.jupyter import caps, cells, kernels, missed, wire
 from kernelgw.server.state import GatewayState, gateway_state
 from kernelgw.tasks import cancel_and_wait
 
@@ -114,7 +114,7 @@ class ChannelsConnection:
         config = session.config
         self.caps = caps.OutputCaps(config.max_output_bytes, config.max_image_bytes)
         self._outbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
-        self._cells = cells.ClientCells(self)
+        self._cells = cells.ClientCells(self, client_session)
         self._rejoined = False
         self._outbox_bytes = 0
         self._max_outbox_bytes = state.settings.subscriber_max_bytes
@@ -179,7 +179,11 @@ class ChannelsConnection:
             self._rejoined = True
             left = cells.rejoin(self.session, self.client_session, self)
             if left is not None:
-                self._cells = left
+                self._cells = left.cells
+                self.state.store.client_answered(self.session.id, left.answered)
+            if self.client_session:
+                # cells this process does not know of: ended or cut off before a restart
+                await missed.replay_stored(self.state.store, self.session, self.client_session, self)
         self._ready.set()
 
     async def _disconnect(self) -> None:

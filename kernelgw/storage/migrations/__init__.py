@@ -31,6 +31,8 @@ REPLAY = "0003"
 """Executions name their kernel and what they replayed (recovery by replay)."""
 KERNEL_NAME = "0004"
 """Sessions name their kernel (language): python3, deno, ir, ..."""
+CHANNELS = "0005c"
+"""Executions name the Jupyter client that sent them (its return is sent what it missed)."""
 
 
 class MigrationsNeedAConnection(RuntimeError):
