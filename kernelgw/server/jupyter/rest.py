@@ -20,7 +20,7 @@ from kernelgw import __version__
 from kernelgw.keys import Principal
 from kernelgw.runtime.manager import SessionOptions
 from kernelgw.server.availability import check_available
-from kernelgw.server.jupyter import kernels
+from kernelgw.server.jupyter import kernels, sessions
 from kernelgw.server.jupyter.errors import JupyterHTTPError, JupyterRoute
 from kernelgw.server.jupyter.models import StartKernel
 from kernelgw.server.state import gateway_state
@@ -146,3 +146,6 @@ async def restart_kernel(
     await session.restart()
     kernels.status_seen(session, "idle")
     return kernels.model(session, state.settings)
+
+
+router.include_router(sessions.router)  # /api/sessions, on the same app as the kernels
