@@ -256,3 +256,35 @@ def test_jupyter_kernels_are_culled_by_the_idle_policy_once_no_channels_are_open
             assert http.get(f"/v1/sessions/{kid}/history").json()["end_reason"] == "reaped"
     finally:
         gw.stop()
+
+
+def test_a_kernel_culled_with_idle_action_pause_is_resumed_by_its_channels_client(
+    docker_client: docker.DockerClient,
+) -> None:
+    gw = start_gateway(
+        gateway_settings(
+            gateway_name=f"jpause{os.getpid()}", idle_timeout_s=2, reap_interval_s=0.5, idle_action="pause"
+        )
+    )
+    try:
+        with httpx.Client(base_url=gw.url, timeout=120) as http:
+            kid = http.post("/api/kernels", json={}).json()["id"]
+            ws_url = gw.ws_url + f"/api/kernels/{kid}/channels?session_id=p"
+            with connect(ws_url, open_timeout=60) as ws:
+                msg_id = execute(ws, "kept = 'across the pause'", client="p")
+                receive_until(ws, answered(msg_id))
+            deadline = time.monotonic() + 60
+            while http.get(f"/v1/sessions/{kid}").json()["state"] != "paused":
+                assert time.monotonic() < deadline, "the kernel was never culled"
+                time.sleep(0.5)
+            assert http.get(f"/api/kernels/{kid}").status_code == 200, "a paused kernel is still listed"
+            t0 = time.monotonic()
+            with connect(ws_url, open_timeout=60) as ws:
+                msg_id = execute(ws, "print(kept)", client="p")
+                got = receive_until(ws, answered(msg_id))
+            print(f"resume through the channels, to the cell's answer: {time.monotonic() - t0:.2f}s")
+            assert ("stream", "across the pause\n") in summary(got, msg_id)
+            assert http.get(f"/v1/sessions/{kid}").json()["state"] in ("idle", "busy")
+            http.delete(f"/api/kernels/{kid}")
+    finally:
+        gw.stop()
