@@ -22,7 +22,7 @@ from kernelgw.runtime.manager import SessionOptions
 from kernelgw.server.availability import check_available
 from kernelgw.server.jupyter import kernels, sessions
 from kernelgw.server.jupyter.errors import JupyterHTTPError, JupyterRoute
-from kernelgw.server.jupyter.models import StartKernel
+from kernelgw.server.jupyter.models import StartKernel, json_body
 from kernelgw.server.state import gateway_state
 
 RESOURCES = Path(__file__).parent / "resources"
@@ -81,9 +81,14 @@ async def list_kernels(request: Request, principal: Principal = Depends(kernels.
     return [kernels.model(s, state.settings) for s in state.manager.list(principal)]
 
 
+_start_body = json_body(StartKernel)
+
+
 @router.post("/api/kernels", status_code=201)
 async def start_kernel(
-    request: Request, body: StartKernel | None = None, principal: Principal = Depends(kernels.authenticate)
+    request: Request,
+    body: StartKernel | None = Depends(_start_body),
+    principal: Principal = Depends(kernels.authenticate),
 ) -> JSONResponse:
     """Start a kernel (a new session); the body may be absent (Open WebUI sends none)."""
     state = gateway_state(request)

@@ -30,6 +30,7 @@ from kernelgw.runtime.session import KernelSession
 from kernelgw.server.availability import check_available
 from kernelgw.server.jupyter import kernels
 from kernelgw.server.jupyter.errors import JupyterHTTPError, JupyterRoute
+from kernelgw.server.jupyter.models import json_body
 from kernelgw.server.state import GatewayState, gateway_state
 
 router = APIRouter(route_class=JupyterRoute, tags=["jupyter"], dependencies=[Depends(kernels.authenticate)])
@@ -55,6 +56,9 @@ class SessionBody(BaseModel):
     name: str | None = Field(None, max_length=4096)
     type: str | None = Field(None, max_length=64)
     kernel: KernelRef | None = None
+
+
+_session_body = json_body(SessionBody)
 
 
 @dataclass
@@ -131,11 +135,14 @@ async def list_sessions(request: Request, principal: Principal = Depends(kernels
 
 @router.post("/api/sessions", status_code=201)
 async def create_session(
-    body: SessionBody, request: Request, principal: Principal = Depends(kernels.authenticate)
+    request: Request,
+    body: SessionBody | None = Depends(_session_body),
+    principal: Principal = Depends(kernels.authenticate),
 ) -> JSONResponse:
     """Bind ``path`` to a kernel (a new one unless ``kernel.id`` names one). A path
     already bound is answered with its session, as Jupyter Server does."""
     state = gateway_state(request)
+    body = body or SessionBody()
     if not body.path:
         raise JupyterHTTPError(400, "The session needs a path (the notebook's or console's).")
     existing = next((b for b in _visible(state, principal) if b.path == body.path), None)
@@ -165,13 +172,17 @@ async def get_session(
 
 @router.patch("/api/sessions/{session_id}")
 async def update_session(
-    session_id: str, body: SessionBody, request: Request, principal: Principal = Depends(kernels.authenticate)
+    session_id: str,
+    request: Request,
+    body: SessionBody | None = Depends(_session_body),
+    principal: Principal = Depends(kernels.authenticate),
 ) -> dict[str, Any]:
     """Rename or move the session, or give it another kernel (``kernel.id``: an
     existing one; ``kernel.name``: a new one). A kernel left without session is
     shut down, as Jupyter Server does."""
     state = gateway_state(request)
     binding = _find(state, principal, session_id)
+    body = body or SessionBody()
     if body.path:
         binding.path = body.path
     if body.name:

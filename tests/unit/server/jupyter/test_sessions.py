@@ -83,3 +83,17 @@ async def test_deleting_the_kernel_ends_its_sessions(gw: Gateway) -> None:
         assert (await http.delete(f"/api/kernels/{session['kernel']['id']}")).status_code == 204
         assert (await http.get("/api/sessions")).json() == []
         assert (await http.get(f"/api/sessions/{session['id']}")).status_code == 404
+
+
+async def test_json_bodies_labelled_text_plain_are_read_as_jupyter_server_does(gw: Gateway) -> None:
+    """@jupyterlab/services posts JSON strings through fetch, which labels them text/plain."""
+    plain = {"content-type": "text/plain;charset=UTF-8"}
+    async with gw.client(gw.alice) as http:
+        kernel = await http.post("/api/kernels", content=b'{"name": "python3"}', headers=plain)
+        session = await http.post("/api/sessions", content=b'{"path": "p.ipynb", "type": "notebook"}', headers=plain)
+        bad = await http.post("/api/kernels", content=b'{"name": 3}', headers=plain)
+        assert kernel.status_code == 201, kernel.text
+        assert session.status_code == 201 and session.json()["path"] == "p.ipynb", session.text
+        assert bad.status_code == 400 and "name" in bad.json()["message"]
+        await http.delete(f"/api/kernels/{kernel.json()['id']}")
+        await http.delete(f"/api/sessions/{session.json()['id']}")
