@@ -50,8 +50,27 @@ CLIENT = "jupyterlab-tab-1"
 RECEIVE_S = 90.0
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest) -> str | None:
+    """The store of the restarted gateways: SQLite in its data directory, or PostgreSQL."""
+    if request.param == "sqlite":
+        return None
+    url = os.environ.get("KERNELGW_TEST_DATABASE_URL")
+    if not url:
+        message = (
+            "KERNELGW_TEST_DATABASE_URL is not set: run scripts/ensure-postgres.sh and export the "
+            "URL it prints (scripts/test.sh does both)"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return url
+
+
 @contextmanager
-def serve(name: str, data_dir: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
+def serve(
+    name: str, data_dir: Path, log: Path, database_url: str | None
+) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
     with (
         gateway_process(
             name,
@@ -60,6 +79,7 @@ def serve(name: str, data_dir: Path, log: Path) -> Iterator[tuple[subprocess.Pop
             image=IMAGE,
             runtime=RUNTIME,
             runtime_dir=RUNTIME_DIR,
+            database_url=database_url,
             KERNELGW_SHUTDOWN_GRACE_S="1",  # the running cell is cut off, not waited for
         ) as (proc, url),
         httpx.Client(base_url=url, timeout=120) as http,
@@ -150,12 +170,12 @@ def stdout_of(row: dict[str, Any]) -> str:
 
 
 def test_a_channels_client_gets_what_it_missed_across_sigterm_and_kill9(
-    docker_client: docker.DockerClient, tmp_path: Path
+    docker_client: docker.DockerClient, tmp_path: Path, database_url: str | None
 ) -> None:
-    name = f"jdur{os.getpid()}"
+    name = f"jdur{os.getpid()}{'p' if database_url else 's'}"
     data, log = tmp_path / "data", tmp_path / "gateway.log"
     try:
-        with serve(name, data, log) as (proc, http):
+        with serve(name, data, log, database_url) as (proc, http):
             resp = http.post("/api/kernels", json={"name": "python3"})
             assert resp.status_code == 201, resp.text
             kid = resp.json()["id"]
@@ -173,7 +193,7 @@ def test_a_channels_client_gets_what_it_missed_across_sigterm_and_kill9(
             assert proc.wait(timeout=60) in (0, -signal.SIGTERM), log.read_text()[-3000:]
             print(f"SIGTERM to exit: {time.monotonic() - t0:.2f}s")
 
-        with serve(name, data, log) as (proc, http):
+        with serve(name, data, log, database_url) as (proc, http):
             t0 = time.monotonic()
             with channels(http, kid) as ws:
                 probe = execute(ws, "print(x + 1)")
@@ -204,7 +224,7 @@ def test_a_channels_client_gets_what_it_missed_across_sigterm_and_kill9(
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
 
-        with serve(name, data, log) as (proc, http):
+        with serve(name, data, log, database_url) as (proc, http):
             with channels(http, kid) as ws:
                 probe = execute(ws, "print(x)")
                 got = receive_until(ws, answered(probe))
