@@ -30,7 +30,7 @@ import httpx
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-from kernelgw.runtime.session import DETACHED_DONE_REASON
+from kernelgw.runtime.session import DETACHED_DONE_REASON, DETACHED_QUEUED_REASON
 from kernelgw.storage.retention import CUT_OFF_REASON
 from tests.integration.conftest import (
     IMAGE,
@@ -186,6 +186,7 @@ def test_a_channels_client_gets_what_it_missed_across_sigterm_and_kill9(
                 # then two cells, and the client goes away at once
                 away = execute(ws, "import time; time.sleep(1); print('ended while away')")
                 cut = execute(ws, "print('before the stop', flush=True); time.sleep(6); print('after the stop')")
+                never = execute(ws, "print('never runs')")  # still queued behind it at the stop
             wait_stored(http, kid, away, lambda e: e["status"] == "ok")
             wait_stored(http, kid, cut, lambda e: "before the stop" in stdout_of(e))
             t0 = time.monotonic()
@@ -214,6 +215,8 @@ def test_a_channels_client_gets_what_it_missed_across_sigterm_and_kill9(
                     ("reply", "error"),
                     "idle",
                 ]
+                not_run = ("error", "KernelGatewayError", DETACHED_QUEUED_REASON)
+                assert summary(got, never, replayed=True) == ["busy", not_run, ("reply", "error"), "idle"]
                 replayed = of(got, away)[0]["parent_header"]
                 assert replayed["msg_id"] == away and replayed["session"] == CLIENT
                 assert ("stream", "42\n") in summary(got, probe), "the kernel was kept, with its variables"
@@ -236,7 +239,7 @@ def test_a_channels_client_gets_what_it_missed_across_sigterm_and_kill9(
                     ("reply", "error"),
                     "idle",
                 ]
-                assert [summary(got, c, replayed=True) for c in (live, away, cut)] == [[], [], []]
+                assert [summary(got, c, replayed=True) for c in (live, away, cut, never)] == [[], [], [], []]
                 assert ("stream", "41\n") in summary(got, probe)
             # a second return is sent nothing again: each cell once
             with channels(http, kid) as ws:
