@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from kernelgw import events as ev
 from kernelgw.runtime.fanout import Published
+from kernelgw.runtime.recorder import ClientOrigin
 
 ARTIFACTS_EXPRESSION = "__import__('kernelgw_kernel').artifacts()"
 """Evaluated by the kernel after a cell (a user_expression: no extra round trip).
@@ -57,6 +58,10 @@ class ClientRequest(Protocol):
 
     def on_stdin(self, msg: dict[str, Any]) -> None:
         """The kernel asks for input (``input_request``)."""
+        ...
+
+    def origin(self) -> ClientOrigin | None:
+        """Who sent it, for its record (None: a client without ``session_id``)."""
         ...
 
     def ended(self, execution: QueuedExecution) -> None:
@@ -124,6 +129,10 @@ class QueuedExecution:
     """The kernel it was sent to (its lineage is that kernel's)."""
     death: str | None = None
     """Why the kernel died while it ran (it then ends ``dead``)."""
+
+    @property
+    def origin(self) -> ClientOrigin | None:
+        return self.client.origin() if self.client is not None else None
 
     def note_idle(self, msg: dict[str, Any]) -> None:
         if self.idle_seen:

@@ -135,6 +135,8 @@ class ExecutionQueue:
         self._fanout = fanout
         self._status = status
         self._hooks = hooks
+        self._queued_reason = "the session was deleted before this execution ran"
+        """Why a cell that never ran ended (set by `stop`)."""
         self._output = CellOutput(config, self.publish)
         self._config = config
         self._cells: collections.deque[QueuedExecution] = collections.deque()
@@ -274,10 +276,17 @@ class ExecutionQueue:
             rec.abort(reason)
         return rec
 
-    async def stop(self, drain_s: float = 2.0) -> list[QueuedExecution]:
-        """Let the running execution publish its done event, stop the worker, and
-        end what is still queued. Returns the executions left to record."""
-        running = self.abort_current("the session was deleted")
+    async def stop(
+        self,
+        drain_s: float = 2.0,
+        reason: str = "the session was deleted",
+        queued_reason: str = "the session was deleted before this execution ran",
+    ) -> list[QueuedExecution]:
+        """Let the running execution publish its done event (ended with ``reason``),
+        stop the worker, and end what is still queued (``queued_reason``). Returns
+        the executions left to record."""
+        self._queued_reason = queued_reason  # also for a cell the worker takes up meanwhile
+        running = self.abort_current(reason)
         if self._worker is not None:
             try:
                 async with asyncio.timeout(drain_s):
@@ -288,7 +297,7 @@ class ExecutionQueue:
         unrecorded = [running] if running is not None else []
         while self._cells:
             rec = self._cells.popleft()
-            self._finish(rec, "dead", "the session was deleted before this execution ran")
+            self._finish(rec, "dead", queued_reason)
             self._announce(rec)
             unrecorded.append(rec)
         while self._replays:
@@ -451,7 +460,7 @@ class ExecutionQueue:
         rec.started = time.monotonic()
         status = self._status
         if status.state == "closed":
-            self._finish(rec, "dead", "the session was deleted before this execution ran")
+            self._finish(rec, "dead", self._queued_reason)
             return
         if status.state == "dead" or not self._link.connected:
             self._finish(rec, "dead", status.dead_reason or "the kernel is not running; restart the session")

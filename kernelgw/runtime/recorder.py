@@ -103,6 +103,18 @@ class StoredSession:
     """The kernels whose stored cells make the lineage (empty: the handle's alone)."""
 
 
+@dataclass(frozen=True)
+class ClientOrigin:
+    """A Jupyter client's cell, as its row keeps it for the client's return."""
+
+    session: str
+    """The ``session_id`` the client's channels connection gave."""
+    header: dict[str, Any]
+    """The ``execute_request``'s header: the parent of what the cell sends."""
+    answered: bool = False
+    """Its answer (reply and idle) went to an open connection of the client."""
+
+
 class RecordedExecution(Protocol):
     """What a recorder may read of a finished execution."""
 
@@ -134,6 +146,11 @@ class RecordedExecution(Protocol):
     @property
     def replayable(self) -> bool:
         """False: marked not to be replayed."""
+        ...
+
+    @property
+    def origin(self) -> ClientOrigin | None:
+        """The Jupyter client that sent it (None: a /v1 cell, or no ``session_id``)."""
         ...
 
 

@@ -72,6 +72,11 @@ CUT_OFF_DONE_REASON = (
     "the gateway stopped while this cell ran; output it sent after the last stored event is lost "
     "(the kernel and its variables were kept)"
 )
+DETACHED_DONE_REASON = (
+    "the gateway stopped while this cell ran; the kernel was kept and may still be running it, "
+    "but its output after this point is not recorded"
+)
+DETACHED_QUEUED_REASON = "the gateway stopped before this cell ran; it did not run"
 RECORD_TIMEOUT_S = 10.0
 """Longest a cell's ``done`` waits for its record to be committed; after it the
 ``done`` goes out marked as not stored rather than hanging the session."""
@@ -465,7 +470,7 @@ class KernelSession:
             if self.state == "closed":
                 return
             self.state = "closed"
-            unrecorded = await self._executions.stop()
+            unrecorded = await self._executions.stop(reason=DETACHED_DONE_REASON, queued_reason=DETACHED_QUEUED_REASON)
             # the counters as they are now, for the next gateway: its numbering
             # goes on right after the last event sent (no gap after a clean stop)
             self._fanout.reserved = self._fanout.seq

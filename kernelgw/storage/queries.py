@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -17,6 +18,7 @@ from kernelgw.kernels import DEFAULT_KERNEL
 from kernelgw.runtime.lineage import LineageCell
 from kernelgw.storage import schema
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
+from kernelgw.storage.retention import RUNNING
 
 
 def _utc(value: datetime | None) -> datetime:
@@ -41,30 +43,67 @@ async def get_session(engine: AsyncEngine, session_id: str) -> SessionRecord | N
     )
 
 
+def _header(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 async def list_executions(engine: AsyncEngine, session_id: str) -> list[ExecutionRecord]:
     t = schema.executions
     async with engine.connect() as conn:
         rows = (await conn.execute(select(t).where(t.c.session_id == session_id).order_by(t.c.position, t.c.id))).all()
-    return [
-        ExecutionRecord(
-            session_id=row.session_id,
-            position=row.position,
-            execution_id=row.execution_id,
-            seq=row.seq,
-            code=row.code,
-            status=row.status,
-            execution_count=row.execution_count,
-            started_at=_utc(row.started_at),
-            duration_ms=row.duration_ms,
-            reason=row.reason,
-            state_lost=bool(row.state_lost),
-            events_json=row.events,
-            kernel_id=row.kernel_id,
-            replay_of=row.replay_of,
-            replayable=not row.no_replay,
+    return [_execution(row) for row in rows]
+
+
+MAX_UNANSWERED = 100
+"""The most cells a returning Jupyter client is sent again (the latest)."""
+
+
+async def unanswered_client_cells(engine: AsyncEngine, session_id: str, client_session: str) -> list[ExecutionRecord]:
+    """A Jupyter client's ended cells whose answer never reached it, oldest first."""
+    t = schema.executions
+    query = (
+        select(t)
+        .where(
+            t.c.session_id == session_id,
+            t.c.client_session == client_session,
+            or_(t.c.client_answered.is_(None), t.c.client_answered.is_(False)),
+            t.c.status != RUNNING,
         )
-        for row in rows
-    ]
+        .order_by(t.c.position.desc(), t.c.id.desc())
+        .limit(MAX_UNANSWERED)
+    )
+    async with engine.connect() as conn:
+        rows = (await conn.execute(query)).all()
+    return [_execution(row) for row in reversed(rows)]
+
+
+def _execution(row: Any) -> ExecutionRecord:
+    return ExecutionRecord(
+        session_id=row.session_id,
+        position=row.position,
+        execution_id=row.execution_id,
+        seq=row.seq,
+        code=row.code,
+        status=row.status,
+        execution_count=row.execution_count,
+        started_at=_utc(row.started_at),
+        duration_ms=row.duration_ms,
+        reason=row.reason,
+        state_lost=bool(row.state_lost),
+        events_json=row.events,
+        kernel_id=row.kernel_id,
+        replay_of=row.replay_of,
+        replayable=not row.no_replay,
+        client_session=row.client_session,
+        client_header=_header(row.client_header),
+        client_answered=bool(row.client_answered),
+    )
 
 
 async def lineage(engine: AsyncEngine, session_id: str, kernel_ids: Sequence[str]) -> list[LineageCell]:

@@ -57,6 +57,12 @@ class ExecutionRecord:
     """Set for a replayed execution: the execution it re-ran."""
     replayable: bool = True
     """False: its client marked it not to be replayed."""
+    client_session: str | None = None
+    """A Jupyter client's cell: the ``session_id`` of the connection that sent it."""
+    client_header: dict[str, Any] | None = None
+    """A Jupyter client's cell: its ``execute_request``'s header."""
+    client_answered: bool = False
+    """Its answer reached an open connection of the client."""
 
     @property
     def events(self) -> list[Event]:

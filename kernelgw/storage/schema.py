@@ -69,6 +69,11 @@ executions = Table(
     Column("kernel_id", String(64), nullable=True),
     Column("replay_of", String(128), nullable=True),
     Column("no_replay", Boolean, nullable=True),
+    # a Jupyter client's cell: its session_id, its request's header (JSON), and
+    # whether its answer went to an open connection (what a reconnect replays)
+    Column("client_session", String(255), nullable=True),
+    Column("client_header", Text, nullable=True),
+    Column("client_answered", Boolean, nullable=True),
     Index("kgw_executions_session", "session_id", "position"),
 )
 

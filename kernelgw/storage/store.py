@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -66,6 +67,15 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _client_values(execution: RecordedExecution) -> dict[str, Any]:
+    """A Jupyter client's cell: who sent it and with which header (what its
+    return after a restart is sent again)."""
+    origin = execution.origin
+    if origin is None:
+        return {"client_session": None, "client_header": None}
+    return {"client_session": origin.session[:255], "client_header": json.dumps(origin.header, default=str)}
+
+
 def _replay_values(execution: RecordedExecution) -> dict[str, Any]:
     """An execution row's columns for recovery by replay (its kernel and lineage)."""
     return {
@@ -98,7 +108,16 @@ _END_EXECUTION = (
     .values(
         {
             c: bindparam(c)
-            for c in ("status", "execution_count", "duration_ms", "reason", "state_lost", "events", "kernel_id")
+            for c in (
+                "status",
+                "execution_count",
+                "duration_ms",
+                "reason",
+                "state_lost",
+                "events",
+                "kernel_id",
+                "client_answered",
+            )
         }
     )
 )
@@ -280,6 +299,7 @@ class Store:
             "state_lost": False,
             "events": "[" + ",".join(p.json for p in published) + "]",
             **_replay_values(execution),
+            **_client_values(execution),
         }
 
         async def write(conn: AsyncConnection) -> None:
@@ -340,6 +360,7 @@ class Store:
             "reason": end.reason,
             "state_lost": end.state_lost,
             "kernel_id": execution.kernel_id,  # known once the cell was sent, after its start row
+            "client_answered": origin.answered if (origin := execution.origin) is not None else None,
             # already serialised when published: splice, do not re-encode
             "events": "[" + ",".join(p.json for p in published) + "]",
         }
@@ -351,6 +372,7 @@ class Store:
             "code": execution.code,
             "started_at": _now() - timedelta(milliseconds=duration),
             **_replay_values(execution),
+            **_client_values(execution),
             **final,
         }
 
@@ -496,6 +518,27 @@ class Store:
 
     async def list_notes(self, session_id: str) -> list[NoteRecord]:
         return await queries.list_notes(await self.read_engine(), session_id)
+
+    async def unanswered_client_cells(self, session_id: str, client_session: str) -> list[ExecutionRecord]:
+        """The ended cells a Jupyter client sent in this session whose answer never
+        reached it, oldest first (what its return is sent again)."""
+        return await queries.unanswered_client_cells(await self.read_engine(), session_id, client_session)
+
+    def client_answered(self, session_id: str, execution_ids: Sequence[str]) -> None:
+        """Queue: these cells' answers reached their client (not sent again)."""
+        if not execution_ids:
+            return
+        t = schema.executions
+        statement = (
+            update(t)
+            .where(t.c.session_id == session_id, t.c.execution_id.in_(list(execution_ids)))
+            .values(client_answered=True)
+        )
+
+        async def write(conn: AsyncConnection) -> None:
+            await conn.execute(statement)
+
+        self.enqueue(f"answers of {len(execution_ids)} Jupyter cells of session {session_id}", write, deferrable=True)
 
     # ------------------------------------------------------------ retention
     async def purge(self, now: datetime | None = None) -> int:

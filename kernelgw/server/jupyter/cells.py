@@ -23,8 +23,9 @@ ipykernel does with the requests waiting in its own queue.
 A client that loses its connection keeps its cells: they run on, and when it
 reconnects with the same ``session_id`` (JupyterLab does) it is sent what its
 cells produced meanwhile, rebuilt from the session's event stream, and their
-replies (`Orphans`). Within this gateway process only: after a gateway
-restart the cells a client was waiting for were cut off anyway.
+replies (`Orphans`). After a gateway restart, or once the client is
+forgotten here, its cells' answers come from their stored records instead
+(`missed`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kernelgw.runtime.execution import QueuedExecution, message_order
+from kernelgw.runtime.recorder import ClientOrigin
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.jupyter import caps, wire
 
@@ -63,9 +65,11 @@ class CellOwner(Protocol):
 class ClientCells:
     """One client's cells in the session's queue, oldest first."""
 
-    def __init__(self, owner: CellOwner) -> None:
+    def __init__(self, owner: CellOwner, client_session: str | None = None) -> None:
         self.owner: CellOwner | None = owner
         """The connection answers go to; None while the client is away."""
+        self.client_session = client_session
+        """The ``session_id`` the client connected with (its cells' records keep it)."""
         self.pending: dict[str, JupyterCell] = {}
         self.submitted = 0
         self.aborted_through = 0
@@ -128,6 +132,12 @@ class JupyterCell:
         self.answer: list[Message] | None = None
 
     # ------------------------------------------------------------ ClientRequest
+    def origin(self) -> ClientOrigin | None:
+        session = self.cells.client_session
+        if not session:
+            return None
+        return ClientOrigin(session=session, header=self.header, answered=self.cells.owner is not None)
+
     def should_abort(self) -> bool:
         self.aborted = self.number <= self.cells.aborted_through
         return self.aborted
@@ -227,9 +237,17 @@ def leave(session: KernelSession, client_session: str | None, cells: ClientCells
         del kept[next(iter(kept))]
 
 
-def rejoin(session: KernelSession, client_session: str | None, owner: CellOwner) -> ClientCells | None:
+@dataclass
+class Rejoined:
+    cells: ClientCells
+    """The client's cells, now answered on the new connection."""
+    answered: list[str]
+    """The execution ids of the ended cells whose answers were just sent."""
+
+
+def rejoin(session: KernelSession, client_session: str | None, owner: CellOwner) -> Rejoined | None:
     """The client is back (same ``session_id``): its cells, after sending what it
-    missed; None if it left nothing behind."""
+    missed; None if it left nothing behind in this process."""
     orphan = _orphans.get(session, {}).pop(client_session or "", None)
     if orphan is None or time.monotonic() - orphan.left_at > ORPHAN_TTL_S:
         return None
@@ -239,17 +257,23 @@ def rejoin(session: KernelSession, client_session: str | None, owner: CellOwner)
     for seq, text in session.events_since(orphan.since_seq):
         event = json.loads(text)
         cell = by_id.get(event.get("execution_id") or "")
-        if cell is not None and seq > orphan.since_seq:
+        if cell is not None and seq > orphan.since_seq and not _is_idle(event):
             for channel, msg in to_messages(event, cell.header):
                 owner.send_kernel(channel, msg)
     for _cell, answer in cells.missed:
         for channel, msg in answer:
             owner.send_kernel(channel, msg)
+    answered = [cell.execution_id for cell, _ in cells.missed]
     cells.missed = []
     for cell in cells.pending.values():
         cell.adopted = True
     cells.owner = owner
-    return cells
+    return Rejoined(cells, answered)
+
+
+def _is_idle(event: dict[str, Any]) -> bool:
+    """The kernel's idle: a cell's end is its answer's to tell (it comes last)."""
+    return event.get("type") == "status" and event.get("state") == "idle"
 
 
 def to_messages(event: dict[str, Any], parent: dict[str, Any]) -> list[Message]:

@@ -50,7 +50,7 @@ from kernelgw.runtime.kernel_link import RECEIVE_HWM
 from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.admission import admit
-from kernelgw.server.jupyter import caps, cells, kernels, wire
+from kernelgw.server.jupyter import caps, cells, kernels, missed, wire
 from kernelgw.server.state import GatewayState, gateway_state
 from kernelgw.tasks import cancel_and_wait
 
@@ -64,6 +64,8 @@ CLOSE_POLICY = 1008
 CLOSE_SERVICE_RESTART = 1012
 NUDGE_TIMEOUT_S = 10.0
 WATCH_INTERVAL_S = 0.1
+_resumes: set[asyncio.Task[None]] = set()
+"""Resumes started by channels requests (held until they end)."""
 
 
 @router.websocket("/api/kernels/{kernel_id}/channels")
@@ -114,7 +116,7 @@ class ChannelsConnection:
         config = session.config
         self.caps = caps.OutputCaps(config.max_output_bytes, config.max_image_bytes)
         self._outbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
-        self._cells = cells.ClientCells(self)
+        self._cells = cells.ClientCells(self, client_session)
         self._rejoined = False
         self._outbox_bytes = 0
         self._max_outbox_bytes = state.settings.subscriber_max_bytes
@@ -127,6 +129,7 @@ class ChannelsConnection:
         self._nudge_replied = asyncio.Event()
         self._last_parent: dict[str, Any] = {}
         self._dead_sent = False
+        self._resuming: asyncio.Task[None] | None = None
         self.close_code = CLOSE_GOING_AWAY
         self.close_reason = "kernel closed"
 
@@ -179,7 +182,11 @@ class ChannelsConnection:
             self._rejoined = True
             left = cells.rejoin(self.session, self.client_session, self)
             if left is not None:
-                self._cells = left
+                self._cells = left.cells
+                self.state.store.client_answered(self.session.id, left.answered)
+            if self.client_session:
+                # cells this process does not know of: ended or cut off before a restart
+                await missed.replay_stored(self.state.store, self.session, self.client_session, self)
         self._ready.set()
 
     async def _disconnect(self) -> None:
@@ -384,6 +391,12 @@ class ChannelsConnection:
             except KernelGWError as exc:
                 self._refuse(msg, type(exc).__name__, exc.message)
                 return
+        if self.session.state == "paused" and (self._resuming is None or self._resuming.done()):
+            # culled with idle_action=pause: the client's request brings the kernel back
+            # (not cancelled with the connection: a resume runs to its end)
+            self._resuming = asyncio.create_task(self._resume(), name="jupyter-ws-resume")
+            _resumes.add(self._resuming)
+            self._resuming.add_done_callback(_resumes.discard)
         deadline = time.monotonic() + self.state.settings.kernel_start_timeout_s
         while not (self._ready.is_set() and self._handle is self.session.handle):
             # (re)connecting: the message waits for the kernel it is meant for (a
@@ -409,6 +422,12 @@ class ChannelsConnection:
             log.warning("session %s: could not send a %s (%s)", self.session.id, msg.msg_type, exc)
             return
         self.session.touch()
+
+    async def _resume(self) -> None:
+        try:
+            await self.session.resume()
+        except KernelGWError as exc:
+            log.warning("session %s: a channels request could not resume it: %s", self.session.id, exc.message)
 
     def _submit(self, msg: wire.ClientMessage) -> None:
         """Queue an execute_request as a cell of the session (`cells`)."""

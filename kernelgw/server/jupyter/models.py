@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kernelgw.models import CreateSession
+
+Body = TypeVar("Body", bound=BaseModel)
 
 ENV_PREFIX = "KERNEL_"
 
@@ -32,3 +39,22 @@ class StartKernel(BaseModel):
             shown = ", ".join(repr(k[:60]) for k in other[:5])
             raise ValueError(f"only KERNEL_* variables are accepted; got {shown}")
         return CreateSession(env=env).env  # the /v1 limits: count, names, total size
+
+
+def json_body(model: type[Body]) -> Callable[[Request], Awaitable[Body | None]]:
+    """A dependency reading the request's body as JSON whatever its content type
+    (None when empty): JupyterLab's client (@jupyterlab/services) posts JSON
+    strings through ``fetch``, which labels them ``text/plain``, and Jupyter
+    Server reads them all the same."""
+
+    async def parse(request: Request) -> Body | None:
+        raw = await request.body()
+        if not raw.strip():
+            return None
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as exc:
+            errors = [{"loc": ("body", *e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+            raise RequestValidationError(errors) from None
+
+    return parse

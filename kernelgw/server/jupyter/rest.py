@@ -20,9 +20,9 @@ from kernelgw import __version__
 from kernelgw.keys import Principal
 from kernelgw.runtime.manager import SessionOptions
 from kernelgw.server.availability import check_available
-from kernelgw.server.jupyter import kernels
+from kernelgw.server.jupyter import kernels, sessions
 from kernelgw.server.jupyter.errors import JupyterHTTPError, JupyterRoute
-from kernelgw.server.jupyter.models import StartKernel
+from kernelgw.server.jupyter.models import StartKernel, json_body
 from kernelgw.server.jupyter.remote import remote_kernels
 from kernelgw.server.state import gateway_state
 
@@ -83,9 +83,14 @@ async def list_kernels(request: Request, principal: Principal = Depends(kernels.
     return local + await remote_kernels(state, principal)  # other live gateways' (kernelgw.cluster)
 
 
+_start_body = json_body(StartKernel)
+
+
 @router.post("/api/kernels", status_code=201)
 async def start_kernel(
-    request: Request, body: StartKernel | None = None, principal: Principal = Depends(kernels.authenticate)
+    request: Request,
+    body: StartKernel | None = Depends(_start_body),
+    principal: Principal = Depends(kernels.authenticate),
 ) -> JSONResponse:
     """Start a kernel (a new session); the body may be absent (Open WebUI sends none)."""
     state = gateway_state(request)
@@ -148,3 +153,6 @@ async def restart_kernel(
     await session.restart()
     kernels.status_seen(session, "idle")
     return kernels.model(session, state.settings)
+
+
+router.include_router(sessions.router)  # /api/sessions, on the same app as the kernels

@@ -19,6 +19,7 @@ from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, create_
 from kernelgw.storage import migrate, schema
 from kernelgw.storage.migrations import (
     BASELINE,
+    CHANNELS,
     GATEWAYS,
     KERNEL_NAME,
     REATTACH,
@@ -59,7 +60,9 @@ def test_the_comparison_sees_a_schema_that_differs(engine: Engine) -> None:
     removed = {(d[2], d[3].name) for d in found if isinstance(d, tuple) and d[0] == "remove_column"}
     assert removed == {("kgw_sessions", c) for c in ("container_id", "kernel", "execution_count", "last_seq")} | {
         ("kgw_executions", c) for c in ("kernel_id", "replay_of", "no_replay")
-    } | {("kgw_sessions", "kernel_name")}
+    } | {("kgw_sessions", "kernel_name")} | {
+        ("kgw_executions", c) for c in ("client_session", "client_header", "client_answered")
+    }
     tables = {d[1].name for d in found if isinstance(d, tuple) and d[0] == "remove_table"}
     assert tables == {"kgw_gateways"}
     assert len(found) == len(removed) + len(tables)
@@ -68,7 +71,7 @@ def test_the_comparison_sees_a_schema_that_differs(engine: Engine) -> None:
 def test_the_revisions_are_one_line_from_the_baseline() -> None:
     script = ScriptDirectory.from_config(migrate.alembic_config())
     assert script.get_heads() == [migrate.head()]
-    assert [r.revision for r in script.walk_revisions()] == [GATEWAYS, KERNEL_NAME, REPLAY, REATTACH, BASELINE]
+    assert [r.revision for r in script.walk_revisions()] == [CHANNELS, GATEWAYS, KERNEL_NAME, REPLAY, REATTACH, BASELINE]
     assert script.get_base() == BASELINE
 
 
@@ -93,7 +96,7 @@ def test_downgrading_the_replay_revision_gives_the_reattach_schema_back(engine: 
         command.downgrade(migrate.alembic_config(conn), REATTACH)
         assert migrate.current_revision(conn) == REATTACH
     assert differences(engine, previous_schema.REATTACH_RELEASE) == []
-    assert upgrade(engine).after == migrate.head()
+    assert upgrade(engine).after == migrate.head() == CHANNELS
 
 
 def test_upgrading_from_the_reattach_revision_keeps_every_execution_replayable_in_no_lineage(
@@ -110,7 +113,7 @@ def test_upgrading_from_the_reattach_revision_keeps_every_execution_replayable_i
                 "VALUES ('s', 0, 'e0', 1, 'x = 1', 'ok', '2025-01-01 00:00:00', 1.0, 0, '[]')"
             )
         )
-    assert upgrade(engine).after == migrate.head()
+    assert upgrade(engine).after == CHANNELS
     with engine.connect() as conn:
         row = conn.execute(text("SELECT kernel_id, replay_of, no_replay FROM kgw_executions")).one()
     assert tuple(row) == (None, None, None)
@@ -127,13 +130,13 @@ def test_sessions_stored_before_kernel_names_read_back_as_python(engine: Engine)
                 "VALUES ('s', 'g', 'kernelgw/python:latest', '2025-01-01 00:00:00', '{}')"
             )
         )
-    assert upgrade(engine).after == migrate.head()
+    assert upgrade(engine).after == CHANNELS
     with engine.connect() as conn:
         assert conn.execute(text("SELECT kernel_name FROM kgw_sessions")).scalar() is None
     with engine.begin() as conn:
         command.downgrade(migrate.alembic_config(conn), REPLAY)
     assert "kernel_name" not in {c["name"] for c in inspect(engine).get_columns("kgw_sessions")}
-    assert upgrade(engine).after == migrate.head()
+    assert upgrade(engine).after == CHANNELS
 
 
 def test_a_second_upgrade_changes_nothing(engine: Engine) -> None:

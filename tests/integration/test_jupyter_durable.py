@@ -1,0 +1,313 @@
+"""Durable reconnect over the Jupyter channels, with real parts: a real
+``kernelgw serve`` process stopped (SIGTERM, ``on_shutdown=keep``) and killed
+(SIGKILL), a real kernel container that outlives it, the SQLite store, and a
+plain ``websockets`` client speaking JSON frames with a fixed ``session_id``
+(what JupyterLab and jupyter_server's gateway client do on reconnect).
+
+After each restart the client finds its kernel and is sent, once, the cells
+whose answer it never got: one that ended while it was away, and the one the
+gateway's stop or death cut off, each with its output, ``execute_reply`` and
+``status: idle`` under the request's own header. A cell it got live is not
+sent again. Also: Jupyter kernels are culled by the session idle policy once
+no channels WebSocket is open on them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+from websockets.sync.client import ClientConnection, connect
+
+from kernelgw.runtime.session import DETACHED_DONE_REASON, DETACHED_QUEUED_REASON
+from kernelgw.storage.retention import CUT_OFF_REASON
+from tests.integration.conftest import (
+    IMAGE,
+    RUNTIME,
+    assert_nothing_left,
+    gateway_settings,
+    remove_everything,
+    start_gateway,
+)
+from tests.support.processes import gateway_process
+
+pytestmark = pytest.mark.integration
+
+RUNTIME_DIR = Path("/tmp/kgwj")
+CLIENT = "jupyterlab-tab-1"
+"""The client's ``session_id``: the same on every connection, as JupyterLab's."""
+RECEIVE_S = 90.0
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest) -> str | None:
+    """The store of the restarted gateways: SQLite in its data directory, or PostgreSQL."""
+    if request.param == "sqlite":
+        return None
+    url = os.environ.get("KERNELGW_TEST_DATABASE_URL")
+    if not url:
+        message = (
+            "KERNELGW_TEST_DATABASE_URL is not set: run scripts/ensure-postgres.sh and export the "
+            "URL it prints (scripts/test.sh does both)"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return url
+
+
+@contextmanager
+def serve(
+    name: str, data_dir: Path, log: Path, database_url: str | None
+) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
+    with (
+        gateway_process(
+            name,
+            data_dir,
+            log,
+            image=IMAGE,
+            runtime=RUNTIME,
+            runtime_dir=RUNTIME_DIR,
+            database_url=database_url,
+            KERNELGW_SHUTDOWN_GRACE_S="1",  # the running cell is cut off, not waited for
+        ) as (proc, url),
+        httpx.Client(base_url=url, timeout=120) as http,
+    ):
+        yield proc, http
+
+
+def channels(http: httpx.Client, kid: str, client: str = CLIENT) -> ClientConnection:
+    url = str(http.base_url).replace("http://", "ws://").rstrip("/")
+    return connect(f"{url}/api/kernels/{kid}/channels?session_id={client}", open_timeout=60, max_size=None)
+
+
+def execute(ws: ClientConnection, code: str, client: str = CLIENT) -> str:
+    msg_id = uuid.uuid4().hex
+    header = {"msg_id": msg_id, "msg_type": "execute_request", "session": client, "username": "t", "version": "5.3"}
+    content = {"code": code, "silent": False, "store_history": True, "stop_on_error": False}
+    ws.send(json.dumps({"channel": "shell", "header": header, "parent_header": {}, "metadata": {}, "content": content}))
+    return msg_id
+
+
+def receive_until(ws: ClientConnection, done: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + RECEIVE_S
+    while not done(got):
+        try:
+            frame = ws.recv(timeout=max(0.1, deadline - time.monotonic()))
+        except TimeoutError:
+            raise AssertionError(f"not all awaited messages within {RECEIVE_S}s; got {got}") from None
+        assert isinstance(frame, str), "a client without the v1 subprotocol gets JSON text frames"
+        got.append(json.loads(frame))
+    return got
+
+
+def of(messages: list[dict[str, Any]], msg_id: str) -> list[dict[str, Any]]:
+    return [m for m in messages if m["parent_header"].get("msg_id") == msg_id]
+
+
+def answered(msg_id: str) -> Callable[[list[dict[str, Any]]], bool]:
+    """Its reply and the idle after it are in."""
+
+    def check(messages: list[dict[str, Any]]) -> bool:
+        mine = of(messages, msg_id)
+        kinds = [m["msg_type"] for m in mine]
+        return "execute_reply" in kinds and any(
+            m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
+            for m in mine[kinds.index("execute_reply") :]
+        )
+
+    return check
+
+
+def summary(messages: list[dict[str, Any]], msg_id: str, replayed: bool = False) -> list[Any]:
+    """What the client sees of one cell: types, stdout, the reply's status, in
+    order; ``replayed``: only what the gateway sent (not a kept kernel's own
+    messages, live, of a cell it still runs)."""
+    out: list[Any] = []
+    for m in of(messages, msg_id):
+        if replayed and m["header"]["session"] != "kernelgw":
+            continue
+        kind, content = m["msg_type"], m["content"]
+        if kind == "stream":
+            out.append(("stream", content["text"]))
+        elif kind == "status":
+            out.append(content["execution_state"])
+        elif kind == "execute_reply":
+            out.append(("reply", content["status"]))
+        elif kind == "error":
+            out.append(("error", content["ename"], content["evalue"]))
+        else:
+            out.append(kind)
+    return out
+
+
+def wait_stored(http: httpx.Client, kid: str, msg_id: str, check: Callable[[dict[str, Any]], bool]) -> None:
+    """Until the history holds the execution ``msg_id`` in a state ``check`` accepts."""
+    deadline = time.monotonic() + RECEIVE_S
+    while time.monotonic() < deadline:
+        history = http.get(f"/v1/sessions/{kid}/history").json()
+        row = next((e for e in history["executions"] if e["execution_id"] == msg_id), None)
+        if row is not None and check(row):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"execution {msg_id} never reached the awaited state")
+
+
+def stdout_of(row: dict[str, Any]) -> str:
+    return "".join(e["text"] for e in row["events"] if e["type"] == "stream")
+
+
+def test_a_channels_client_gets_what_it_missed_across_sigterm_and_kill9(
+    docker_client: docker.DockerClient, tmp_path: Path, database_url: str | None
+) -> None:
+    name = f"jdur{os.getpid()}{'p' if database_url else 's'}"
+    data, log = tmp_path / "data", tmp_path / "gateway.log"
+    try:
+        with serve(name, data, log, database_url) as (proc, http):
+            resp = http.post("/api/kernels", json={"name": "python3"})
+            assert resp.status_code == 201, resp.text
+            kid = resp.json()["id"]
+            with channels(http, kid) as ws:
+                live = execute(ws, "x = 41; print('answered live')")
+                got = receive_until(ws, answered(live))
+                assert ("stream", "answered live\n") in summary(got, live)
+                # then two cells, and the client goes away at once
+                away = execute(ws, "import time; time.sleep(1); print('ended while away')")
+                cut = execute(ws, "print('before the stop', flush=True); time.sleep(6); print('after the stop')")
+                never = execute(ws, "print('never runs')")  # still queued behind it at the stop
+            wait_stored(http, kid, away, lambda e: e["status"] == "ok")
+            wait_stored(http, kid, cut, lambda e: "before the stop" in stdout_of(e))
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) in (0, -signal.SIGTERM), log.read_text()[-3000:]
+            print(f"SIGTERM to exit: {time.monotonic() - t0:.2f}s")
+
+        with serve(name, data, log, database_url) as (proc, http):
+            t0 = time.monotonic()
+            with channels(http, kid) as ws:
+                probe = execute(ws, "print(x + 1)")
+                got = receive_until(ws, answered(probe))
+                print(f"reconnect to the probe's answer after the restart: {time.monotonic() - t0:.2f}s")
+                assert summary(got, live) == [], "a cell answered live is not sent again"
+                assert summary(got, away) == [
+                    "busy",
+                    ("stream", "ended while away\n"),
+                    ("reply", "ok"),
+                    "idle",
+                ]
+                gateway_stop = ("error", "KernelGatewayError", DETACHED_DONE_REASON)
+                assert summary(got, cut, replayed=True) == [
+                    "busy",
+                    ("stream", "before the stop\n"),
+                    gateway_stop,
+                    ("reply", "error"),
+                    "idle",
+                ]
+                not_run = ("error", "KernelGatewayError", DETACHED_QUEUED_REASON)
+                assert summary(got, never, replayed=True) == ["busy", not_run, ("reply", "error"), "idle"]
+                replayed = of(got, away)[0]["parent_header"]
+                assert replayed["msg_id"] == away and replayed["session"] == CLIENT
+                assert ("stream", "42\n") in summary(got, probe), "the kernel was kept, with its variables"
+                # a cell running when the gateway is killed, the client connected
+                dying = execute(ws, "print('before the kill', flush=True); time.sleep(6); print('after')")
+                receive_until(ws, lambda m: ("stream", "before the kill\n") in summary(m, dying))
+                wait_stored(http, kid, dying, lambda e: "before the kill" in stdout_of(e))
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+
+        with serve(name, data, log, database_url) as (proc, http):
+            with channels(http, kid) as ws:
+                probe = execute(ws, "print(x)")
+                got = receive_until(ws, answered(probe))
+                cut_off = ("error", "KernelGatewayError", CUT_OFF_REASON)
+                assert summary(got, dying, replayed=True) == [
+                    "busy",
+                    ("stream", "before the kill\n"),
+                    cut_off,
+                    ("reply", "error"),
+                    "idle",
+                ]
+                assert [summary(got, c, replayed=True) for c in (live, away, cut, never)] == [[], [], [], []]
+                assert ("stream", "41\n") in summary(got, probe)
+            # a second return is sent nothing again: each cell once
+            with channels(http, kid) as ws:
+                probe2 = execute(ws, "print('again')")
+                got = receive_until(ws, answered(probe2))
+                assert [summary(got, c, replayed=True) for c in (live, away, cut, dying)] == [[], [], [], []]
+            # another client of the same kernel is sent nothing of this one's
+            with channels(http, kid, client="someone-else") as ws:
+                probe3 = execute(ws, "print('hi')", client="someone-else")
+                got = receive_until(ws, answered(probe3))
+                assert {m["parent_header"].get("msg_id") for m in got} <= {probe3, None}
+            assert http.delete(f"/api/kernels/{kid}").status_code == 204
+    finally:
+        remove_everything(docker_client, name)
+        shutil.rmtree(RUNTIME_DIR / name, ignore_errors=True)
+    assert_nothing_left(docker_client, name)
+
+
+def test_jupyter_kernels_are_culled_by_the_idle_policy_once_no_channels_are_open(
+    docker_client: docker.DockerClient,
+) -> None:
+    gw = start_gateway(gateway_settings(gateway_name=f"jcull{os.getpid()}", idle_timeout_s=2, reap_interval_s=0.5))
+    try:
+        with httpx.Client(base_url=gw.url, timeout=120) as http:
+            kid = http.post("/api/kernels", json={}).json()["id"]
+            ws_url = gw.ws_url + f"/api/kernels/{kid}/channels?session_id=c"
+            with connect(ws_url, open_timeout=60) as ws:
+                msg_id = execute(ws, "print(1)", client="c")
+                receive_until(ws, answered(msg_id))
+                time.sleep(4)  # twice the idle timeout, with a channels WebSocket open
+                assert http.get(f"/api/kernels/{kid}").status_code == 200, "an open WebSocket keeps its kernel"
+            deadline = time.monotonic() + 60
+            while http.get(f"/api/kernels/{kid}").status_code == 200:
+                assert time.monotonic() < deadline, "the kernel was never culled"
+                time.sleep(0.5)
+            assert http.get(f"/api/kernels/{kid}").status_code == 404
+            assert http.get(f"/v1/sessions/{kid}/history").json()["end_reason"] == "reaped"
+    finally:
+        gw.stop()
+
+
+def test_a_kernel_culled_with_idle_action_pause_is_resumed_by_its_channels_client(
+    docker_client: docker.DockerClient,
+) -> None:
+    gw = start_gateway(
+        gateway_settings(
+            gateway_name=f"jpause{os.getpid()}", idle_timeout_s=2, reap_interval_s=0.5, idle_action="pause"
+        )
+    )
+    try:
+        with httpx.Client(base_url=gw.url, timeout=120) as http:
+            kid = http.post("/api/kernels", json={}).json()["id"]
+            ws_url = gw.ws_url + f"/api/kernels/{kid}/channels?session_id=p"
+            with connect(ws_url, open_timeout=60) as ws:
+                msg_id = execute(ws, "kept = 'across the pause'", client="p")
+                receive_until(ws, answered(msg_id))
+            deadline = time.monotonic() + 60
+            while http.get(f"/v1/sessions/{kid}").json()["state"] != "paused":
+                assert time.monotonic() < deadline, "the kernel was never culled"
+                time.sleep(0.5)
+            assert http.get(f"/api/kernels/{kid}").status_code == 200, "a paused kernel is still listed"
+            t0 = time.monotonic()
+            with connect(ws_url, open_timeout=60) as ws:
+                msg_id = execute(ws, "print(kept)", client="p")
+                got = receive_until(ws, answered(msg_id))
+            print(f"resume through the channels, to the cell's answer: {time.monotonic() - t0:.2f}s")
+            assert ("stream", "across the pause\n") in summary(got, msg_id)
+            assert http.get(f"/v1/sessions/{kid}").json()["state"] in ("idle", "busy")
+            http.delete(f"/api/kernels/{kid}")
+    finally:
+        gw.stop()
