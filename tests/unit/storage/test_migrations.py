@@ -71,7 +71,14 @@ def test_the_comparison_sees_a_schema_that_differs(engine: Engine) -> None:
 def test_the_revisions_are_one_line_from_the_baseline() -> None:
     script = ScriptDirectory.from_config(migrate.alembic_config())
     assert script.get_heads() == [migrate.head()]
-    assert [r.revision for r in script.walk_revisions()] == [CHANNELS, GATEWAYS, KERNEL_NAME, REPLAY, REATTACH, BASELINE]
+    assert [r.revision for r in script.walk_revisions()] == [
+        CHANNELS,
+        GATEWAYS,
+        KERNEL_NAME,
+        REPLAY,
+        REATTACH,
+        BASELINE,
+    ]
     assert script.get_base() == BASELINE
 
 
