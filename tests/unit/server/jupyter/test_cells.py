@@ -134,9 +134,11 @@ async def test_stop_on_error_aborts_the_clients_queued_cells(gw: Gateway, kernel
 
 async def test_interrupt_over_rest_ends_a_jupyter_cell_as_interrupted(gw: Gateway, kernel: str) -> None:
     async with connect(channels_url(gw, kernel, gw.alice)) as ws, gw.client(gw.alice) as http:
-        msg = execute_request("import time\nfor _ in range(600): time.sleep(0.1)")
+        msg = execute_request("import time\nprint('running', flush=True)\nfor _ in range(600): time.sleep(0.1)")
         await ws.send(json.dumps(msg))
-        while (await receive_json(ws))["msg_type"] != "execute_input":
+        # the cell's own output, not execute_input: a SIGINT before the cell's code
+        # runs (a loaded machine) is not a KeyboardInterrupt in it
+        while (await receive_json(ws))["msg_type"] != "stream":
             pass
         assert (await http.post(f"/api/kernels/{kernel}/interrupt")).status_code == 204
         msgs = await collect(ws, msg["header"]["msg_id"])
