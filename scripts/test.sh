@@ -72,7 +72,7 @@ run_runsc_pass() {
   KERNELGW_TEST_RUNTIME=runsc KERNELGW_TEST_OUTPUT=test-output/runsc \
     run_pytest -p no:cacheprovider --durations=15 "${runsc_tests[@]}" "$@"
 }
-# Pass 3: the other languages' kernels. Their images are built first (on the
+# Pass 3: the other languages' kernels, then the deployment check. Their images are built first (on the
 # Python image, no network inside; a no-op when up to date: minutes on a fresh
 # machine, mostly downloads and dpkg), so this pass runs beside the others
 # instead of delaying them. A failed build fails the pass, naming the image.
@@ -91,6 +91,11 @@ run_languages_pass() {
   echo "==> the languages through the gateway again, kernels on gVisor (runsc)"
   KERNELGW_TEST_RUNTIME=runsc KERNELGW_TEST_OUTPUT=test-output/languages/runsc \
     run_pytest -p no:cacheprovider --durations=5 tests/integration/test_languages.py "$@" || status=$?
+  # the deployment as an operator runs it: compose.yaml up (PostgreSQL, the gateway
+  # container, HAProxy), sessions through the load balancer, a re-created gateway
+  # container, down; after the languages, so its image builds do not delay them
+  echo "==> the deployment check (compose.yaml, scripts/check-deploy.sh compose)"
+  bash scripts/check-deploy.sh compose || status=$?
   return "$status"
 }
 languages_status=0
