@@ -272,6 +272,11 @@ def image_build(tag: str | None, base: str, kernels: tuple[str, ...], python_ima
             )
     except KernelGWError as exc:
         raise click.ClickException(str(exc)) from exc
+    _echo_builds(results)
+
+
+def _echo_builds(results: list[Any]) -> None:
+    """One line per image (ImageBuildResult): built, or already up to date."""
     for result in results:
         if result.built:
             click.echo(f"built {result.tag} ({result.image_id}) in {result.seconds:.1f}s")
@@ -309,11 +314,7 @@ def image_build_gateway(tag: str, base: str, force: bool, stand_ins: bool) -> No
             results += build_standins(source_root(), force=force, console=console)
     except KernelGWError as exc:
         raise click.ClickException(str(exc)) from exc
-    for result in results:
-        if result.built:
-            click.echo(f"built {result.tag} ({result.image_id}) in {result.seconds:.1f}s")
-        else:
-            click.echo(f"{result.tag} is up to date ({result.image_id}); --force rebuilds it")
+    _echo_builds(results)
 
 
 # -------------------------------------------------------------------------- run
