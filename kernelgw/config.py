@@ -115,7 +115,9 @@ class Settings(BaseSettings):
 
     # --- identity: containers carry this name as a label; a gateway removes the
     # containers of its own name left by a crashed predecessor when it starts.
-    gateway_name: str = "default"
+    gateway_name: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    """Letters, digits, ``_``, ``.`` and ``-``: it is part of the names of the engine's
+    containers and volumes (which refuse others) and of the instance lock's file."""
 
     # --- many gateways as one service (kernelgw.cluster): on when cluster_secret is set
     cluster_secret: SecretStr | None = None

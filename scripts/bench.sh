@@ -60,6 +60,7 @@ run start
 run exec
 run agent
 run flood
+run memory
 run scale
 run security
 run reattach --sessions 20

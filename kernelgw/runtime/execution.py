@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -157,6 +158,23 @@ class QueuedExecution:
         if not self.finished.is_set():
             self.abort_reason = reason
             self.finished.set()
+
+
+@dataclass
+class EndedCell:
+    """What a kernel link remembers of a cell after its end, to report the kernel's
+    late messages for it: not the cell itself, whose output (up to the output
+    cap) would stay in memory for as long as the link remembers it."""
+
+    execution_id: str
+    anomalies: list[str]
+    """The cell's own list: a note made here reaches its ``done`` while that is not built."""
+    execution: weakref.ref[QueuedExecution]
+    """The cell while something else still holds it."""
+
+    @classmethod
+    def of(cls, execution: QueuedExecution) -> EndedCell:
+        return cls(execution.execution_id, execution.anomalies, weakref.ref(execution))
 
 
 def parse_artifacts(reply: dict[str, Any]) -> list[ev.Artifact]:

@@ -37,7 +37,13 @@ from kernelgw.errors import BadRequest
 from kernelgw.events import ReplayTrigger
 from kernelgw.runtime.backends.base import KernelState
 from kernelgw.runtime.cell_output import CellOutput
-from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, ClientRequest, QueuedExecution, parse_artifacts
+from kernelgw.runtime.execution import (
+    ARTIFACTS_EXPRESSION,
+    ClientRequest,
+    EndedCell,
+    QueuedExecution,
+    parse_artifacts,
+)
 from kernelgw.runtime.fanout import EventFanout, Published
 from kernelgw.runtime.iopub import cut_text
 from kernelgw.runtime.kernel_link import KernelLink
@@ -179,14 +185,15 @@ class ExecutionQueue:
     def on_message_refused(self, execution: QueuedExecution) -> None:
         self._output.message_refused(execution)
 
-    def on_anomaly(self, execution: QueuedExecution, what: str) -> None:
-        if execution.ending is None:
+    def on_anomaly(self, ended: EndedCell, what: str) -> None:
+        execution = ended.execution()
+        if execution is not None and execution.ending is None:
             execution.anomaly(what)
             return
         # too late for its record: the audit log says it (once per cell)
-        if what not in execution.anomalies and len(execution.anomalies) < 10:
-            execution.anomalies.append(what)
-            self._hooks.kernel_event("kernel_anomaly", f"execution {execution.execution_id}: {what}")
+        if what not in ended.anomalies and len(ended.anomalies) < 10:
+            ended.anomalies.append(what)
+            self._hooks.kernel_event("kernel_anomaly", f"execution {ended.execution_id}: {what}")
 
     # ------------------------------------------------------------- the queue
     @property

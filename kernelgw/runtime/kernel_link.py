@@ -45,7 +45,6 @@ import logging
 import queue
 import signal
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol, cast
 
 import zmq
@@ -59,10 +58,12 @@ from kernelgw.runtime.execution import (
     ARTIFACTS_EXPRESSION,
     ARTIFACTS_KEY,
     END_KEY,
+    EndedCell,
     QueuedExecution,
     answers,
     message_order,
 )
+from kernelgw.runtime.kernel_messages import InvalidKernelMessage, KernelMessageReader, coalesce_streams
 from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.tasks import cancel_and_wait
@@ -98,8 +99,8 @@ class LinkListener(Protocol):
         """A message over the size limit was dropped while ``execution`` ran."""
         ...
 
-    def on_anomaly(self, execution: QueuedExecution, what: str) -> None:
-        """The kernel sent something for ``execution`` after it had ended."""
+    def on_anomaly(self, ended: EndedCell, what: str) -> None:
+        """The kernel sent something for a cell after it had ended."""
         ...
 
 
@@ -128,7 +129,7 @@ class KernelLink:
         self._iopub_probes: dict[str, asyncio.Event] = {}
         self._shell_probes: dict[str, asyncio.Event] = {}
         self._end_probes: dict[str, QueuedExecution] = {}
-        self._ended: collections.OrderedDict[str, QueuedExecution] = collections.OrderedDict()
+        self._ended: collections.OrderedDict[str, EndedCell] = collections.OrderedDict()
         """Recently ended cells by msg_id: what arrives for them later is an anomaly."""
         self._listener: LinkListener | None = None
 
@@ -326,7 +327,7 @@ class KernelLink:
         if execution.msg_id is not None:
             self._pending.pop(execution.msg_id, None)
             if not execution.silent:
-                self._ended[execution.msg_id] = execution
+                self._ended[execution.msg_id] = EndedCell.of(execution)
                 while len(self._ended) > ENDED_REMEMBERED:
                     self._ended.popitem(last=False)
         if execution.end_probe is not None:
@@ -410,51 +411,69 @@ class KernelLink:
                 self._shell_probes.pop(msg_id, None)
 
     # ------------------------------------------------------------- readers
+    def _reader(self, socket: zmq.asyncio.Socket, kc: AsyncKernelClient, channel: str) -> KernelMessageReader:
+        """A malformed or forged message (bad signature, broken JSON) is dropped:
+        the kernel cannot stop a reader."""
+
+        def dropped(exc: InvalidKernelMessage) -> None:
+            log.warning("session %s: dropped an invalid %s message (%s)", self.session_id, channel, exc)
+
+        return KernelMessageReader(socket, kc.session, dropped)
+
     async def _read_iopub(self, kc: AsyncKernelClient, listener: LinkListener) -> None:
+        reader = self._reader(kc.iopub_channel.socket, kc, "iopub")
         while True:
-            msg = await self._next(kc.get_iopub_msg, "iopub")
-            self.last_iopub = time.monotonic()
-            parent = (msg.get("parent_header") or {}).get("msg_id")
-            probe = self._iopub_probes.get(parent) if parent else None
-            if probe is not None:
-                probe.set()
-                continue
-            if parent and (probed := self._end_probes.get(parent)) is not None:
-                if (msg.get("content") or {}).get("execution_state") == "idle":
-                    probed.end_idle = True
-                    probed.check_finished()
-                continue
-            execution = self._pending.get(parent) if parent else None
-            if execution is None or execution.silent or execution.finished.is_set():
-                # not a request we sent, an internal one, or one that is over
-                ended = self._ended.get(parent) if parent else None
-                if ended is not None and msg["header"]["msg_type"] in LATE_OUTPUT:
-                    listener.on_anomaly(ended, f"a {msg['header']['msg_type']} message after the cell had ended")
-                continue
-            listener.on_output(execution, msg)
+            for msg in coalesce_streams(await reader.batch()):
+                self._on_iopub(msg, listener)
+            await asyncio.sleep(0)  # a flood's next slice waits its turn behind other sessions
+
+    def _on_iopub(self, msg: dict[str, Any], listener: LinkListener) -> None:
+        self.last_iopub = time.monotonic()
+        parent = msg["parent_header"].get("msg_id")
+        probe = self._iopub_probes.get(parent) if parent else None
+        if probe is not None:
+            probe.set()
+            return
+        if parent and (probed := self._end_probes.get(parent)) is not None:
+            if msg["content"].get("execution_state") == "idle":
+                probed.end_idle = True
+                probed.check_finished()
+            return
+        execution = self._pending.get(parent) if parent else None
+        if execution is None or execution.silent or execution.finished.is_set():
+            # not a request we sent, an internal one, or one that is over
+            ended = self._ended.get(parent) if parent else None
+            if ended is not None and msg["msg_type"] in LATE_OUTPUT:
+                listener.on_anomaly(ended, f"a {msg['msg_type']} message after the cell had ended")
+            return
+        listener.on_output(execution, msg)
 
     async def _read_shell(self, kc: AsyncKernelClient) -> None:
+        reader = self._reader(kc.shell_channel.socket, kc, "shell")
         while True:
-            msg = await self._next(kc.get_shell_msg, "shell")
-            parent = (msg.get("parent_header") or {}).get("msg_id")
-            if parent and (probe := self._shell_probes.get(parent)) is not None:
-                probe.set()
-                continue
-            if parent and (probed := self._end_probes.get(parent)) is not None:
-                if msg["header"]["msg_type"] == "execute_reply":
-                    probed.probe_reply = msg.get("content") or {}
-                    probed.end_replied = True
-                    probed.check_finished()
-                continue
-            execution = self._pending.get(parent) if parent else None
-            if msg["header"]["msg_type"] != "execute_reply":
-                continue
-            if execution is None:
-                ended = self._ended.get(parent) if parent else None
-                if ended is not None and self._listener is not None:
-                    self._listener.on_anomaly(ended, "an execute_reply after the cell had ended")
-                continue
-            self._on_reply(execution, msg)
+            for msg in await reader.batch():
+                self._on_shell(msg)
+
+    def _on_shell(self, msg: dict[str, Any]) -> None:
+        parent = msg["parent_header"].get("msg_id")
+        if parent and (probe := self._shell_probes.get(parent)) is not None:
+            probe.set()
+            return
+        if parent and (probed := self._end_probes.get(parent)) is not None:
+            if msg["msg_type"] == "execute_reply":
+                probed.probe_reply = msg["content"]
+                probed.end_replied = True
+                probed.check_finished()
+            return
+        execution = self._pending.get(parent) if parent else None
+        if msg["msg_type"] != "execute_reply":
+            return
+        if execution is None:
+            ended = self._ended.get(parent) if parent else None
+            if ended is not None and self._listener is not None:
+                self._listener.on_anomaly(ended, "an execute_reply after the cell had ended")
+            return
+        self._on_reply(execution, msg)
 
     def _on_reply(self, execution: QueuedExecution, msg: dict[str, Any]) -> None:
         """An execute_reply for ``execution``: take it if it proves itself (its
@@ -483,28 +502,14 @@ class KernelLink:
         execution.check_finished()
 
     async def _read_stdin(self, kc: AsyncKernelClient) -> None:
+        reader = self._reader(kc.stdin_channel.socket, kc, "stdin")
         while True:
-            msg = await self._next(kc.get_stdin_msg, "stdin")
-            parent = (msg.get("parent_header") or {}).get("msg_id")
-            execution = self._pending.get(parent) if parent else None
-            if execution is None or execution.client is None or msg["header"]["msg_type"] != "input_request":
-                continue  # /v1 cells never allow stdin; nothing else may ask
-            execution.client.on_stdin(msg)
-
-    async def _next(self, get: Callable[[], Awaitable[Any]], channel: str) -> dict[str, Any]:
-        """The next well-formed, correctly signed message. A malformed or forged one
-        (bad signature, broken JSON) is dropped: the kernel cannot stop a reader."""
-        while True:
-            try:
-                msg = await get()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("session %s: dropped an invalid %s message (%s)", self.session_id, channel, exc)
-                continue
-            if isinstance(msg, dict) and isinstance(msg.get("header"), dict) and "msg_type" in msg["header"]:
-                return msg
-            log.warning("session %s: dropped a malformed %s message", self.session_id, channel)
+            for msg in await reader.batch():
+                parent = msg["parent_header"].get("msg_id")
+                execution = self._pending.get(parent) if parent else None
+                if execution is None or execution.client is None or msg["msg_type"] != "input_request":
+                    continue  # /v1 cells never allow stdin; nothing else may ask
+                execution.client.on_stdin(msg)
 
     async def _watch_oversized(self, channel: str, sock: zmq.asyncio.Socket, listener: LinkListener) -> None:
         """After a message over ``max_message_bytes`` was refused (`runtime.refused`):

@@ -150,7 +150,11 @@ class HelperAnswer:
                 "installs need; rebuild it with `kernelgw image build`."
             )
         code = await self.proc.exit_code()
-        detail = stderr.splitlines()[-1] if stderr else "no output"
+        lines = stderr.splitlines()
+        # a crashed interpreter's cause is its first "Fatal Python error" line, not its last line
+        detail = next(
+            (line for line in lines if line.startswith("Fatal Python error")), lines[-1] if lines else "no output"
+        )
         if code in (137, -9):
             detail = "killed (out of memory?)"
         return BackendError(f"A helper in the kernel container ended without an answer (exit {code}: {detail}).")

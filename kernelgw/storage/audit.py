@@ -77,7 +77,7 @@ def code_sha256(code: str) -> str:
 
 def record(store: AuditStore, row: AuditRecord) -> None:
     """Queue one audit row (never waits)."""
-    values = asdict(row)
+    values = dict(vars(row))  # its fields are flat values: asdict's deep copy cost a cell ~0.1 ms
 
     async def write(conn: AsyncConnection) -> None:
         await conn.execute(insert(schema.audit), values)  # parameters apart: compiled once

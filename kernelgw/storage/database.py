@@ -34,6 +34,7 @@ class Database:
     def __init__(self, url: str, durability: str) -> None:
         self.url = url
         self.durability = durability
+        self._sqlite_file = sqlite_file(url)
         self.engine: AsyncEngine | None = None
         self.ready = False
         """The tables are set up and the latest commit did not find the database gone."""
@@ -51,7 +52,8 @@ class Database:
 
     @property
     def sqlite_file(self) -> Path | None:
-        return sqlite_file(self.url)
+        """The SQLite file (None for PostgreSQL), parsed once: the writer asks at every commit."""
+        return self._sqlite_file
 
     def open(self) -> None:
         """Make the engine (connects lazily)."""

@@ -113,6 +113,8 @@ class _StartRow:
     """Set on the event loop when the end is queued."""
     inserted: bool = False
     """Set by the writer when the row was written (the end then updates it)."""
+    checkpoint_queued: bool = False
+    """A write of the output so far is queued: a later one would only repeat it."""
 
 
 class Store:
@@ -294,16 +296,19 @@ class Store:
         start = self._started.get((session.id, execution.execution_id))
         if start is None:
             return
-        values = {
-            "k_session": session.id,
-            "k_position": start.position,
-            "k_execution": execution.execution_id,
-            "events": "[" + ",".join(p.json for p in execution.published) + "]",
-        }
+        if start.checkpoint_queued:
+            return
+        start.checkpoint_queued = True
+        published = execution.published
+        keys = {"k_session": session.id, "k_position": start.position, "k_execution": execution.execution_id}
 
         async def write(conn: AsyncConnection) -> None:
+            # the events are joined when written, not when queued: one copy of a
+            # long cell's output at a time, however often it is checkpointed
+            start.checkpoint_queued = False
             if start.inserted and not start.superseded:
-                await conn.execute(_CHECKPOINT_EXECUTION, values)
+                events = "[" + ",".join(p.json for p in published[:]) + "]"
+                await conn.execute(_CHECKPOINT_EXECUTION, {**keys, "events": events})
 
         self.enqueue(
             f"output so far of execution {execution.execution_id} of session {session.id}", write, deferrable=True

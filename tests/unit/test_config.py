@@ -88,3 +88,14 @@ def test_kernels_are_known_names_and_each_has_an_image() -> None:
 def test_kernels_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KERNELGW_KERNELS", '["python3", "deno"]')
     assert Settings.load(None).kernels == ["python3", "deno"]
+
+
+@pytest.mark.parametrize("name", ["a+b", "with space", "../up", "-lead", "x" * 64, ""])
+def test_gateway_names_the_engine_would_refuse_are_refused_at_start(name: str) -> None:
+    with pytest.raises(ValidationError, match="gateway_name"):
+        Settings(gateway_name=name)
+
+
+@pytest.mark.parametrize("name", ["default", "gw-1", "host_2.example", "A" * 63])
+def test_gateway_names_of_letters_digits_and_separators_are_taken(name: str) -> None:
+    assert Settings(gateway_name=name).gateway_name == name

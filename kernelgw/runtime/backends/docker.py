@@ -79,7 +79,9 @@ STORE_RUNTIMES = frozenset({"runc"})
 """Runtimes whose kernels get a workspace that outlives them (see the module doc)."""
 START_ATTEMPTS = 3
 RACED_START = ("cannot start a stopped process", "cannot start an already running container")
-OOM_RECHECKS = 5
+OOM_RECHECKS = 20
+"""A SIGKILL exit is asked about again for up to OOM_RECHECKS x OOM_RECHECK_S (2 s:
+0.5 s was too short for gVisor under a loaded CI machine)."""
 OOM_RECHECK_S = 0.1
 STORE_COMMAND = ["sleep", "infinity"]
 STORE_MOUNT_MODE = "rw,nocopy"

@@ -33,6 +33,10 @@ KERNEL_NAME = "0004"
 """Sessions name their kernel (language): python3, deno, ir, ..."""
 GATEWAYS = "0005"
 """The registry of gateways sharing the store (many gateways as one service)."""
+HEAD = GATEWAYS
+"""The newest revision, what this release's databases are at. Named here so that a
+start on an up-to-date database need not import Alembic to know it; a new revision
+moves it (tests/unit/storage/test_migrations.py checks Alembic's scripts agree)."""
 
 
 class MigrationsNeedAConnection(RuntimeError):

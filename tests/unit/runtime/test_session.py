@@ -8,12 +8,15 @@ Tests wait on what the session says (events, ``done``), never on sleeps.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from typing import Any
 
 import pytest
 
 from kernelgw.errors import BadRequest
+from kernelgw.runtime.kernel_messages import MAX_BATCH
 from kernelgw.runtime.session import KernelSession, Subscription
 from tests.support.local_backend import LocalBackend
 from tests.unit.runtime.conftest import SessionFactory
@@ -219,9 +222,11 @@ async def test_replay_older_than_the_buffer_starts_with_a_gap(new_session: Sessi
 async def test_a_subscriber_that_falls_behind_is_dropped_without_slowing_the_others(
     new_session: SessionFactory,
 ) -> None:
-    session = await new_session(subscriber_queue=5)
+    # the link hands over up to MAX_BATCH messages at once: a queue that holds a
+    # batch keeps a reader that reads as they come, and 3000 prints overflow it
+    session = await new_session(subscriber_queue=MAX_BATCH + 44)
     slow, fast = session.subscribe(), session.subscribe()
-    rec = session.submit("for i in range(20):\n    print(i, flush=True)")
+    rec = session.submit("for i in range(3000):\n    print(i, flush=True)")
     events = await until(fast, done_of(rec.execution_id))  # read as they come
     assert events[-1]["status"] == "ok"
     assert slow.overflowed and await slow.get() is None
@@ -271,3 +276,16 @@ async def test_submit_validates_timeout_and_execution_id(new_session: SessionFac
     with pytest.raises(BadRequest, match="already used"):
         session.submit("2", execution_id="once")
     assert (await rec.done).status == "ok"
+
+
+async def test_an_ended_cell_and_its_output_are_not_kept_by_the_session(new_session: SessionFactory) -> None:
+    """The link remembers ended cells to report the kernel's late messages for
+    them; it must not keep their output (up to the cap, per remembered cell)."""
+    session = await new_session()
+    rec = session.submit("print('x' * 1_000_000)")
+    assert (await rec.done).status == "ok"
+    assert (await run(session, "1+1"))[-1]["status"] == "ok"  # the queue has moved on
+    ended = weakref.ref(rec)
+    del rec
+    gc.collect()
+    assert ended() is None, gc.get_referrers(ended())

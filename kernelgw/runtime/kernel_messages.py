@@ -1,0 +1,196 @@
+"""A kernel's signed messages, read off its ZMQ socket a burst at a time.
+
+jupyter_client's channels take two awaits per message (a poll, then a receive)
+and parse the dates of every header with dateutil: on ``1+1`` that was most of
+what the gateway spent reading a cell's five messages, on the event loop. This
+reader waits once, then takes whatever else the socket already holds without
+waiting, and checks and decodes each message itself: the HMAC signature
+(`jupyter_client.session.Session.sign`, so the key and scheme stay the
+session's), signatures seen before (a replayed message is refused, as
+jupyter_client does), and the JSON with orjson. Dates stay the strings the
+kernel sent: the gateway reads no message's date, and a Jupyter client gets
+the kernel's own.
+
+Messages of protocol versions before 5 are not adapted (jupyter_client's
+``adapt``): every kernel the gateway starts speaks 5.x.
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+import json
+from collections.abc import Callable
+from typing import Any, cast
+
+import orjson
+import zmq
+import zmq.asyncio
+from jupyter_client.session import DELIM, Session
+
+MAX_BATCH = 256
+"""Most messages one read takes, so a flood is handed over in bounded slices."""
+MAX_BATCH_BYTES = 1 << 20
+"""One read stops taking more once it holds this many bytes (a message may be bigger)."""
+COALESCE_MAX_CHARS = 1 << 20
+"""Largest stream text `coalesce_streams` makes from several messages."""
+POLLIN = int(zmq.POLLIN)
+"""As a plain int: pyzmq's flag enums cost a call per operation."""
+SIGNATURES_REMEMBERED = 1 << 16
+"""Signatures kept to refuse a replayed message (jupyter_client keeps as many)."""
+
+
+class InvalidKernelMessage(ValueError):
+    """A message that is not well-formed or not correctly signed."""
+
+
+class SignatureHistory:
+    """The latest signatures seen, oldest forgotten first."""
+
+    def __init__(self, size: int = SIGNATURES_REMEMBERED) -> None:
+        self._size = size
+        self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+
+    def add(self, signature: bytes) -> bool:
+        """Remember ``signature``; False when it was seen already."""
+        if signature in self._seen:
+            return False
+        self._seen[signature] = None
+        if len(self._seen) > self._size:
+            self._seen.popitem(last=False)
+        return True
+
+
+def _object(part: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(part)
+    except orjson.JSONDecodeError:
+        # JSON with an escaped lone surrogate, which orjson refuses: parsed as
+        # jupyter_client does, and cleaned where events are made
+        try:
+            value = json.loads(part.decode("utf-8", "replace"))
+        except ValueError as exc:
+            raise InvalidKernelMessage(f"{what} is not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise InvalidKernelMessage(f"{what} is not an object")
+    return value
+
+
+def decode(
+    frames: list[bytes], session: Session, history: SignatureHistory, auth: hmac.HMAC | None = None
+) -> dict[str, Any]:
+    """One multipart message as jupyter_client's ``deserialize`` gives it (header,
+    parent_header, metadata, content, buffers, msg_id, msg_type), dates left as sent.
+    ``auth``: the session's HMAC, when the caller took it once (`Session.auth` is a
+    traitlets attribute, slow to read for every message)."""
+    try:
+        start = frames.index(DELIM) + 1
+    except ValueError:
+        raise InvalidKernelMessage("no delimiter frame") from None
+    parts = frames[start:]
+    if len(parts) < 5:
+        raise InvalidKernelMessage(f"{len(parts)} frames after the delimiter, not at least 5")
+    signature = parts[0]
+    if auth is None:
+        auth = session.auth
+    if auth is not None:
+        if not signature:
+            raise InvalidKernelMessage("unsigned message")
+        mac = auth.copy()
+        for part in parts[1:5]:
+            mac.update(part)
+        if not hmac.compare_digest(signature, mac.hexdigest().encode()):
+            raise InvalidKernelMessage("invalid signature")
+        if not history.add(signature):
+            raise InvalidKernelMessage("a signature seen before (a replayed message)")
+    header = _object(parts[1], "header")
+    msg_id, msg_type = header.get("msg_id"), header.get("msg_type")
+    if not isinstance(msg_id, str) or not isinstance(msg_type, str):
+        raise InvalidKernelMessage("header without a msg_id and msg_type")
+    return {
+        "header": header,
+        "msg_id": msg_id,
+        "msg_type": msg_type,
+        "parent_header": _object(parts[2], "parent_header"),
+        "metadata": _object(parts[3], "metadata"),
+        "content": _object(parts[4], "content"),
+        "buffers": [memoryview(b) for b in parts[5:]],
+    }
+
+
+def _stream_text(msg: dict[str, Any]) -> str | None:
+    text = msg["content"].get("text")
+    return text if msg["msg_type"] == "stream" and isinstance(text, str) else None
+
+
+def coalesce_streams(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs of stream messages of one request and one stream, read together, as one
+    message each (up to `COALESCE_MAX_CHARS`): a print loop's flood costs the gateway,
+    the history and every watcher one event per read instead of one per flush.
+    Nothing else is merged or reordered; the first message of a run carries it."""
+    out: list[dict[str, Any]] = []
+    run: list[str] = []  # the texts of out[-1] while it is a stream run
+    for msg in messages:
+        text = _stream_text(msg)
+        if run and text is not None:
+            head = out[-1]
+            if (
+                head["parent_header"].get("msg_id") == msg["parent_header"].get("msg_id")
+                and head["content"].get("name") == msg["content"].get("name")
+                and sum(map(len, run)) + len(text) <= COALESCE_MAX_CHARS
+            ):
+                run.append(text)
+                continue
+        if len(run) > 1:
+            out[-1]["content"]["text"] = "".join(run)
+        out.append(msg)
+        run = [text] if text is not None else []
+    if len(run) > 1:
+        out[-1]["content"]["text"] = "".join(run)
+    return out
+
+
+class KernelMessageReader:
+    """Reads one socket of a kernel; invalid messages go to ``on_invalid`` and are dropped."""
+
+    def __init__(
+        self,
+        socket: zmq.asyncio.Socket,
+        session: Session,
+        on_invalid: Callable[[InvalidKernelMessage], None],
+        max_batch: int = MAX_BATCH,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
+    ) -> None:
+        self._socket = socket
+        # the same ZMQ socket, read without a future when a message is already there
+        self._now: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
+        self._session = session
+        self._auth = session.auth
+        self._history = SignatureHistory()
+        self._on_invalid = on_invalid
+        self._max_batch = max_batch
+        self._max_batch_bytes = max_batch_bytes
+
+    async def batch(self) -> list[dict[str, Any]]:
+        """The next messages: waits for one, then takes what is already queued, up to
+        ``max_batch`` messages or ``max_batch_bytes``."""
+        while True:
+            received = [await self._socket.recv_multipart()]
+            size = sum(map(len, received[0]))
+            while len(received) < self._max_batch and size < self._max_batch_bytes:
+                # asked first: a receive that finds nothing raises, which costs more
+                if not cast(int, self._now.getsockopt(zmq.EVENTS)) & POLLIN:
+                    break
+                try:
+                    received.append(self._now.recv_multipart(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                size += sum(map(len, received[-1]))
+            messages = []
+            for frames in received:
+                try:
+                    messages.append(decode(frames, self._session, self._history, self._auth))
+                except InvalidKernelMessage as exc:
+                    self._on_invalid(exc)
+            if messages:
+                return messages

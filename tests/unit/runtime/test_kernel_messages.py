@@ -1,0 +1,164 @@
+"""Reading a kernel's messages: what is refused, and bursts read at once (real ZMQ sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+import zmq
+import zmq.asyncio
+from jupyter_client.session import DELIM, Session
+
+from kernelgw.runtime.kernel_messages import (
+    COALESCE_MAX_CHARS,
+    InvalidKernelMessage,
+    KernelMessageReader,
+    SignatureHistory,
+    coalesce_streams,
+    decode,
+)
+
+KEY = uuid.uuid4().hex.encode()
+
+
+def frames(session: Session, msg_type: str = "stream", content: dict[str, object] | None = None) -> list[bytes]:
+    msg = session.msg(msg_type, content or {"name": "stdout", "text": "hi\n"}, parent={"msg_id": "p1"})
+    return [bytes(f) for f in session.serialize(msg)]
+
+
+def test_a_signed_message_decodes_like_jupyter_clients_with_its_date_as_sent() -> None:
+    kernel, gateway = Session(key=KEY), Session(key=KEY)
+    sent = frames(kernel)
+    ours = decode(sent, gateway, SignatureHistory())
+    theirs = Session(key=KEY).deserialize(sent[sent.index(DELIM) + 1 :])
+    for part in ("content", "metadata", "msg_id", "msg_type"):
+        assert ours[part] == theirs[part]
+    assert ours["parent_header"] == {"msg_id": "p1"}
+    assert ours["header"]["date"] == theirs["header"]["date"].isoformat().replace("+00:00", "Z")
+
+
+def test_forged_replayed_and_malformed_messages_are_refused() -> None:
+    kernel, gateway, history = Session(key=KEY), Session(key=KEY), SignatureHistory()
+    forged = frames(Session(key=b"not the key"))
+    with pytest.raises(InvalidKernelMessage, match="invalid signature"):
+        decode(forged, gateway, history)
+    good = frames(kernel)
+    decode(good, gateway, history)
+    with pytest.raises(InvalidKernelMessage, match="seen before"):
+        decode(good, gateway, history)
+    unsigned = list(frames(kernel))
+    unsigned[unsigned.index(DELIM) + 1] = b""
+    with pytest.raises(InvalidKernelMessage, match="unsigned"):
+        decode(unsigned, gateway, history)
+    with pytest.raises(InvalidKernelMessage, match="delimiter"):
+        decode([f for f in frames(kernel) if f != DELIM], gateway, history)
+    with pytest.raises(InvalidKernelMessage, match="at least 5"):
+        decode(frames(kernel)[:4], gateway, history)
+    broken = Session(key=KEY)
+    body = [b'{"msg_id": "x", "msg_type": "stream"}', b"{}", b"{}", b"not json"]
+    with pytest.raises(InvalidKernelMessage, match="content is not JSON"):
+        decode([DELIM, broken.sign(body), *body], gateway, history)
+    body = [b'{"msg_id": "x"}', b"{}", b"{}", b"{}"]
+    with pytest.raises(InvalidKernelMessage, match="msg_type"):
+        decode([DELIM, broken.sign(body), *body], gateway, history)
+
+
+def test_an_escaped_lone_surrogate_is_parsed_as_jupyter_client_does() -> None:
+    session = Session(key=KEY)
+    body = [b'{"msg_id": "m", "msg_type": "stream"}', b"{}", b"{}", b'{"text": "a\\ud800b"}']
+    msg = decode([DELIM, session.sign(body), *body], session, SignatureHistory())
+    assert msg["content"] == {"text": "a\ud800b"}
+
+
+def test_signature_history_forgets_the_oldest() -> None:
+    history = SignatureHistory(size=2)
+    assert history.add(b"a") and history.add(b"b") and history.add(b"c")
+    assert history.add(b"a")  # forgotten
+    assert not history.add(b"c")
+
+
+async def test_a_burst_is_read_in_one_batch_and_bad_messages_do_not_stop_the_reader() -> None:
+    ctx = zmq.asyncio.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    address = f"inproc://{uuid.uuid4().hex}"
+    pull.bind(address)
+    push.connect(address)
+    kernel, dropped = Session(key=KEY), []
+    reader = KernelMessageReader(pull, Session(key=KEY), dropped.append, max_batch=4)
+    try:
+        await push.send_multipart(frames(Session(key=b"forger")))
+        for i in range(6):
+            await push.send_multipart(frames(kernel, content={"name": "stdout", "text": f"{i}\n"}))
+        await asyncio.sleep(0.05)  # all queued before the first read
+        first = await asyncio.wait_for(reader.batch(), 5)
+        second = await asyncio.wait_for(reader.batch(), 5)
+    finally:
+        pull.close(0)
+        push.close(0)
+        ctx.term()
+    assert [m["content"]["text"] for m in first] == ["0\n", "1\n", "2\n"]  # the forgery took a slot
+    assert [m["content"]["text"] for m in second] == ["3\n", "4\n", "5\n"]
+    assert len(dropped) == 1 and "invalid signature" in str(dropped[0])
+
+
+def stream(parent: str, name: str, text: str) -> dict[str, object]:
+    return {"msg_type": "stream", "parent_header": {"msg_id": parent}, "content": {"name": name, "text": text}}
+
+
+def other(parent: str, msg_type: str = "display_data") -> dict[str, object]:
+    return {"msg_type": msg_type, "parent_header": {"msg_id": parent}, "content": {"data": {}}}
+
+
+def test_runs_of_one_requests_stream_are_merged_and_nothing_is_reordered() -> None:
+    messages = [
+        stream("a", "stdout", "1\n"),
+        stream("a", "stdout", "2\n"),
+        stream("a", "stderr", "e\n"),  # another stream: a new run
+        stream("a", "stderr", "f\n"),
+        other("a"),  # a display between prints keeps its place
+        stream("a", "stdout", "3\n"),
+        stream("b", "stdout", "x\n"),  # another request: never merged into a's
+        stream("b", "stdout", "y\n"),
+    ]
+    merged = coalesce_streams(messages)  # type: ignore[arg-type]
+    assert [(m["msg_type"], m["parent_header"]["msg_id"], m["content"].get("text")) for m in merged] == [
+        ("stream", "a", "1\n2\n"),
+        ("stream", "a", "e\nf\n"),
+        ("display_data", "a", None),
+        ("stream", "a", "3\n"),
+        ("stream", "b", "x\ny\n"),
+    ]
+
+
+def test_a_merged_stream_stays_within_its_bound() -> None:
+    piece = "x" * (COALESCE_MAX_CHARS // 3 + 1)
+    merged = coalesce_streams([stream("a", "stdout", piece) for _ in range(5)])  # type: ignore[arg-type]
+    assert [len(m["content"]["text"]) for m in merged] == [2 * len(piece), 2 * len(piece), len(piece)]
+    assert all(len(m["content"]["text"]) <= COALESCE_MAX_CHARS for m in merged)
+
+
+def test_a_stream_message_without_text_is_not_merged() -> None:
+    odd = {"msg_type": "stream", "parent_header": {"msg_id": "a"}, "content": {"name": "stdout", "text": 5}}
+    merged = coalesce_streams([stream("a", "stdout", "1"), odd, stream("a", "stdout", "2")])  # type: ignore[list-item]
+    assert [m["content"]["text"] for m in merged] == ["1", 5, "2"]
+
+
+async def test_a_read_stops_taking_messages_once_it_holds_its_bytes() -> None:
+    ctx = zmq.asyncio.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    address = f"inproc://{uuid.uuid4().hex}"
+    pull.bind(address)
+    push.connect(address)
+    kernel = Session(key=KEY)
+    reader = KernelMessageReader(pull, Session(key=KEY), lambda exc: None, max_batch_bytes=25_000)
+    try:
+        for _ in range(4):
+            await push.send_multipart(frames(kernel, content={"name": "stdout", "text": "x" * 10_000}))
+        await asyncio.sleep(0.05)
+        sizes = [len(await asyncio.wait_for(reader.batch(), 5)) for _ in range(2)]
+    finally:
+        pull.close(0)
+        push.close(0)
+        ctx.term()
+    assert sizes == [3, 1]  # 10 kB, 20 kB, 30 kB: past the bound after the third
