@@ -356,6 +356,18 @@ def test_three_gateways_behind_haproxy_are_one_service(docker_client: docker.Doc
         theirs = httpx.get(stranger.url + path, headers={"Authorization": f"Bearer {other_key}"}, timeout=30)
         assert theirs.status_code == 404 and theirs.headers["x-kernelgw-gateway"] == names[1], theirs.text
 
+        # --- a file up and down through non-owners: bodies streamed through the forward, both ways
+        payload = os.urandom(3 * 1024 * 1024)
+        for sid, owner in owners.items():
+            uploaded = lb.put(f"/v1/sessions/{sid}/files/data/blob.bin", content=payload)
+            assert uploaded.status_code in (200, 201), uploaded.text
+            for _ in range(3):
+                downloaded = lb.get(f"/v1/sessions/{sid}/files/data/blob.bin")
+                assert downloaded.status_code == 200 and downloaded.content == payload
+                assert downloaded.headers["x-kernelgw-gateway"] == owner
+            response, body = execute(lb, sid, "import os; os.path.getsize('data/blob.bin')")
+            assert result_text(body) == str(len(payload)), body
+
         # --- a fork runs where its source runs (its files are copied on that host), wherever it is asked
         source = by_owner[names[0]]
         forks = []
