@@ -37,6 +37,7 @@ from _common import (
     REPO,
     Gateway,
     WsConn,
+    draw_bars,
     machine_info,
     now_iso,
     other_activity,
@@ -137,6 +138,7 @@ def main() -> None:
     ap.add_argument("--image", default=DEFAULT_IMAGE)
     ap.add_argument("--database-url", default=os.environ.get("KERNELGW_TEST_DATABASE_URL"))
     ap.add_argument("--json", type=Path, default=None, help="also write the result here (e.g. docs/bench/cluster.json)")
+    ap.add_argument("--chart", type=Path, default=None, help="also draw the rows here (e.g. docs/bench/cluster.png)")
     ap.add_argument("--quick", action="store_true", help="10 rounds (a smoke run)")
     args = ap.parse_args()
     if args.quick:
@@ -167,7 +169,9 @@ def main() -> None:
         "benchmark": "cluster",
         "date": now_iso(),
         "machine": machine,
-        "args": vars(args) | {"json": str(args.json) if args.json else None, "database_url": None},
+        "args": vars(args)
+        | {"json": str(args.json) if args.json else None, "chart": str(args.chart) if args.chart else None}
+        | {"database_url": None},
         "load": {"before": load_before, "after": load_after},
         "rows": rows,
         "rest_forwarding_p50_ms": round(p50[REST_FORWARDED] - p50[REST_OWNER], 3),
@@ -182,6 +186,13 @@ def main() -> None:
     )
     if args.json:
         write_json(args.json, result)
+    if args.chart:
+        draw_bars(
+            [("REST", rows[:2]), ("/v1 WebSocket", rows[2:4]), ("WebSocket handshake", rows[4:])],
+            args.chart,
+            title="1+1 through the session's owner and through another gateway",
+            floor_names=(REST_OWNER, WS_OWNER, CONNECT_OWNER),
+        )
 
 
 if __name__ == "__main__":

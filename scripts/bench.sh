@@ -67,6 +67,10 @@ run reattach --sessions 20
 run continuity
 run pool
 run jupyter
+# two gateways on one PostgreSQL (many gateways as one service)
+KERNELGW_TEST_DATABASE_URL=${KERNELGW_TEST_DATABASE_URL:-$(bash scripts/ensure-postgres.sh)}
+export KERNELGW_TEST_DATABASE_URL
+run cluster
 run languages
 ack_before=${KERNELGW_ACK_BEFORE:-d7b8a43}
 ack_tree=$(mktemp -d /tmp/kgw_before.XXXXXX)

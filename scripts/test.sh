@@ -18,6 +18,8 @@ export KERNELGW_TEST_DATABASE_URL
 echo "$KERNELGW_TEST_DATABASE_URL"
 echo "==> Chromium for the web page tests"
 bash scripts/ensure-chromium.sh
+echo "==> HAProxy for the many-gateways test"
+bash scripts/ensure-haproxy.sh
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1  # Debian's chromium only, never a downloaded browser
 mkdir -p test-output
 
