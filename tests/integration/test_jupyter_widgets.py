@@ -123,3 +123,23 @@ def test_an_int_slider_round_trips_over_the_channels_and_stays_in_its_kernel(
         assert [m for m in seen if m["msg_type"].startswith("comm_")] == []
         assert comm_id not in json.dumps(seen)
         assert stdout(seen) == "other kernel\n"
+
+
+def test_a_kernel_subshell_can_be_made_over_control(gateway: RunningGateway, two_kernels: tuple[str, str]) -> None:
+    """JupyterLab asks the kernel for a subshell (protocol 5.5, ipykernel 7) when it
+    offers them: the request is forwarded and answered, not dropped."""
+    mine, _ = two_kernels
+    with connect(gateway.ws_url + f"/api/kernels/{mine}/channels?session_id=sub", open_timeout=60) as ws:
+        info = message("kernel_info_request", {}, "sub")
+        ws.send(json.dumps(info))
+        got = receive_until(ws, lambda m: any(x["msg_type"] == "kernel_info_reply" for x in m))
+        (reply,) = [m for m in got if m["msg_type"] == "kernel_info_reply"]
+        if "kernel subshells" not in reply["content"].get("supported_features", []):
+            pytest.fail(f"the image's kernel offers no subshells: {reply['content']}", pytrace=False)
+        request = {**message("create_subshell_request", {}, "sub"), "channel": "control"}
+        ws.send(json.dumps(request))
+        got = receive_until(ws, lambda m: any(x["msg_type"] == "create_subshell_reply" for x in m))
+        (created,) = [m for m in got if m["msg_type"] == "create_subshell_reply"]
+        assert created["channel"] == "control" and created["content"]["status"] == "ok", created
+        assert created["parent_header"]["msg_id"] == request["header"]["msg_id"]
+        assert isinstance(created["content"]["subshell_id"], str)

@@ -43,7 +43,19 @@ SHELL_REQUESTS = frozenset(
         "comm_close",
     }
 )
-CONTROL_REQUESTS = frozenset({"kernel_info_request", "interrupt_request", "debug_request", "usage_request"})
+CONTROL_REQUESTS = frozenset(
+    {
+        "kernel_info_request",
+        "interrupt_request",
+        "debug_request",
+        "usage_request",
+        # kernel subshells (protocol 5.5, ipykernel 7): JupyterLab's widget manager asks for
+        # one when the kernel offers them, and waits for the answer before drawing widgets
+        "create_subshell_request",
+        "delete_subshell_request",
+        "list_subshell_request",
+    }
+)
 """``shutdown_request`` is not among them: the kernel is stopped with
 ``DELETE /api/kernels/{id}`` (and restarted with its ``/restart``), so the
 session notices; a kernel that exits under it would just look dead."""
