@@ -20,6 +20,8 @@ echo "==> Chromium for the web page tests"
 bash scripts/ensure-chromium.sh
 echo "==> HAProxy for the many-gateways test"
 bash scripts/ensure-haproxy.sh
+echo "==> Node and @jupyterlab/services for JupyterLab's client library test"
+bash scripts/ensure-jupyterlab-services.sh
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1  # Debian's chromium only, never a downloaded browser
 mkdir -p test-output
 

@@ -10,6 +10,10 @@ Revisions (``versions/``):
 - ``0002``: each session keeps its kernel, so a restarted gateway can reattach.
 - ``0003``: each execution names its kernel, the execution it replayed, and
   whether it may be replayed (recovery by replay).
+- ``0004``: each session names its kernel (language).
+- ``0005``: the registry of gateways sharing one store (many gateways as one service).
+- ``0006``: each Jupyter client's cell keeps the client's session id, its request
+  header and whether its answer was delivered (reconnect after a restart).
 
 To change the schema: change `kernelgw.storage.schema` and add a revision after
 the head here (copy the latest file; ``down_revision`` names the one before).
