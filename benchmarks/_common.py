@@ -565,10 +565,21 @@ class Gateway:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        # Belt and braces: nothing this gateway started may outlive the benchmark.
+        # Belt and braces: nothing this gateway started may outlive the benchmark (a
+        # stop keeps kernels for a successor by default: their workspace volumes too).
         with contextlib.suppress(Exception):
             for c in self.containers():
-                c.remove(force=True)
+                c.remove(force=True, v=True)
+        with contextlib.suppress(Exception):
+            import docker
+
+            dc = docker.from_env()
+            try:
+                label = f"kernelgw.gateway={self.env['KERNELGW_GATEWAY_NAME']}"
+                for volume in dc.volumes.list(filters={"label": label}):
+                    volume.remove(force=True)
+            finally:
+                dc.close()
         shutil.rmtree(self._data, ignore_errors=True)
 
 
