@@ -240,6 +240,11 @@ def test_another_keys_session_is_not_found(
     # request itself that comes before any session lookup, like an empty allowlist)
     missing = bob.request(method, endpoint.url(session_id="0" * 32), json=body)
     assert resp.status_code == missing.status_code
+    if face(endpoint) == "jupyter":  # /api/sessions/{session_id}: Jupyter's error shape
+        assert resp.status_code == 404, resp.text
+        assert resp.json()["message"].replace(alice_session, "0" * 32) == missing.json()["message"]
+        assert resp.json()["reason"] == missing.json()["reason"]
+        return
     assert resp.json()["error"] == {**missing.json()["error"], "message": resp.json()["error"]["message"]}
     assert resp.json()["error"]["message"].replace(alice_session, "0" * 32) == missing.json()["error"]["message"]
     assert resp.status_code == (400 if endpoint.path.endswith("/packages") else 404), resp.text
