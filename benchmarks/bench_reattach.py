@@ -243,8 +243,11 @@ class Restarter:
             self.proc.wait()
         client = docker.from_env()
         try:
-            for c in client.containers.list(all=True, filters={"label": f"kernelgw.gateway={self.name}"}):
-                c.remove(force=True)
+            label = {"label": f"kernelgw.gateway={self.name}"}
+            for c in client.containers.list(all=True, filters=label):
+                c.remove(force=True, v=True)
+            for volume in client.volumes.list(filters=label):  # the sessions' workspace volumes
+                volume.remove(force=True)
         finally:
             client.close()
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
