@@ -7,7 +7,6 @@ are marked, and no container of the gateway's name is left.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import docker
@@ -15,6 +14,7 @@ import pytest
 
 from tests.integration.conftest import IMAGE
 from tests.support.crash_loop import crash_rounds
+from tests.support.postgres import postgres_url
 
 pytestmark = pytest.mark.integration
 
@@ -26,13 +26,7 @@ SLOW_ROUNDS = 5
 def database_url(request: pytest.FixtureRequest) -> str | None:
     if request.param == "sqlite":
         return None  # the gateway's default: a file in its data directory
-    url = os.environ.get("KERNELGW_TEST_DATABASE_URL")
-    if not url:
-        message = "KERNELGW_TEST_DATABASE_URL is not set: run scripts/ensure-postgres.sh (scripts/test.sh does)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    return url
+    return postgres_url()
 
 
 def test_kill_9_at_random_moments_loses_no_acknowledged_cell(

@@ -41,6 +41,7 @@ from kernelgw.storage import Store
 from kernelgw.storage.store import CRASHED_REASON
 from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway
 from tests.support.http import http_fixture
+from tests.support.postgres import postgres_url
 
 pytestmark = pytest.mark.integration
 
@@ -112,16 +113,7 @@ DISPLAYS = [
 def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     if request.param == "sqlite":
         return f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('history-sqlite') / 'kernelgw.db'}"
-    url = os.environ.get("KERNELGW_TEST_DATABASE_URL")
-    if not url:
-        message = (
-            "KERNELGW_TEST_DATABASE_URL is not set: run scripts/ensure-postgres.sh and export the "
-            "URL it prints (scripts/test.sh does both)"
-        )
-        if os.environ.get("CI") == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    return url
+    return postgres_url()
 
 
 def _dialect(url: str) -> str:

@@ -40,6 +40,7 @@ from tests.integration.conftest import (
     remove_everything,
     start_gateway,
 )
+from tests.support.postgres import postgres_url
 from tests.support.processes import gateway_process
 
 pytestmark = pytest.mark.integration
@@ -55,16 +56,7 @@ def database_url(request: pytest.FixtureRequest) -> str | None:
     """The store of the restarted gateways: SQLite in its data directory, or PostgreSQL."""
     if request.param == "sqlite":
         return None
-    url = os.environ.get("KERNELGW_TEST_DATABASE_URL")
-    if not url:
-        message = (
-            "KERNELGW_TEST_DATABASE_URL is not set: run scripts/ensure-postgres.sh and export the "
-            "URL it prints (scripts/test.sh does both)"
-        )
-        if os.environ.get("CI") == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    return url
+    return postgres_url()
 
 
 @contextmanager
