@@ -5,8 +5,8 @@ and parse the dates of every header with dateutil: on ``1+1`` that was most of
 what the gateway spent reading a cell's five messages, on the event loop. This
 reader waits once, then takes whatever else the socket already holds without
 waiting, and checks and decodes each message itself: the HMAC signature
-(`jupyter_client.session.Session.sign`, so the key and scheme stay the
-session's), signatures seen before (a replayed message is refused, as
+(with the session's own HMAC, ``Session.auth``, so the key and scheme stay
+the session's), signatures seen before (a replayed message is refused, as
 jupyter_client does), and the JSON with orjson. Dates stay the strings the
 kernel sent: the gateway reads no message's date, and a Jupyter client gets
 the kernel's own.
@@ -76,13 +76,11 @@ def _object(part: bytes, what: str) -> dict[str, Any]:
     return value
 
 
-def decode(
-    frames: list[bytes], session: Session, history: SignatureHistory, auth: hmac.HMAC | None = None
-) -> dict[str, Any]:
+def decode(frames: list[bytes], auth: hmac.HMAC | None, history: SignatureHistory) -> dict[str, Any]:
     """One multipart message as jupyter_client's ``deserialize`` gives it (header,
     parent_header, metadata, content, buffers, msg_id, msg_type), dates left as sent.
-    ``auth``: the session's HMAC, when the caller took it once (`Session.auth` is a
-    traitlets attribute, slow to read for every message)."""
+    ``auth``: the session's ``Session.auth`` (None: messages are not signed), taken
+    once by the caller: it is a traitlets attribute, slow to read for every message."""
     try:
         start = frames.index(DELIM) + 1
     except ValueError:
@@ -91,8 +89,6 @@ def decode(
     if len(parts) < 5:
         raise InvalidKernelMessage(f"{len(parts)} frames after the delimiter, not at least 5")
     signature = parts[0]
-    if auth is None:
-        auth = session.auth
     if auth is not None:
         if not signature:
             raise InvalidKernelMessage("unsigned message")
@@ -164,7 +160,6 @@ class KernelMessageReader:
         self._socket = socket
         # the same ZMQ socket, read without a future when a message is already there
         self._now: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
-        self._session = session
         self._auth = session.auth
         self._history = SignatureHistory()
         self._on_invalid = on_invalid
@@ -189,7 +184,7 @@ class KernelMessageReader:
             messages = []
             for frames in received:
                 try:
-                    messages.append(decode(frames, self._session, self._history, self._auth))
+                    messages.append(decode(frames, self._auth, self._history))
                 except InvalidKernelMessage as exc:
                     self._on_invalid(exc)
             if messages:

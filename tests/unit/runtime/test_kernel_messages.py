@@ -30,7 +30,7 @@ def frames(session: Session, msg_type: str = "stream", content: dict[str, object
 def test_a_signed_message_decodes_like_jupyter_clients_with_its_date_as_sent() -> None:
     kernel, gateway = Session(key=KEY), Session(key=KEY)
     sent = frames(kernel)
-    ours = decode(sent, gateway, SignatureHistory())
+    ours = decode(sent, gateway.auth, SignatureHistory())
     theirs = Session(key=KEY).deserialize(sent[sent.index(DELIM) + 1 :])
     for part in ("content", "metadata", "msg_id", "msg_type"):
         assert ours[part] == theirs[part]
@@ -42,32 +42,32 @@ def test_forged_replayed_and_malformed_messages_are_refused() -> None:
     kernel, gateway, history = Session(key=KEY), Session(key=KEY), SignatureHistory()
     forged = frames(Session(key=b"not the key"))
     with pytest.raises(InvalidKernelMessage, match="invalid signature"):
-        decode(forged, gateway, history)
+        decode(forged, gateway.auth, history)
     good = frames(kernel)
-    decode(good, gateway, history)
+    decode(good, gateway.auth, history)
     with pytest.raises(InvalidKernelMessage, match="seen before"):
-        decode(good, gateway, history)
+        decode(good, gateway.auth, history)
     unsigned = list(frames(kernel))
     unsigned[unsigned.index(DELIM) + 1] = b""
     with pytest.raises(InvalidKernelMessage, match="unsigned"):
-        decode(unsigned, gateway, history)
+        decode(unsigned, gateway.auth, history)
     with pytest.raises(InvalidKernelMessage, match="delimiter"):
-        decode([f for f in frames(kernel) if f != DELIM], gateway, history)
+        decode([f for f in frames(kernel) if f != DELIM], gateway.auth, history)
     with pytest.raises(InvalidKernelMessage, match="at least 5"):
-        decode(frames(kernel)[:4], gateway, history)
+        decode(frames(kernel)[:4], gateway.auth, history)
     broken = Session(key=KEY)
     body = [b'{"msg_id": "x", "msg_type": "stream"}', b"{}", b"{}", b"not json"]
     with pytest.raises(InvalidKernelMessage, match="content is not JSON"):
-        decode([DELIM, broken.sign(body), *body], gateway, history)
+        decode([DELIM, broken.sign(body), *body], gateway.auth, history)
     body = [b'{"msg_id": "x"}', b"{}", b"{}", b"{}"]
     with pytest.raises(InvalidKernelMessage, match="msg_type"):
-        decode([DELIM, broken.sign(body), *body], gateway, history)
+        decode([DELIM, broken.sign(body), *body], gateway.auth, history)
 
 
 def test_an_escaped_lone_surrogate_is_parsed_as_jupyter_client_does() -> None:
     session = Session(key=KEY)
     body = [b'{"msg_id": "m", "msg_type": "stream"}', b"{}", b"{}", b'{"text": "a\\ud800b"}']
-    msg = decode([DELIM, session.sign(body), *body], session, SignatureHistory())
+    msg = decode([DELIM, session.sign(body), *body], session.auth, SignatureHistory())
     assert msg["content"] == {"text": "a\ud800b"}
 
 
