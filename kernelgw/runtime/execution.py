@@ -94,6 +94,8 @@ class QueuedExecution:
     recorded: bool = False
     checkpointed: int = 1
     """How many of ``published`` the running row holds (its ``queued`` event at start)."""
+    checkpointed_bytes: int = 0
+    """``output_bytes`` when the running row was last written (`checkpoint_due`)."""
     ending: ev.Done | None = None
     """The ``done`` built when the cell ended, published once its record is stored."""
     client: ClientRequest | None = None
@@ -167,6 +169,22 @@ class QueuedExecution:
         if not self.finished.is_set():
             self.abort_reason = reason
             self.finished.set()
+
+
+CHECKPOINT_FREE_BYTES = 1 << 20
+"""Output up to this is checkpointed whenever there is more of it."""
+
+
+def checkpoint_due(rec: QueuedExecution) -> bool:
+    """Whether a running cell's output so far should be written again: when it
+    has new events, and, past `CHECKPOINT_FREE_BYTES`, has grown by half since
+    the last write. Each write holds the whole output so far; growing by half
+    bounds what a long cell's checkpoints write to 3x its output, not its
+    square (a 16 MiB flood was rewritten every half second)."""
+    if len(rec.published) <= rec.checkpointed:
+        return False
+    done = rec.checkpointed_bytes
+    return rec.output_bytes <= CHECKPOINT_FREE_BYTES or rec.output_bytes - done >= done // 2
 
 
 @dataclass

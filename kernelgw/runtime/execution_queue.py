@@ -42,6 +42,7 @@ from kernelgw.runtime.execution import (
     ClientRequest,
     EndedCell,
     QueuedExecution,
+    checkpoint_due,
     parse_artifacts,
 )
 from kernelgw.runtime.fanout import EventFanout, Published
@@ -505,9 +506,10 @@ class ExecutionQueue:
                 return "finished"
             except TimeoutError:
                 pass
-            if len(rec.published) > rec.checkpointed:
+            if checkpoint_due(rec):
                 # what a gateway crash would keep of this cell: its output up to here
                 rec.checkpointed = len(rec.published)
+                rec.checkpointed_bytes = rec.output_bytes
                 self._hooks.execution_progress(rec)
             if (
                 rec.reply is not None

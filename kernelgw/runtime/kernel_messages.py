@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import hmac
 import json
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -28,10 +29,12 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import DELIM, Session
 
-MAX_BATCH = 256
-"""Most messages one read takes, so a flood is handed over in bounded slices."""
-MAX_BATCH_BYTES = 1 << 20
-"""One read stops taking more once it holds this many bytes (a message may be bigger)."""
+MAX_BATCH = 64
+"""Most messages one read takes, so a flood is handed over in bounded slices
+(64 small displays: about 2 ms of the event loop with what is done with them)."""
+MAX_BATCH_BYTES = 256 << 10
+"""One read stops taking more once it holds this many bytes (a message may be
+bigger; the Python kernel sends no stream message over 256 KiB)."""
 COALESCE_MAX_CHARS = 1 << 20
 """Largest stream text `coalesce_streams` makes from several messages."""
 POLLIN = int(zmq.POLLIN)
@@ -76,11 +79,20 @@ def _object(part: bytes, what: str) -> dict[str, Any]:
     return value
 
 
-def decode(frames: list[bytes], auth: hmac.HMAC | None, history: SignatureHistory) -> dict[str, Any]:
+SkipContent = Callable[[str, str | None], bool]
+"""(msg_type, parent msg_id) -> True when nobody will read the message's content."""
+
+
+def decode(
+    frames: list[bytes], auth: hmac.HMAC | None, history: SignatureHistory, skip_content: SkipContent | None = None
+) -> dict[str, Any]:
     """One multipart message as jupyter_client's ``deserialize`` gives it (header,
     parent_header, metadata, content, buffers, msg_id, msg_type), dates left as sent.
     ``auth``: the session's ``Session.auth`` (None: messages are not signed), taken
-    once by the caller: it is a traitlets attribute, slow to read for every message."""
+    once by the caller: it is a traitlets attribute, slow to read for every message.
+    ``skip_content``: when it says so, metadata and content are left undecoded
+    (empty) and buffers dropped: the output of a cell past its output cap is
+    still checked, but costs no JSON decoding."""
     try:
         start = frames.index(DELIM) + 1
     except ValueError:
@@ -103,11 +115,23 @@ def decode(frames: list[bytes], auth: hmac.HMAC | None, history: SignatureHistor
     msg_id, msg_type = header.get("msg_id"), header.get("msg_type")
     if not isinstance(msg_id, str) or not isinstance(msg_type, str):
         raise InvalidKernelMessage("header without a msg_id and msg_type")
+    parent_header = _object(parts[2], "parent_header")
+    if skip_content is not None and skip_content(msg_type, parent_header.get("msg_id")):
+        return {
+            "header": header,
+            "msg_id": msg_id,
+            "msg_type": msg_type,
+            "parent_header": parent_header,
+            "metadata": {},
+            "content": {},
+            "buffers": [],
+            "content_skipped": True,
+        }
     return {
         "header": header,
         "msg_id": msg_id,
         "msg_type": msg_type,
-        "parent_header": _object(parts[2], "parent_header"),
+        "parent_header": parent_header,
         "metadata": _object(parts[3], "metadata"),
         "content": _object(parts[4], "content"),
         "buffers": [memoryview(b) for b in parts[5:]],
@@ -156,6 +180,7 @@ class KernelMessageReader:
         on_invalid: Callable[[InvalidKernelMessage], None],
         max_batch: int = MAX_BATCH,
         max_batch_bytes: int = MAX_BATCH_BYTES,
+        skip_content: SkipContent | None = None,
     ) -> None:
         self._socket = socket
         # the same ZMQ socket, read without a future when a message is already there
@@ -165,12 +190,17 @@ class KernelMessageReader:
         self._on_invalid = on_invalid
         self._max_batch = max_batch
         self._max_batch_bytes = max_batch_bytes
+        self._skip_content = skip_content
+        self.busy_since = 0.0
+        """When the latest batch arrived (`time.perf_counter`): its reading and
+        decoding, and what the caller does with it, took the event loop since."""
 
     async def batch(self) -> list[dict[str, Any]]:
         """The next messages: waits for one, then takes what is already queued, up to
         ``max_batch`` messages or ``max_batch_bytes``."""
         while True:
             received = [await self._socket.recv_multipart()]
+            self.busy_since = time.perf_counter()
             size = sum(map(len, received[0]))
             while len(received) < self._max_batch and size < self._max_batch_bytes:
                 # asked first: a receive that finds nothing raises, which costs more
@@ -184,7 +214,7 @@ class KernelMessageReader:
             messages = []
             for frames in received:
                 try:
-                    messages.append(decode(frames, self._auth, self._history))
+                    messages.append(decode(frames, self._auth, self._history, self._skip_content))
                 except InvalidKernelMessage as exc:
                     self._on_invalid(exc)
             if messages:

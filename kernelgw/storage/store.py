@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -61,6 +61,19 @@ log = logging.getLogger(__name__)
 
 def _utc(value: datetime | None) -> datetime | None:
     return as_utc(value) if value is not None else None
+
+
+def json_array(items: Iterable[str]) -> str:
+    """Serialised JSON values as one JSON array, copied once: a cell's events
+    are spliced into its row as published, and may be megabytes long."""
+    parts = ["["]
+    for item in items:
+        parts += (item, ",")
+    if len(parts) > 1:
+        parts[-1] = "]"
+    else:
+        parts.append("]")
+    return "".join(parts)
 
 
 def _now() -> datetime:
@@ -297,7 +310,7 @@ class Store:
             "duration_ms": 0.0,
             "reason": None,
             "state_lost": False,
-            "events": "[" + ",".join(p.json for p in published) + "]",
+            "events": json_array(p.json for p in published),
             **_replay_values(execution),
             **_client_values(execution),
         }
@@ -327,7 +340,7 @@ class Store:
             # long cell's output at a time, however often it is checkpointed
             start.checkpoint_queued = False
             if start.inserted and not start.superseded:
-                events = "[" + ",".join(p.json for p in published[:]) + "]"
+                events = json_array([p.json for p in published[:]])
                 await conn.execute(_CHECKPOINT_EXECUTION, {**keys, "events": events})
 
         self.enqueue(
@@ -361,8 +374,6 @@ class Store:
             "state_lost": end.state_lost,
             "kernel_id": execution.kernel_id,  # known once the cell was sent, after its start row
             "client_answered": origin.answered if (origin := execution.origin) is not None else None,
-            # already serialised when published: splice, do not re-encode
-            "events": "[" + ",".join(p.json for p in published) + "]",
         }
         values = {
             "session_id": session.id,
@@ -377,13 +388,16 @@ class Store:
         }
 
         async def write(conn: AsyncConnection) -> None:
+            # already serialised when published: spliced (in the writer's thread,
+            # not on the event loop), not re-encoded
+            events = json_array(p.json for p in published)
             if start is not None and start.inserted:
                 keys = {"k_session": session.id, "k_position": position, "k_execution": values["execution_id"]}
-                result = await conn.execute(_END_EXECUTION, {**final, **keys})
+                result = await conn.execute(_END_EXECUTION, {**final, "events": events, **keys})
                 if result.rowcount:
                     return
             # no start row: the cell ended before it was written (or it was rolled back)
-            await conn.execute(_INSERT_EXECUTION, values)
+            await conn.execute(_INSERT_EXECUTION, {**values, "events": events})
 
         if not self._writer.running:
             raise StorageUnavailable("The history storage is not running.")

@@ -45,6 +45,12 @@ from types import TracebackType
 from typing import Any
 
 SEND_HWM = 100_000
+MAX_STREAM_CHARS = 256 * 1024
+"""Most text one stream message carries. ipykernel sends what a cell wrote
+within its flush interval (0.2 s) as one message: a print loop at full speed
+made 5 MB messages, and one ``print`` of a 100 MB string one of 100 MB, which
+the gateway must check and decode whole, on its event loop, while the other
+sessions wait. Slices of this size interleave with everyone else's messages."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -269,8 +275,33 @@ def install_traceback_limits(shell: Any) -> None:
     TracebackLimiter(shell).install()
 
 
+def sliced(flush_buffers: Callable[[], Any], limit: int = MAX_STREAM_CHARS) -> Callable[[], Any]:
+    """An OutStream's ``_flush_buffers`` (which yields ``(parent, text)``, one
+    message each) yielding texts of at most ``limit`` characters, in order."""
+
+    def slices() -> Any:
+        for parent, data in flush_buffers():
+            if len(data) <= limit:
+                yield parent, data
+                continue
+            for start in range(0, len(data), limit):
+                yield parent, data[start : start + limit]
+
+    return slices
+
+
+def slice_streams() -> None:
+    """sys.stdout and sys.stderr (ipykernel's OutStreams) send sliced messages."""
+    for stream in (sys.stdout, sys.stderr):
+        flush_buffers = getattr(stream, "_flush_buffers", None)
+        if flush_buffers is not None and not getattr(flush_buffers, "kernelgw_sliced", False):
+            replacement = sliced(flush_buffers)
+            replacement.kernelgw_sliced = True  # type: ignore[attr-defined]
+            stream._flush_buffers = replacement  # type: ignore[union-attr]
+
+
 def launch_app(after_init: Callable[[Any], None] | None = None, **launch: Any) -> None:
-    """ipykernel's kernel app with kernelgw's send HWMs and guarded packer, for
+    """ipykernel's kernel app with kernelgw's send HWMs, guarded packer and sliced streams, for
     our Python kernel and for the other languages' kernels of our own
     (``launch`` goes to ``launch_instance``, e.g. their ``kernel_class``)."""
     # as ipykernel_launcher: no imports from the working directory (/workspace)
@@ -290,6 +321,7 @@ def launch_app(after_init: Callable[[Any], None] | None = None, **launch: Any) -
         def initialize(self, argv: Any = None) -> None:
             super().initialize(argv)
             self.session.pack = guarded(self.session.pack)
+            slice_streams()
             if after_init is not None:
                 after_init(self)
 

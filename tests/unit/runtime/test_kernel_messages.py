@@ -64,6 +64,27 @@ def test_forged_replayed_and_malformed_messages_are_refused() -> None:
         decode([DELIM, broken.sign(body), *body], gateway.auth, history)
 
 
+def test_skipped_content_is_left_undecoded_but_the_message_is_still_checked() -> None:
+    kernel, gateway, history = Session(key=KEY), Session(key=KEY), SignatureHistory()
+    asked: list[tuple[str, str | None]] = []
+
+    def skip(msg_type: str, parent: str | None) -> bool:
+        asked.append((msg_type, parent))
+        return msg_type == "stream"
+
+    skipped = decode(frames(kernel), gateway.auth, history, skip)
+    assert skipped["content"] == {} and skipped["metadata"] == {} and skipped["content_skipped"]
+    assert skipped["msg_type"] == "stream" and skipped["parent_header"] == {"msg_id": "p1"}
+    kept = decode(frames(kernel, "display_data", {"data": {"text/plain": "1"}}), gateway.auth, history, skip)
+    assert kept["content"] == {"data": {"text/plain": "1"}} and "content_skipped" not in kept
+    assert asked == [("stream", "p1"), ("display_data", "p1")]
+    # the signature covers the content that is not decoded: a forgery is still refused
+    forged = frames(kernel)
+    forged[-1] = b'{"name": "stdout", "text": "forged"}'
+    with pytest.raises(InvalidKernelMessage, match="invalid signature"):
+        decode(forged, gateway.auth, history, skip)
+
+
 def test_an_escaped_lone_surrogate_is_parsed_as_jupyter_client_does() -> None:
     session = Session(key=KEY)
     body = [b'{"msg_id": "m", "msg_type": "stream"}', b"{}", b"{}", b'{"text": "a\\ud800b"}']
