@@ -24,6 +24,7 @@ The kernel-output shapes map one to one onto nbformat v4 output types
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
@@ -275,3 +276,16 @@ def parse_event(data: str | bytes | dict[str, Any]) -> Event:
     if isinstance(data, dict):
         return EVENT_ADAPTER.validate_python(data)
     return EVENT_ADAPTER.validate_json(data)
+
+
+def json_array(items: Iterable[str]) -> str:
+    """Serialised JSON values as one JSON array, copied once: a cell's events
+    are spliced into its row as published, and may be megabytes long."""
+    parts = ["["]
+    for item in items:
+        parts += (item, ",")
+    if len(parts) > 1:
+        parts[-1] = "]"
+    else:
+        parts.append("]")
+    return "".join(parts)

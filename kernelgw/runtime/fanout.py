@@ -19,11 +19,18 @@ from kernelgw.runtime.session_config import SessionConfig
 
 @dataclass(frozen=True)
 class Published:
-    """An event as sent: its number, the model, and its JSON text (made once)."""
+    """An event as sent: its number, its JSON text (made once), and the model
+    of the events read again later (`KEPT_MODELS`); an output's model is let
+    go once serialised, or a cell's output would be held twice until it ends."""
 
     seq: int
-    event: ev.Event
+    event: ev.Event | None
     json: str
+
+
+KEPT_MODELS = (ev.Done, ev.Error)
+"""Events whose model outlives publishing: a cell's end and its error (the
+audit record and the history's summary read them)."""
 
 
 class Subscription:
@@ -97,7 +104,7 @@ class EventFanout:
             if self.on_reserve is not None:
                 self.on_reserve()
         event = event.model_copy(update={"seq": self.seq})
-        pub = Published(self.seq, event, event.model_dump_json())
+        pub = Published(self.seq, event if isinstance(event, KEPT_MODELS) else None, event.model_dump_json())
         self.replay.append((pub.seq, pub.json))
         self.replay_bytes += len(pub.json)
         self._trim()

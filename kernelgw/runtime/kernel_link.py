@@ -64,6 +64,7 @@ from kernelgw.runtime.execution import (
     message_order,
 )
 from kernelgw.runtime.kernel_messages import InvalidKernelMessage, KernelMessageReader, coalesce_streams
+from kernelgw.runtime.loop_share import LoopShare
 from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.tasks import cancel_and_wait
@@ -78,14 +79,13 @@ the gateway stopped waiting for)."""
 
 CAPPED_OUTPUT = frozenset({"stream", "display_data", "update_display_data", "execute_result", "clear_output"})
 """Messages a cell past its output cap drops unread (`CellOutput`); errors are kept."""
-FREE_SLICE_S = 0.0005
-"""A batch of one session's iopub that took the event loop this long or less is
-followed by nothing but a turn for the others (a cell's few messages)."""
 FLOOD_SHARE = 0.25
 """At most this share of the event loop goes to one session's iopub while it
-floods: after a batch that took ``t``, its reader waits ``t * (1 / share - 1)``.
-Meanwhile the messages wait in ZMQ's queue (and, behind it, the kernel's);
-at this share the gateway still reads about 80 MB/s of stream text."""
+floods (`LoopShare`); at this share the gateway still reads about 80 MB/s of
+stream text for one session."""
+FLOOD_BURST_S = 0.025
+"""Loop time a session's iopub may take at once before `FLOOD_SHARE` applies:
+a cell's ordinary output (a 1 MB print, a chart) is never held back."""
 
 RECEIVE_HWM = 100_000
 """Messages ZMQ may queue on our side of a kernel's sockets. The default (1000,
@@ -441,14 +441,13 @@ class KernelLink:
 
     async def _read_iopub(self, kc: AsyncKernelClient, listener: LinkListener) -> None:
         reader = self._reader(kc.iopub_channel.socket, kc, "iopub")
-        pause = 1 / FLOOD_SHARE - 1
+        budget = LoopShare(FLOOD_SHARE, FLOOD_BURST_S)
         while True:
             for msg in coalesce_streams(await reader.batch()):
                 self._on_iopub(msg, listener)
             # a flood's next slice waits its turn behind other sessions, and
-            # longer the more of the event loop this slice took
-            took = time.perf_counter() - reader.busy_since
-            await asyncio.sleep(took * pause if took > FREE_SLICE_S else 0)
+            # once it has spent its share of the loop, until that refills
+            await asyncio.sleep(budget.spent(reader.busy_since, time.perf_counter()))
 
     def _on_iopub(self, msg: dict[str, Any], listener: LinkListener) -> None:
         self.last_iopub = time.monotonic()

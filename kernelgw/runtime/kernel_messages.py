@@ -29,6 +29,8 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import DELIM, Session
 
+from kernelgw.runtime import allocator
+
 MAX_BATCH = 64
 """Most messages one read takes, so a flood is handed over in bounded slices
 (64 small displays: about 2 ms of the event loop with what is done with them)."""
@@ -211,6 +213,7 @@ class KernelMessageReader:
                 except zmq.Again:
                     break
                 size += sum(map(len, received[-1]))
+            allocator.note_received(size)
             messages = []
             for frames in received:
                 try:

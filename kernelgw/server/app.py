@@ -16,6 +16,7 @@ from kernelgw import __version__
 from kernelgw.cluster.node import Cluster
 from kernelgw.config import Settings
 from kernelgw.errors import GatewayNameInUse, KernelGWError, Unauthorized
+from kernelgw.runtime.allocator import AllocatorTrimmer
 from kernelgw.runtime.backends import Backend, create_backend
 from kernelgw.runtime.manager import SessionManager
 from kernelgw.runtime.metrics import Metrics
@@ -120,10 +121,11 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             await cluster.start()
         # after the sessions are back: the first notebook export need not import it
         warming = asyncio.create_task(asyncio.to_thread(notebook.warm_up), name="nbformat-warm-up")
+        trimming = asyncio.create_task(AllocatorTrimmer().run(), name="allocator-trim")
         try:
             yield
         finally:
-            await cancel_and_wait(warming)
+            await cancel_and_wait(warming, trimming)
             if cluster is not None:
                 await cluster.close()
             await manager.shutdown()

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from kernelgw import events as ev
 from kernelgw.errors import SessionBusy
 from kernelgw.kernels import profile
 from kernelgw.models import (
@@ -196,7 +197,7 @@ async def execute(session_id: str, body: ExecuteRequest, request: Request) -> Re
         duration_ms=done.duration_ms,
         events=[],
     ).model_dump_json()
-    text = head[: -len("[]}")] + "[" + ",".join(p.json for p in rec.published) + "]}"
+    text = "".join([head[: -len("[]}")], ev.json_array(p.json for p in rec.published), "}"])
     return Response(text, media_type="application/json")
 
 

@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -61,19 +61,6 @@ log = logging.getLogger(__name__)
 
 def _utc(value: datetime | None) -> datetime | None:
     return as_utc(value) if value is not None else None
-
-
-def json_array(items: Iterable[str]) -> str:
-    """Serialised JSON values as one JSON array, copied once: a cell's events
-    are spliced into its row as published, and may be megabytes long."""
-    parts = ["["]
-    for item in items:
-        parts += (item, ",")
-    if len(parts) > 1:
-        parts[-1] = "]"
-    else:
-        parts.append("]")
-    return "".join(parts)
 
 
 def _now() -> datetime:
@@ -310,7 +297,7 @@ class Store:
             "duration_ms": 0.0,
             "reason": None,
             "state_lost": False,
-            "events": json_array(p.json for p in published),
+            "events": ev.json_array(p.json for p in published),
             **_replay_values(execution),
             **_client_values(execution),
         }
@@ -340,7 +327,7 @@ class Store:
             # long cell's output at a time, however often it is checkpointed
             start.checkpoint_queued = False
             if start.inserted and not start.superseded:
-                events = json_array([p.json for p in published[:]])
+                events = ev.json_array([p.json for p in published[:]])
                 await conn.execute(_CHECKPOINT_EXECUTION, {**keys, "events": events})
 
         self.enqueue(
@@ -390,7 +377,7 @@ class Store:
         async def write(conn: AsyncConnection) -> None:
             # already serialised when published: spliced (in the writer's thread,
             # not on the event loop), not re-encoded
-            events = json_array(p.json for p in published)
+            events = ev.json_array(p.json for p in published)
             if start is not None and start.inserted:
                 keys = {"k_session": session.id, "k_position": position, "k_execution": values["execution_id"]}
                 result = await conn.execute(_END_EXECUTION, {**final, "events": events, **keys})
