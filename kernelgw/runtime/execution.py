@@ -96,6 +96,8 @@ class QueuedExecution:
     """How many of ``published`` the running row holds (its ``queued`` event at start)."""
     checkpointed_bytes: int = 0
     """``output_bytes`` when the running row was last written (`checkpoint_due`)."""
+    checkpointed_at: float = 0.0
+    """When (`time.monotonic`) it was last written."""
     ending: ev.Done | None = None
     """The ``done`` built when the cell ended, published once its record is stored."""
     client: ClientRequest | None = None
@@ -173,18 +175,24 @@ class QueuedExecution:
 
 CHECKPOINT_FREE_BYTES = 1 << 20
 """Output up to this is checkpointed whenever there is more of it."""
+LARGE_CHECKPOINT_S = 5.0
+"""Past `CHECKPOINT_FREE_BYTES`, a running cell's output is written again at most this often."""
 
 
-def checkpoint_due(rec: QueuedExecution) -> bool:
-    """Whether a running cell's output so far should be written again: when it
-    has new events, and, past `CHECKPOINT_FREE_BYTES`, has grown by half since
-    the last write. Each write holds the whole output so far; growing by half
-    bounds what a long cell's checkpoints write to 3x its output, not its
-    square (a 16 MiB flood was rewritten every half second)."""
+def checkpoint_due(rec: QueuedExecution, now: float) -> bool:
+    """Whether a running cell's output so far should be written again (``now``:
+    `time.monotonic`): when it has new events, and, past `CHECKPOINT_FREE_BYTES`,
+    has grown by half since the last write and `LARGE_CHECKPOINT_S` have passed.
+    Each write holds the whole output so far, and the history's one writer
+    commits it while other sessions' answers wait: a 16 MiB flood rewritten
+    every half second kept them waiting 100-200 ms. Growing by half bounds what
+    a long cell's checkpoints write to 3x its output, not its square."""
     if len(rec.published) <= rec.checkpointed:
         return False
     done = rec.checkpointed_bytes
-    return rec.output_bytes <= CHECKPOINT_FREE_BYTES or rec.output_bytes - done >= done // 2
+    if rec.output_bytes <= CHECKPOINT_FREE_BYTES:
+        return True
+    return rec.output_bytes - done >= done // 2 and now - rec.checkpointed_at >= LARGE_CHECKPOINT_S
 
 
 @dataclass

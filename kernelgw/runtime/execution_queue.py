@@ -506,10 +506,10 @@ class ExecutionQueue:
                 return "finished"
             except TimeoutError:
                 pass
-            if checkpoint_due(rec):
+            if checkpoint_due(rec, now := time.monotonic()):
                 # what a gateway crash would keep of this cell: its output up to here
                 rec.checkpointed = len(rec.published)
-                rec.checkpointed_bytes = rec.output_bytes
+                rec.checkpointed_bytes, rec.checkpointed_at = rec.output_bytes, now
                 self._hooks.execution_progress(rec)
             if (
                 rec.reply is not None

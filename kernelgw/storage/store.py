@@ -234,11 +234,17 @@ class Store:
         await self._db.close()
 
     def enqueue(
-        self, what: str, write: Write, future: asyncio.Future[Any] | None = None, *, deferrable: bool = False
+        self,
+        what: str,
+        write: Write,
+        future: asyncio.Future[Any] | None = None,
+        *,
+        deferrable: bool = False,
+        size: int = 0,
     ) -> None:
         """Queue a write for the writer task; never waits (a full queue drops it, loudly).
-        ``deferrable``: see `Writer.enqueue`."""
-        self._writer.enqueue(what, write, future, deferrable=deferrable)
+        ``deferrable``, ``size``: see `Writer.enqueue`."""
+        self._writer.enqueue(what, write, future, deferrable=deferrable, size=size)
 
     async def flush(self) -> None:
         """Wait until every row queued so far is committed (or dropped)."""
@@ -389,7 +395,12 @@ class Store:
         if not self._writer.running:
             raise StorageUnavailable("The history storage is not running.")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.enqueue(f"execution {execution.execution_id} of session {session.id}", write, future)
+        self.enqueue(
+            f"execution {execution.execution_id} of session {session.id}",
+            write,
+            future,
+            size=sum(len(p.json) for p in published),
+        )
         try:
             await future
         finally:  # the audit row after: it is not part of what the answer waits for

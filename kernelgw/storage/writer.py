@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 BATCH = 200
 """Most rows committed in one transaction."""
+LARGE_BYTES = 256 << 10
+"""A row this large (a cell's output) commits after the small awaited rows of
+its batch, not with them: other sessions' answers do not wait for its writing."""
 LINGER_S = 0.02
 """Longest rows nobody waits on are held for one that somebody waits on: also how
 long a cell runs before its ``running`` row is committed (a gateway killed sooner
@@ -83,6 +86,8 @@ class _Op:
     future: asyncio.Future[Any] | None = None
     deferrable: bool = False
     """May commit after the other rows of its batch (see `Writer._write`)."""
+    size: int = 0
+    """About how many bytes it writes (`LARGE_BYTES`)."""
     queued_at: float = field(default_factory=time.perf_counter)
 
 
@@ -127,13 +132,20 @@ class Writer:
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="history-writer")
 
     def enqueue(
-        self, what: str, write: Write, future: asyncio.Future[Any] | None = None, *, deferrable: bool = False
+        self,
+        what: str,
+        write: Write,
+        future: asyncio.Future[Any] | None = None,
+        *,
+        deferrable: bool = False,
+        size: int = 0,
     ) -> None:
         """Queue a write for the writer task; never waits (a full queue drops it, loudly).
         ``deferrable``: nothing acknowledged depends on it (an audit row, a cell's
-        running row or its output so far), so it may commit after an answer's row."""
+        running row or its output so far), so it may commit after an answer's row.
+        ``size``: about how many bytes it writes (a large row commits on its own)."""
         try:
-            self._queue.put_nowait(_Op(what, write, future, deferrable))
+            self._queue.put_nowait(_Op(what, write, future, deferrable, size))
         except asyncio.QueueFull:
             log.error("history storage is %d rows behind; dropped %s", self._queue.maxsize, what)
             if future is not None and not future.done():
@@ -203,11 +215,21 @@ class Writer:
         """Commit ``batch``; a row the database refuses is dropped, a database that
         cannot write holds the batch back for the next try (and fails its futures:
         nobody is told a row is stored before it is)."""
+        first = [op for op in batch if op.future is not None and not op.deferrable and op.size < LARGE_BYTES]
+        if first and len(first) < len(batch):
+            # the small rows answers wait for commit first, then the rest (deferrable
+            # rows, and large ones: a flood's 16 MiB of output) at once, off the
+            # other answers' path. Safe to reorder: a cell's running row is skipped
+            # once its end row is queued, a checkpoint only updates a row still
+            # running, audit rows are read by time, not by position, and a large
+            # row is a cell's end, of a session that sends nothing else meanwhile.
+            await self._write(first)
+            rest = [op for op in batch if op not in first]
+            await self._write([op for op in rest if not op.deferrable])
+            await self._write([op for op in rest if op.deferrable])
+            return
         if any(op.future is not None for op in batch) and any(op.deferrable for op in batch):
-            # what answers wait for commits first, without the deferrable rows, which
-            # follow at once off the answers' path. Safe to reorder: a cell's running
-            # row is skipped once its end row is queued, a checkpoint only updates a
-            # row still running, and audit rows are read by time, not by position.
+            # large rows answers wait for, then the deferrable ones
             await self._write([op for op in batch if not op.deferrable])
             await self._write([op for op in batch if op.deferrable])
             return

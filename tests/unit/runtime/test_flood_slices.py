@@ -15,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-from kernelgw.runtime.execution import CHECKPOINT_FREE_BYTES, QueuedExecution, checkpoint_due
+from kernelgw.runtime.execution import CHECKPOINT_FREE_BYTES, LARGE_CHECKPOINT_S, QueuedExecution, checkpoint_due
 from kernelgw.runtime.fanout import Published
 from tests.support.local_backend import IMAGE_HELPERS
 from tests.unit.runtime.conftest import SessionFactory
@@ -59,28 +59,35 @@ def rec_with(output_bytes: int, published: int, checkpointed: int, checkpointed_
     rec = QueuedExecution.__new__(QueuedExecution)  # no event loop needed for the fields read
     rec.published = [Published.__new__(Published) for _ in range(published)]
     rec.output_bytes, rec.checkpointed, rec.checkpointed_bytes = output_bytes, checkpointed, checkpointed_bytes
+    rec.checkpointed_at = 0.0
     return rec
 
 
+LATER = LARGE_CHECKPOINT_S
+
+
 def test_a_checkpoint_needs_new_events() -> None:
-    assert not checkpoint_due(rec_with(10, published=3, checkpointed=3, checkpointed_bytes=0))
-    assert checkpoint_due(rec_with(10, published=4, checkpointed=3, checkpointed_bytes=5))
+    assert not checkpoint_due(rec_with(10, published=3, checkpointed=3, checkpointed_bytes=0), LATER)
+    assert checkpoint_due(rec_with(10, published=4, checkpointed=3, checkpointed_bytes=5), 0.1)
 
 
-def test_large_output_is_checkpointed_when_it_has_grown_by_half() -> None:
+def test_large_output_is_checkpointed_when_it_has_grown_by_half_and_not_often() -> None:
     big = 8 * CHECKPOINT_FREE_BYTES
-    assert not checkpoint_due(rec_with(big + big // 2 - 1, published=9, checkpointed=3, checkpointed_bytes=big))
-    assert checkpoint_due(rec_with(big + big // 2, published=9, checkpointed=3, checkpointed_bytes=big))
+    assert not checkpoint_due(rec_with(big + big // 2 - 1, published=9, checkpointed=3, checkpointed_bytes=big), LATER)
+    assert checkpoint_due(rec_with(big + big // 2, published=9, checkpointed=3, checkpointed_bytes=big), LATER)
+    assert not checkpoint_due(rec_with(big * 2, published=9, checkpointed=3, checkpointed_bytes=big), LATER - 0.1)
 
 
 def test_checkpoints_of_a_long_flood_write_at_most_three_times_its_output() -> None:
     """Output growing 256 KiB per poll up to 64 MiB: what all checkpoints write in sum."""
     rec, written = rec_with(0, published=1, checkpointed=1, checkpointed_bytes=0), 0
-    for _ in range(256):
+    for poll in range(256):  # a poll every LARGE_CHECKPOINT_S: only the growth rule decides
+        now = (poll + 1) * LARGE_CHECKPOINT_S
         rec.output_bytes += 256 * 1024
         rec.published.append(Published.__new__(Published))
-        if checkpoint_due(rec):
+        if checkpoint_due(rec, now):
             rec.checkpointed, rec.checkpointed_bytes = len(rec.published), rec.output_bytes
+            rec.checkpointed_at = now
             written += rec.output_bytes
     assert written <= 3 * rec.output_bytes + 4 * CHECKPOINT_FREE_BYTES
     assert rec.checkpointed_bytes >= rec.output_bytes * 2 // 3  # and not far behind

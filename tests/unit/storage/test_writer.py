@@ -1,0 +1,59 @@
+"""The history writer's order of commits, on a real SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from kernelgw.storage.database import Database
+from kernelgw.storage.writer import LARGE_BYTES, Writer
+
+
+@pytest.fixture
+async def writer(tmp_path: Path) -> AsyncIterator[Writer]:
+    db = Database(f"sqlite+aiosqlite:///{tmp_path / 'history.db'}", "normal")
+    db.open()
+    assert await db.ensure_ready(force=True)
+    w = Writer(db, max_pending=100)
+    w.start()
+    try:
+        yield w
+    finally:
+        await w.close()
+        await db.close()
+
+
+def row(order: list[str], name: str) -> Any:
+    async def write(conn: AsyncConnection) -> None:
+        await conn.execute(text("SELECT 1"))
+        order.append(name)
+
+    return write
+
+
+async def test_small_answers_commit_before_a_large_row_of_their_batch(writer: Writer) -> None:
+    loop, order = asyncio.get_running_loop(), []
+    futures = {name: loop.create_future() for name in ("large", "small-1", "small-2")}
+    # queued in one go: one batch
+    writer.enqueue("large", row(order, "large"), futures["large"], size=LARGE_BYTES)
+    writer.enqueue("audit", row(order, "audit"), deferrable=True)
+    writer.enqueue("small-1", row(order, "small-1"), futures["small-1"], size=100)
+    writer.enqueue("small-2", row(order, "small-2"), futures["small-2"])
+    await asyncio.wait_for(asyncio.gather(*futures.values()), 30)
+    await writer.flush()
+    assert order == ["small-1", "small-2", "large", "audit"]
+
+
+async def test_a_batch_of_small_rows_keeps_its_order(writer: Writer) -> None:
+    loop, order = asyncio.get_running_loop(), []
+    futures = [loop.create_future() for _ in range(3)]
+    for i, future in enumerate(futures):
+        writer.enqueue(f"row {i}", row(order, f"row {i}"), future, size=LARGE_BYTES - 1)
+    await asyncio.wait_for(asyncio.gather(*futures), 30)
+    assert order == ["row 0", "row 1", "row 2"]
