@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from kernelgw.storage import migrate
 from kernelgw.storage.engine import create_sqlite_writer_engine, create_store_engine, enable_wal, sqlite_file
 from kernelgw.storage.health import FileIdentity
+from kernelgw.storage.wal import WalCheckpointer
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class Database:
         self._sqlite_writer: Engine | None = None
         """SQLite only: a sync engine the writer thread commits a whole batch on, in
         one hop off the event loop (aiosqlite would take about six per commit)."""
+        self.wal: WalCheckpointer | None = None
+        """SQLite only: checkpoints what the writer engine commits (it does not itself)."""
 
     @property
     def display_url(self) -> str:
@@ -102,9 +105,13 @@ class Database:
             return None
         if self._sqlite_writer is None:
             self._sqlite_writer = create_sqlite_writer_engine(path, self.durability)
+            self.wal = WalCheckpointer(path)
         return self._sqlite_writer
 
     def _dispose_sqlite_writer(self) -> None:
+        if self.wal is not None:
+            self.wal.close()
+            self.wal = None
         if self._sqlite_writer is not None:
             self._sqlite_writer.dispose()
             self._sqlite_writer = None

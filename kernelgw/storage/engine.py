@@ -63,9 +63,15 @@ def create_store_engine(url: str, durability: str) -> AsyncEngine:
 
 
 def create_sqlite_writer_engine(path: Path, durability: str) -> Engine:
-    """The writer thread's sync engine on the same file (shared across threads)."""
+    """The writer thread's sync engine on the same file (shared across threads).
+    Its commits never checkpoint the WAL: `kernelgw.storage.wal` does, beside it."""
     engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": 30, "check_same_thread": False})
     sqlite_pragmas(engine, durability)
+
+    @event.listens_for(engine, "connect")
+    def _no_autocheckpoint(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")
+
     return engine
 
 

@@ -337,7 +337,10 @@ class Store:
                 await conn.execute(_CHECKPOINT_EXECUTION, {**keys, "events": events})
 
         self.enqueue(
-            f"output so far of execution {execution.execution_id} of session {session.id}", write, deferrable=True
+            f"output so far of execution {execution.execution_id} of session {session.id}",
+            write,
+            deferrable=True,
+            size=execution.output_bytes,
         )
 
     async def execution_finished(

@@ -247,6 +247,8 @@ class Writer:
                 results = await loop.run_in_executor(self._thread, self._commit_in_thread, writer, batch)
                 committed = True
                 self._committed(batch, results)
+                if db.wal is not None:
+                    db.wal.committed([op.size for op in batch])
                 return
             async with db.engine.connect() as conn:
                 async with conn.begin():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -57,3 +58,31 @@ async def test_a_batch_of_small_rows_keeps_its_order(writer: Writer) -> None:
         writer.enqueue(f"row {i}", row(order, f"row {i}"), future, size=LARGE_BYTES - 1)
     await asyncio.wait_for(asyncio.gather(*futures), 30)
     assert order == ["row 0", "row 1", "row 2"]
+
+
+async def test_the_writer_does_not_checkpoint_in_its_commits_but_beside_them(writer: Writer, tmp_path: Path) -> None:
+    """The WAL grows past SQLite's own checkpoint size without a checkpoint in a
+    commit; the checkpointer then copies it back on its own connection."""
+    path = tmp_path / "history.db"
+    loop = asyncio.get_running_loop()
+    big = "x" * (1 << 20)
+
+    def insert(i: int) -> Any:
+        async def write(conn: AsyncConnection) -> None:
+            await conn.execute(text("CREATE TABLE IF NOT EXISTS big (i INTEGER, v TEXT)"))
+            await conn.execute(text("INSERT INTO big VALUES (:i, :v)"), {"i": i, "v": big})
+
+        return write
+
+    for i in range(6):  # 6 MiB, one commit each: SQLite would have checkpointed inside the 5th
+        future = loop.create_future()
+        writer.enqueue(f"big {i}", insert(i), future, size=len(big))
+        await asyncio.wait_for(future, 30)
+    wal, engine = writer.db.wal, writer.db.sqlite_writer_engine()
+    assert wal is not None and engine is not None
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 0
+    await asyncio.to_thread(wal.wait)
+    assert wal.checkpoints >= 1
+    with sqlite3.connect(path) as conn:  # everything is in the database file's view, whole
+        assert conn.execute("SELECT count(*), sum(length(v)) FROM big").fetchone() == (6, 6 * len(big))
