@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     hold connections open."""
     keepalive_timeout_s: float = Field(5.0, gt=0)
     """An idle keep-alive connection is closed after this long without a byte."""
+    workers: int = Field(1, ge=1, le=64)
+    """Gateway processes serving the one ``host:port`` together (``kernelgw serve
+    --workers N``; about one per core): each owns the sessions it creates and
+    forwards requests for its siblings' sessions to them (``kernelgw.server.workers``).
+    1: one process, as without the option. Per worker: ``pool_size``,
+    ``max_sessions``, ``executions_per_minute``, ``/metrics``."""
 
     # --- security: authentication, quotas, caps, audit, code policy
     auth: Literal["auto", "required", "off"] = "auto"
