@@ -144,6 +144,14 @@ def worker_settings(settings: Settings, index: int, advertise_url: str, shared: 
     return settings.model_copy(update=update)
 
 
+def restart_delay(deaths_in_a_row: int) -> float:
+    """How long a worker that died waits to start again: short after a single
+    death, doubling while it keeps dying soon after its start (a crash loop
+    must not spin), at most `RESTART_DELAY_S`'s second value."""
+    first, most = RESTART_DELAY_S
+    return float(min(first * 2 ** max(deaths_in_a_row - 1, 0), most))
+
+
 # ---------------------------------------------------------------- sockets
 def bind_socket(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
     """A TCP socket bound to ``host:port`` (listening unless told otherwise)."""
@@ -179,9 +187,7 @@ def previous_ports(settings: Settings, names: list[str]) -> dict[str, int]:
     async def read() -> dict[str, int]:
         engine = create_store_engine(database_url_for(settings), settings.durability)
         try:
-            registry = GatewayRegistry(
-                engine, "", "", heartbeat_s=1.0, gone_after_s=1.0, running_sessions=lambda: 0
-            )
+            registry = GatewayRegistry(engine, "", "", heartbeat_s=1.0, gone_after_s=1.0, running_sessions=lambda: 0)
             await registry.refresh()
             ports = {}
             for name in names:
@@ -289,7 +295,6 @@ class Supervisor:
     """Starts the workers, restarts those that die, passes signals on (see the module docstring)."""
 
     settings: Settings
-    public: socket.socket | None = None
     workers: list[Worker] = field(default_factory=list)
     signals: int = 0
 
@@ -300,10 +305,9 @@ class Supervisor:
         names = [worker_name(s.gateway_name, i) for i in range(s.workers)]
         ports = previous_ports(s, names)
         host = private_host(s, shared)
-        # the public port, held for the whole run: bound with SO_REUSEPORT but not
-        # listening, so it takes no connection and no other program can take the
-        # port while a worker restarts
-        self.public = bind_socket(s.host, s.port, reuse_port=True, listen=False)
+        # nobody listens on the public port yet (another gateway, another supervisor):
+        # a plain listener is refused where any socket listens, SO_REUSEPORT or not
+        bind_socket(s.host, s.port).close()
         for i, name in enumerate(names):
             private = bind_private(host, ports.get(name))
             port = private.getsockname()[1]
@@ -311,7 +315,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Serve until the workers have ended after a signal; the exit status."""
-        if self.public is None:
+        if not self.workers:
             self.prepare()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -323,8 +327,6 @@ class Supervisor:
                 signal.signal(sig, handler)
             for w in self.workers:
                 w.private.close()
-            if self.public is not None:
-                self.public.close()
 
     # ------------------------------------------------------------ signals
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
@@ -349,7 +351,8 @@ class Supervisor:
         # the kernel spreads new connections evenly over the workers' sockets (a
         # shared socket gave every connection to the same worker at low load). The
         # worker holds the only reference: a dead worker's socket leaves the group,
-        # and connections go to the live ones until it is back.
+        # and new connections go to the live ones until it is back (those already
+        # queued on the dead one's socket are reset).
         public = bind_socket(self.settings.host, self.settings.port, reuse_port=True)
         ours, theirs = _spawn.Pipe(duplex=False)
         process = _spawn.Process(
@@ -401,16 +404,15 @@ class Supervisor:
 
     def _handle(self, ready: object) -> None:
         for w in self.workers:
-            if ready is w.ready:
+            if w.ready is not None and ready is w.ready:
+                conn, w.ready = w.ready, None
                 try:
-                    w.pid = w.ready.recv()
+                    w.pid = conn.recv()
                 except (EOFError, OSError):
-                    w.ready.close()
-                    w.ready = None
                     return
+                finally:
+                    conn.close()
                 w.up = w.ever_up = True
-                w.ready.close()
-                w.ready = None
                 if w.deaths_in_a_row:
                     log.warning("worker %s serves again (pid %s)", w.name, w.pid)
                 return
@@ -430,7 +432,7 @@ class Supervisor:
             return
         stable = time.monotonic() - w.started_at >= STABLE_AFTER_S
         w.deaths_in_a_row = 1 if stable else w.deaths_in_a_row + 1
-        delay = min(RESTART_DELAY_S[0] * 2 ** (w.deaths_in_a_row - 1), RESTART_DELAY_S[1])
+        delay = restart_delay(w.deaths_in_a_row)
         w.restart_at = time.monotonic() + delay
         log.error(
             "worker %s (pid %s) died (exit code %s); restarting it in %.1f s: its sessions come back by reattachment",
