@@ -723,6 +723,47 @@ def languages_section(d: Path, out: Path, lang: dict[str, Any] | None) -> list[s
     return lines
 
 
+def workers_section(d: Path, out: Path, workers: dict[str, Any] | None) -> list[str]:
+    if not workers:
+        return []
+    rows = workers["rows"]
+    args = workers.get("args", {})
+    cores = (workers.get("machine") or {}).get("cores")
+    lines = [
+        "## Every core: worker processes (bench_workers.py)\n",
+        f"`benchmarks/bench_workers.py` ({_when(workers)}): one gateway started as `kernelgw serve --workers N` "
+        f"(no pool, SQLite) on this {cores}-core machine; {args.get('sessions')} sessions, each driven back to back "
+        "by its own client, half over REST (the keep-alive connection that created the session, so it reaches the "
+        "owner) and half over the /v1 WebSocket (a connection of its own, which lands on any worker and is relayed "
+        f"by the sibling when that is not the owner), {args.get('seconds')} s per cell. CPU is what each part used "
+        "during the run, in cores (the gateway: the supervisor and its workers; the kernels: their containers; the "
+        "client: this benchmark's process).\n",
+        "| workers | cell | exec/s | vs 1 worker | p50 ms | p95 ms | gateway cores | kernel cores | client cores "
+        "| load 1 min |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    first = rows[0]["workers"] if rows else 1
+    base = {r["cell"]: r["per_s"] for r in rows if r["workers"] == first}
+    for r in rows:
+        lines.append(
+            f"| {r['workers']} | {r['cell']} | {r['per_s']:.0f} | {r['per_s'] / base[r['cell']]:.2f}x "
+            f"| {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['gateway_cores']:.2f} "
+            f"| {r['cpu_kernels_s'] / r['wall_s']:.2f} | {r['cpu_client_s'] / r['wall_s']:.2f} "
+            f"| {r['load_1min_before']:.2f}-{r['load_1min_after']:.2f} |"
+        )
+    lines += [
+        "",
+        f"![workers]({rel(d / 'workers.png', out)})\n",
+        "- A worker is a whole gateway: a second one helps when the gateway's own process is the bottleneck (one "
+        "core busy decoding and relaying), not when the kernels or other work already take the cores. On a "
+        "2-core machine the kernels, the client and the gateway share the same two cores, so the ceiling is low; "
+        "the gateway-cores column shows how far one process was from a full core. Sessions spread over the workers "
+        "by connection (SO_REUSEPORT hashing), not by load; a WebSocket or REST connection that lands on a "
+        "non-owner costs a relay hop (CPU on both workers).\n",
+    ]
+    return lines
+
+
 def continuity_section(d: Path, out: Path, cont: dict[str, Any] | None) -> list[str]:
     if not cont:
         return []
@@ -1039,6 +1080,7 @@ def main() -> None:
     md.extend(jupyter_section(d, out, load(d, "jupyter")))
     md.extend(continuity_section(d, out, load(d, "continuity")))
     md.extend(languages_section(d, out, load(d, "languages")))
+    md.extend(workers_section(d, out, load(d, "workers")))
 
     w("## Fairness and caveats\n")
     w(
