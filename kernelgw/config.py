@@ -140,6 +140,11 @@ class Settings(BaseSettings):
     request (the load balancer spreads them); ``load``, on the live gateway with
     the fewest running sessions, then the most free memory (the create is
     forwarded there)."""
+    cluster_peers: list[str] | None = None
+    """The only gateways of the store this one treats as its cluster (None: all).
+    ``kernelgw serve --workers`` sets it to its workers' names when no
+    ``cluster_secret`` is given: another host's gateways sharing the database
+    are not theirs to list or forward to."""
     cluster_heartbeat_s: float = Field(3.0, gt=0)
     """How often a gateway writes its heartbeat and load into the registry."""
     cluster_gone_after_s: float = Field(15.0, gt=0)

@@ -137,6 +137,8 @@ def worker_settings(settings: Settings, index: int, advertise_url: str, shared: 
         "cluster_secret": shared.cluster_secret,
         "token_secret": shared.token_secret,
     }
+    if not shared.cluster_from_user:  # a cluster of these workers only, whoever else shares the database
+        update["cluster_peers"] = [worker_name(settings.gateway_name, i) for i in range(settings.workers)]
     if index > 0:
         # the same database, but a directory of its own for paused sessions' snapshots
         update["database_url"] = settings.database_url or database_url_for(settings)

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from pydantic import SecretStr, ValidationError
+from sqlalchemy import insert
 
 from kernelgw.cli.main import main
+from kernelgw.cluster.node import Cluster
 from kernelgw.config import Settings
 from kernelgw.server.workers import (
     SharedSecrets,
@@ -22,6 +25,8 @@ from kernelgw.server.workers import (
     worker_name,
     worker_settings,
 )
+from kernelgw.storage import Store, schema
+from tests.support.app import local_settings
 
 
 def settings(tmp_path: Path, **overrides: object) -> Settings:
@@ -133,3 +138,46 @@ def test_a_port_someone_listens_on_is_refused_before_any_worker_starts(tmp_path:
         with pytest.raises(OSError):
             Supervisor(settings(tmp_path, host="127.0.0.1", port=port)).prepare()
     bind_socket("127.0.0.1", port).close()  # free again
+
+
+def test_without_the_users_secret_the_workers_are_a_cluster_of_their_own(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    plan = worker_settings(s, 1, "http://127.0.0.1:1", SharedSecrets.of(s))
+    assert plan.cluster_peers == ["gw", "gw-w1", "gw-w2"]
+    joined = settings(tmp_path, cluster_secret=SecretStr("s" * 40))
+    assert worker_settings(joined, 1, "http://127.0.0.1:1", SharedSecrets.of(joined)).cluster_peers is None
+
+
+async def test_gateways_outside_the_peers_are_neither_listed_nor_owners(tmp_path: Path) -> None:
+    """On a real SQLite store: another host's gateway sharing the database, and its
+    open session, are invisible to a registry restricted to its peers."""
+    base = local_settings(tmp_path, cluster_secret="s", gateway_name="gw", port=8101)
+    store = Store.from_settings(base)
+    await store.start()  # migrates: the registry table exists
+    await store.close()
+    other = Cluster(base.model_copy(update={"gateway_name": "elsewhere", "port": 8109}), running_sessions=lambda: 0)
+    sibling = Cluster(base.model_copy(update={"gateway_name": "gw-w1", "port": 8102}), running_sessions=lambda: 0)
+    peers = ["gw", "gw-w1"]
+    mine = Cluster(base.model_copy(update={"cluster_peers": peers}), running_sessions=lambda: 0)
+    await other.start()
+    await sibling.start()
+    await mine.start()
+    try:
+        async with mine.engine.begin() as conn:
+            for sid, gateway in (("s-else", "elsewhere"), ("s-sib", "gw-w1")):
+                await conn.execute(
+                    insert(schema.sessions).values(
+                        id=sid, gateway_name=gateway, image="i", created_at=datetime.now(UTC), kernel_name="python3"
+                    )
+                )
+        await mine.registry.beat()
+        assert {g.name for g in mine.registry.live()} == {"gw", "gw-w1"}
+        assert await mine.registry.reread("elsewhere") is None
+        assert await mine.registry.owner_of(["s-else"]) is None
+        owner = await mine.registry.owner_of(["s-sib"])
+        assert owner is not None and owner.gateway_name == "gw-w1"
+        await other.registry.beat()  # the unrestricted one still sees everyone
+        assert {g.name for g in other.registry.live()} == {"gw", "gw-w1", "elsewhere"}
+    finally:
+        for cluster in (mine, sibling, other):
+            await cluster.close()
