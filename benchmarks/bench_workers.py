@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
@@ -63,19 +62,26 @@ class Phase:
     errors: int = 0
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of a process and its children (the supervisor and its workers)."""
+def _stat(pid: int) -> list[str] | None:
     try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
-    total = 0.0
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()  # fields from the state on (the name may hold spaces)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its children (the supervisor and its workers), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = {pid}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat(int(entry))) is not None and int(fields[1]) == pid:
+            pids.add(int(entry))
+    total = 0
+    for p in pids:
+        if (fields := _stat(p)) is not None:
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
 
 
 def kernels_cpu_s(names: list[str]) -> float:
@@ -245,10 +251,12 @@ def main() -> None:
         finally:
             remove_containers(names)
         for cell in CELLS:
-            rows.append(
-                {"workers": n, "cell": cell, **result[cell], "sessions_per_worker": result["sessions_per_worker"]}
-            )
-            r = rows[-1]
+            r = {"workers": n, "cell": cell, **result[cell], "sessions_per_worker": result["sessions_per_worker"]}
+            done = max(r["executions"], 1)
+            r["gateway_cpu_ms_per_exec"] = 1000 * r["cpu_gateway_s"] / done
+            r["kernel_cpu_ms_per_exec"] = 1000 * r["cpu_kernels_s"] / done
+            r["client_cores"] = r["cpu_client_s"] / r["wall_s"]
+            rows.append(r)
             print(
                 f"workers={n} {cell:>10}: {r['per_s']:7.1f} exec/s (REST {r['rest_per_s']:.1f}, WebSocket "
                 f"{r['ws_per_s']:.1f}), p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms, REST forwarded "
@@ -259,7 +267,7 @@ def main() -> None:
                 flush=True,
             )
     load_after = other_activity()
-    print_summary(rows, configs)
+    print_summary(rows)
     result_doc: dict[str, Any] = {
         "benchmark": "workers",
         "date": now_iso(),
@@ -293,23 +301,35 @@ def remove_containers(names: list[str]) -> None:
         dc.close()
 
 
-def print_summary(rows: list[dict[str, Any]], configs: list[int]) -> None:
-    print(f"\naggregate executions per second, {os.cpu_count()} cores ({now_iso()})\n")
-    print(
-        "| workers | cell       | exec/s | vs 1 worker | p50 ms | p95 ms | REST fwd | gateway cores | kernel cores | client cores | load 1 min |"
-    )
-    print(
-        "|--------:|------------|-------:|------------:|-------:|-------:|---------:|--------------:|-------------:|-------------:|-----------:|"
-    )
-    base = {r["cell"]: r["per_s"] for r in rows if r["workers"] == configs[0]}
+COLUMNS = (
+    ("workers", "{workers}"),
+    ("cell", "{cell}"),
+    ("exec/s", "{per_s:.1f}"),
+    ("vs first", "{ratio:.2f}x"),
+    ("p50 ms", "{p50_ms:.1f}"),
+    ("p95 ms", "{p95_ms:.1f}"),
+    ("gateway CPU ms/exec", "{gateway_cpu_ms_per_exec:.2f}"),
+    ("kernel CPU ms/exec", "{kernel_cpu_ms_per_exec:.2f}"),
+    ("gateway cores", "{gateway_cores:.2f}"),
+    ("client cores", "{client_cores:.2f}"),
+    ("load 1 min", "{load_1min_before:.2f}-{load_1min_after:.2f}"),
+)
+
+
+def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The markdown table of the rows (also docs/benchmarks.md's, through report.py)."""
+    first = rows[0]["workers"] if rows else 1
+    base = {r["cell"]: r["per_s"] for r in rows if r["workers"] == first}
+    lines = ["| " + " | ".join(c for c, _ in COLUMNS) + " |", "|" + "|".join("---:" for _ in COLUMNS) + "|"]
     for r in rows:
-        fwd = f"{100 * r['rest_forwarded'] / r['rest_answers']:.0f}%" if r["rest_answers"] else ""
-        print(
-            f"| {r['workers']:>7} | {r['cell']:<10} | {r['per_s']:6.1f} | {r['per_s'] / base[r['cell']]:10.2f}x | "
-            f"{r['p50_ms']:6.2f} | {r['p95_ms']:6.2f} | {fwd:>8} | {r['gateway_cores']:13.2f} | "
-            f"{r['cpu_kernels_s'] / r['wall_s']:12.2f} | {r['cpu_client_s'] / r['wall_s']:12.2f} | "
-            f"{r['load_1min_before']:.2f}-{r['load_1min_after']:.2f} |"
-        )
+        values = r | {"ratio": r["per_s"] / base[r["cell"]] if base.get(r["cell"]) else float("nan")}
+        lines.append("| " + " | ".join(f.format(**values) for _, f in COLUMNS) + " |")
+    return lines
+
+
+def print_summary(rows: list[dict[str, Any]]) -> None:
+    print(f"\naggregate executions per second, {os.cpu_count()} cores ({now_iso()})\n")
+    print("\n".join(summary_lines(rows)))
 
 
 def draw(rows: list[dict[str, Any]], configs: list[int], path: Path) -> None:

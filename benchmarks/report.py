@@ -736,21 +736,12 @@ def workers_section(d: Path, out: Path, workers: dict[str, Any] | None) -> list[
         "by its own client, half over REST (the keep-alive connection that created the session, so it reaches the "
         "owner) and half over the /v1 WebSocket (a connection of its own, which lands on any worker and is relayed "
         f"by the sibling when that is not the owner), {args.get('seconds')} s per cell. CPU is what each part used "
-        "during the run, in cores (the gateway: the supervisor and its workers; the kernels: their containers; the "
-        "client: this benchmark's process).\n",
-        "| workers | cell | exec/s | vs 1 worker | p50 ms | p95 ms | gateway cores | kernel cores | client cores "
-        "| load 1 min |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "during the run, per execution and in cores (the gateway: the supervisor and its workers, from /proc; the "
+        "kernels: their containers' cgroups; the client: this benchmark's process).\n",
     ]
-    first = rows[0]["workers"] if rows else 1
-    base = {r["cell"]: r["per_s"] for r in rows if r["workers"] == first}
-    for r in rows:
-        lines.append(
-            f"| {r['workers']} | {r['cell']} | {r['per_s']:.0f} | {r['per_s'] / base[r['cell']]:.2f}x "
-            f"| {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['gateway_cores']:.2f} "
-            f"| {r['cpu_kernels_s'] / r['wall_s']:.2f} | {r['cpu_client_s'] / r['wall_s']:.2f} "
-            f"| {r['load_1min_before']:.2f}-{r['load_1min_after']:.2f} |"
-        )
+    from bench_workers import summary_lines  # the table bench_workers.py prints
+
+    lines += summary_lines(rows)
     lines += [
         "",
         f"![workers]({rel(d / 'workers.png', out)})\n",
@@ -761,6 +752,16 @@ def workers_section(d: Path, out: Path, workers: dict[str, Any] | None) -> list[
         "by connection (SO_REUSEPORT hashing), not by load; a WebSocket or REST connection that lands on a "
         "non-owner costs a relay hop (CPU on both workers).\n",
     ]
+    one = next((r for r in rows if r["workers"] == 1 and r["cell"] == "1+1"), None)
+    if one and one.get("gateway_cpu_ms_per_exec") and one.get("kernel_cpu_ms_per_exec"):
+        g, k = one["gateway_cpu_ms_per_exec"], one["kernel_cpu_ms_per_exec"]
+        lines.append(
+            f"- Arithmetic from the 1-worker `1+1` row, not a measurement: the gateway spent {g:.2f} ms of CPU per "
+            f"execution, so one gateway process tops out near {1000 / g:.0f} executions per second however many "
+            f"cores the host has; the kernels spent {k:.2f} ms each, which {cores} cores serve up to about "
+            f"{(cores or 1) * 1000 / k:.0f} per second. On a host with many cores the kernels' ceiling rises with "
+            "the cores and the single process's does not: that is what the workers lift.\n"
+        )
     return lines
 
 
