@@ -47,6 +47,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnProcess
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr
@@ -54,6 +55,9 @@ from pydantic import SecretStr
 from kernelgw.config import Settings
 from kernelgw.errors import KernelGWError
 from kernelgw.storage.engine import database_url_for
+
+if TYPE_CHECKING:
+    from kernelgw.server.serving import DrainingServer
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +176,6 @@ def bind_socket(host: str, port: int, *, reuse_port: bool = False, listen: bool 
     return sock
 
 
-def bind_listener(host: str, port: int) -> socket.socket:
-    return bind_socket(host, port)
-
-
 def previous_ports(settings: Settings, names: list[str]) -> dict[str, int]:
     """The private ports the workers of these names advertised last time (from the
     registry): reused when free, so a gateway restarted after a crash is not
@@ -208,10 +208,11 @@ def previous_ports(settings: Settings, names: list[str]) -> dict[str, int]:
 
 
 def bind_private(host: str, port: int | None) -> socket.socket:
+    """A worker's private listener: on its previous port when that is free."""
     if port:
         with contextlib.suppress(OSError):
-            return bind_listener(host, port)
-    return bind_listener(host, 0)
+            return bind_socket(host, port)
+    return bind_socket(host, 0)
 
 
 # ---------------------------------------------------------------- the worker process
@@ -228,24 +229,24 @@ def _label_logs(name: str) -> None:
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(gateway)s]: %(message)s"))
 
 
-def _report_ready(server: object, ready: Connection) -> None:
+def _report_ready(server: DrainingServer, ready: Connection) -> None:
     """Tell the supervisor once uvicorn serves (a thread of the worker)."""
-    while not getattr(server, "started", False):
-        if getattr(server, "should_exit", False):
+    while not server.started:
+        if server.should_exit:
             return
         time.sleep(0.05)
     with contextlib.suppress(OSError):
         ready.send(os.getpid())
 
 
-def _watch_supervisor(server: object) -> None:
+def _watch_supervisor(server: DrainingServer) -> None:
     """Drain and exit when the supervisor is gone (a thread of the worker)."""
     parent = multiprocessing.parent_process()
     if parent is None or parent.sentinel is None:
         return
     select.select([parent.sentinel], [], [])
     log.warning("the supervisor (pid %s) is gone: draining and exiting", parent.pid)
-    server.handle_exit(signal.SIGTERM, None)  # type: ignore[attr-defined]
+    server.handle_exit(signal.SIGTERM, None)
 
 
 def run_worker(settings: Settings, sockets: list[socket.socket], ready: Connection) -> None:
@@ -457,7 +458,7 @@ class Supervisor:
     def _announce(self) -> None:
         s = self.settings
         names = ", ".join(f"{w.name} (pid {w.pid}, {w.address})" for w in self.workers)
-        log.warning(
+        log.info(
             "kernelgw serves http://%s:%d with %d worker processes, one gateway to the outside: %s. "
             "Per worker: pool_size=%d, max_sessions=%d, rate limits and /metrics.",
             f"[{s.host}]" if ":" in s.host else s.host,
