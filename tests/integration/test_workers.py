@@ -182,6 +182,13 @@ def test_two_workers_are_one_gateway(docker_client: docker.DockerClient, tmp_pat
             assert supervisor.poll() is None
             assert ws_result(base, sid, "x + 1") == "42"
             assert "restarting it" in log.read_text()
+            # the restarted worker reaped nothing of its sibling's: those sessions kept their kernels and state
+            for other, owner in owners.items():
+                if owner != victim:
+                    assert (
+                        result_text(fresh("POST", f"{base}/v1/sessions/{other}/execute", json={"code": "x + 1"}).json())
+                        == "2"
+                    )
 
             # SIGTERM to the supervisor: every worker drains and ends, leaving no container
             supervisor.send_signal(signal.SIGTERM)
