@@ -7,8 +7,10 @@ client as fast as it answers: half over REST (``POST .../execute`` on the
 client's keep-alive connection, which also created the session: the session
 lives on the worker that connection landed on), half over the /v1 WebSocket
 (a connection of its own, landing on any worker: the sibling relays it).
-Two phases per configuration, ``--seconds`` each: ``1+1``, then a CPU-light
-cell that prints (``sum(i * i for i in range(3000))`` and a 200-byte line).
+Two phases per configuration: ``1+1``, then a CPU-light cell that prints
+(``sum(i * i for i in range(3000))`` and a 200-byte line), ``--seconds`` each
+in all, over ``--rounds`` fresh gateways per configuration started in ABBA
+order (load drift on a shared machine hits both configurations alike).
 Counted: executions completed per second (all clients together), each
 client's round trips, the REST answers that were forwarded
 (``x-kernelgw-via``), and the CPU time the gateway's processes, the kernels'
@@ -171,16 +173,9 @@ async def measure(gw: Gateway, n_sessions: int, seconds: float, names: list[str]
             cpu_gw = tree_cpu_s(gw.pid) - cpu_gw
             cpu_k = kernels_cpu_s(names) - cpu_k
             cpu_me = time.process_time() - cpu_me
-            all_ms = phase.latencies["REST"] + phase.latencies["WebSocket"]
             results[label] = {
-                "executions": len(all_ms),
-                "per_s": len(all_ms) / wall,
-                "rest_per_s": len(phase.latencies["REST"]) / wall,
-                "ws_per_s": len(phase.latencies["WebSocket"]) / wall,
-                "p50_ms": pct(all_ms, 50),
-                "p95_ms": pct(all_ms, 95),
-                "rest_p50_ms": pct(phase.latencies["REST"], 50),
-                "ws_p50_ms": pct(phase.latencies["WebSocket"], 50),
+                "rest_ms": phase.latencies["REST"],
+                "ws_ms": phase.latencies["WebSocket"],
                 "rest_forwarded": phase.forwarded,
                 "rest_answers": phase.rest_answers,
                 "errors": phase.errors,
@@ -188,7 +183,6 @@ async def measure(gw: Gateway, n_sessions: int, seconds: float, names: list[str]
                 "cpu_gateway_s": cpu_gw,
                 "cpu_kernels_s": cpu_k,
                 "cpu_client_s": cpu_me,
-                "gateway_cores": cpu_gw / wall,
                 "load_1min_before": load_before,
                 "load_1min_after": os.getloadavg()[0],
             }
@@ -205,6 +199,35 @@ async def measure(gw: Gateway, n_sessions: int, seconds: float, names: list[str]
     return results
 
 
+def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from a configuration's rounds: counts and CPU summed, latencies pooled."""
+    rest = [ms for p in parts for ms in p["rest_ms"]]
+    ws = [ms for p in parts for ms in p["ws_ms"]]
+    both = rest + ws
+    total = {k: sum(p[k] for p in parts) for k in ("rest_forwarded", "rest_answers", "errors", "wall_s")}
+    cpu = {k: sum(p[k] for p in parts) for k in ("cpu_gateway_s", "cpu_kernels_s", "cpu_client_s")}
+    wall, done = total["wall_s"], max(len(both), 1)
+    return {
+        "executions": len(both),
+        "per_s": len(both) / wall,
+        "rest_per_s": len(rest) / wall,
+        "ws_per_s": len(ws) / wall,
+        "p50_ms": pct(both, 50),
+        "p95_ms": pct(both, 95),
+        "rest_p50_ms": pct(rest, 50),
+        "ws_p50_ms": pct(ws, 50),
+        **total,
+        **cpu,
+        "gateway_cores": cpu["cpu_gateway_s"] / wall,
+        "client_cores": cpu["cpu_client_s"] / wall,
+        "gateway_cpu_ms_per_exec": 1000 * cpu["cpu_gateway_s"] / done,
+        "kernel_cpu_ms_per_exec": 1000 * cpu["cpu_kernels_s"] / done,
+        "load_1min_before": min(p["load_1min_before"] for p in parts),
+        "load_1min_after": max(p["load_1min_after"] for p in parts),
+        "rounds": len(parts),
+    }
+
+
 def wait_for_workers(gw: Gateway, n: int, timeout: float = 90) -> None:
     if n == 1:
         return
@@ -218,7 +241,8 @@ def wait_for_workers(gw: Gateway, n: int, timeout: float = 90) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=10.0, help="per cell and configuration")
+    ap.add_argument("--seconds", type=float, default=10.0, help="per cell and configuration, over all rounds")
+    ap.add_argument("--rounds", type=int, default=2, help="gateway starts per configuration, in ABBA order")
     ap.add_argument("--sessions", type=int, default=8, help="sessions, one client each (half REST, half WebSocket)")
     ap.add_argument("--workers", default="1,2", help="the configurations, e.g. 1,2")
     ap.add_argument("--image", default=DEFAULT_IMAGE)
@@ -227,13 +251,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 s per cell (a smoke run)")
     args = ap.parse_args()
     if args.quick:
-        args.seconds = min(args.seconds, 3.0)
+        args.seconds, args.rounds = min(args.seconds, 3.0), 1
     machine = machine_info(args.image)
     configs = [int(x) for x in args.workers.split(",")]
     rows: list[dict[str, Any]] = []
     load_before = other_activity()
-    for n in configs:
-        name = f"wk{n}{os.getpid()}"
+    # ABBA...: the configurations alternate round by round, so the machine's load drift hits them alike
+    order = [n for r in range(args.rounds) for n in (configs if r % 2 == 0 else configs[::-1])]
+    per_round_s = args.seconds / args.rounds
+    raw: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    spread: dict[int, dict[str, int]] = {}
+    for k, n in enumerate(order):
+        name = f"wk{n}{k}{os.getpid()}"
         env = {
             "KERNELGW_WORKERS": str(n),
             "KERNELGW_POOL_SIZE": "0",
@@ -247,23 +276,30 @@ def main() -> None:
         try:
             with gw:
                 wait_for_workers(gw, n)
-                result = asyncio.run(measure(gw, args.sessions, args.seconds, names))
+                result = asyncio.run(measure(gw, args.sessions, per_round_s, names))
         finally:
             remove_containers(names)
         for cell in CELLS:
-            r = {"workers": n, "cell": cell, **result[cell], "sessions_per_worker": result["sessions_per_worker"]}
-            done = max(r["executions"], 1)
-            r["gateway_cpu_ms_per_exec"] = 1000 * r["cpu_gateway_s"] / done
-            r["kernel_cpu_ms_per_exec"] = 1000 * r["cpu_kernels_s"] / done
-            r["client_cores"] = r["cpu_client_s"] / r["wall_s"]
+            raw.setdefault((n, cell), []).append(result[cell])
+            done = len(result[cell]["rest_ms"]) + len(result[cell]["ws_ms"])
+            print(
+                f"round {k + 1}/{len(order)}: workers={n} {cell}: {done / result[cell]['wall_s']:.1f} exec/s",
+                flush=True,
+            )
+        for i, w in enumerate(names):
+            spread.setdefault(n, {}).setdefault(f"w{i}", 0)
+            spread[n][f"w{i}"] += result["sessions_per_worker"].get(w, 0)
+    for n in configs:
+        for cell in CELLS:
+            r = combine(raw[(n, cell)])
+            r |= {"workers": n, "cell": cell, "sessions_per_worker": spread[n]}
             rows.append(r)
             print(
                 f"workers={n} {cell:>10}: {r['per_s']:7.1f} exec/s (REST {r['rest_per_s']:.1f}, WebSocket "
                 f"{r['ws_per_s']:.1f}), p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms, REST forwarded "
                 f"{r['rest_forwarded']}/{r['rest_answers']}, errors {r['errors']}; CPU: gateway "
                 f"{r['gateway_cores']:.2f} cores, kernels {r['cpu_kernels_s'] / r['wall_s']:.2f}, client "
-                f"{r['cpu_client_s'] / r['wall_s']:.2f}; load {r['load_1min_before']:.2f} -> "
-                f"{r['load_1min_after']:.2f}; sessions per worker {r['sessions_per_worker']}",
+                f"{r['client_cores']:.2f}; sessions per worker over the rounds {r['sessions_per_worker']}",
                 flush=True,
             )
     load_after = other_activity()
@@ -312,7 +348,7 @@ COLUMNS = (
     ("kernel CPU ms/exec", "{kernel_cpu_ms_per_exec:.2f}"),
     ("gateway cores", "{gateway_cores:.2f}"),
     ("client cores", "{client_cores:.2f}"),
-    ("load 1 min", "{load_1min_before:.2f}-{load_1min_after:.2f}"),
+    ("load 1 min (lowest-highest)", "{load_1min_before:.2f}-{load_1min_after:.2f}"),
 )
 
 

@@ -735,7 +735,8 @@ def workers_section(d: Path, out: Path, workers: dict[str, Any] | None) -> list[
         f"(no pool, SQLite) on this {cores}-core machine; {args.get('sessions')} sessions, each driven back to back "
         "by its own client, half over REST (the keep-alive connection that created the session, so it reaches the "
         "owner) and half over the /v1 WebSocket (a connection of its own, which lands on any worker and is relayed "
-        f"by the sibling when that is not the owner), {args.get('seconds')} s per cell. CPU is what each part used "
+        f"by the sibling when that is not the owner), {args.get('seconds')} s per cell and configuration over "
+        f"{args.get('rounds', 1)} gateway starts each, alternated ABBA. CPU is what each part used "
         "during the run, per execution and in cores (the gateway: the supervisor and its workers, from /proc; the "
         "kernels: their containers' cgroups; the client: this benchmark's process).\n",
     ]
