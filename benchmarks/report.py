@@ -753,6 +753,19 @@ def workers_section(d: Path, out: Path, workers: dict[str, Any] | None) -> list[
         "by connection (SO_REUSEPORT hashing), not by load; a WebSocket or REST connection that lands on a "
         "non-owner costs a relay hop (CPU on both workers).\n",
     ]
+    singles = [r for r in rows if r["workers"] == 1]
+    many = [r for r in rows if r["workers"] > 1]
+    if singles and many and all("gateway_cpu_ms_per_exec" in r for r in rows):
+        by_cell = {r["cell"]: r for r in singles}
+        ratios = ", ".join(f"{r['per_s'] / by_cell[r['cell']]['per_s']:.2f}x ({r['cell']})" for r in many)
+        extra = [r["gateway_cpu_ms_per_exec"] - by_cell[r["cell"]]["gateway_cpu_ms_per_exec"] for r in many]
+        lines.append(
+            f"- This run: one worker used at most {max(r['gateway_cores'] for r in singles):.2f} of a core, so the "
+            f"gateway was not what limited throughput; {many[0]['workers']} workers gave {ratios} of one worker's "
+            f"executions per second and spent {min(extra):+.2f} to {max(extra):+.2f} ms of gateway CPU per "
+            "execution (not broken down here; the candidates are the relays of WebSocket connections that landed on a "
+            "non-owner and each process's own heartbeats and timers).\n"
+        )
     one = next((r for r in rows if r["workers"] == 1 and r["cell"] == "1+1"), None)
     if one and one.get("gateway_cpu_ms_per_exec") and one.get("kernel_cpu_ms_per_exec"):
         g, k = one["gateway_cpu_ms_per_exec"], one["kernel_cpu_ms_per_exec"]
