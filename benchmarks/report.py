@@ -723,6 +723,62 @@ def languages_section(d: Path, out: Path, lang: dict[str, Any] | None) -> list[s
     return lines
 
 
+def workers_section(d: Path, out: Path, workers: dict[str, Any] | None) -> list[str]:
+    if not workers:
+        return []
+    rows = workers["rows"]
+    args = workers.get("args", {})
+    cores = (workers.get("machine") or {}).get("cores")
+    lines = [
+        "## Every core: worker processes (bench_workers.py)\n",
+        f"`benchmarks/bench_workers.py` ({_when(workers)}): one gateway started as `kernelgw serve --workers N` "
+        f"(no pool, SQLite) on this {cores}-core machine; {args.get('sessions')} sessions, each driven back to back "
+        "by its own client, half over REST (the keep-alive connection that created the session, so it reaches the "
+        "owner) and half over the /v1 WebSocket (a connection of its own, which lands on any worker and is relayed "
+        f"by the sibling when that is not the owner), {args.get('seconds')} s per cell and configuration over "
+        f"{args.get('rounds', 1)} gateway starts each, alternated ABBA. CPU is what each part used "
+        "during the run, per execution and in cores (the gateway: the supervisor and its workers, from /proc; the "
+        "kernels: their containers' cgroups; the client: this benchmark's process).\n",
+    ]
+    from bench_workers import summary_lines  # the table bench_workers.py prints
+
+    lines += summary_lines(rows)
+    lines += [
+        "",
+        f"![workers]({rel(d / 'workers.png', out)})\n",
+        "- A worker is a whole gateway: a second one helps when the gateway's own process is the bottleneck (one "
+        "core busy decoding and relaying), not when the kernels or other work already take the cores. On a "
+        "2-core machine the kernels, the client and the gateway share the same two cores, so the ceiling is low; "
+        "the gateway-cores column shows how far one process was from a full core. Sessions spread over the workers "
+        "by connection (SO_REUSEPORT hashing), not by load; a WebSocket or REST connection that lands on a "
+        "non-owner costs a relay hop (CPU on both workers).\n",
+    ]
+    singles = [r for r in rows if r["workers"] == 1]
+    many = [r for r in rows if r["workers"] > 1]
+    if singles and many and all("gateway_cpu_ms_per_exec" in r for r in rows):
+        by_cell = {r["cell"]: r for r in singles}
+        ratios = ", ".join(f"{r['per_s'] / by_cell[r['cell']]['per_s']:.2f}x ({r['cell']})" for r in many)
+        extra = [r["gateway_cpu_ms_per_exec"] - by_cell[r["cell"]]["gateway_cpu_ms_per_exec"] for r in many]
+        lines.append(
+            f"- This run: one worker used at most {max(r['gateway_cores'] for r in singles):.2f} of a core, so the "
+            f"gateway was not what limited throughput; {many[0]['workers']} workers gave {ratios} of one worker's "
+            f"executions per second and spent {min(extra):+.2f} to {max(extra):+.2f} ms of gateway CPU per "
+            "execution (not broken down here; the candidates are the relays of WebSocket connections that landed on a "
+            "non-owner and each process's own heartbeats and timers).\n"
+        )
+    one = next((r for r in rows if r["workers"] == 1 and r["cell"] == "1+1"), None)
+    if one and one.get("gateway_cpu_ms_per_exec") and one.get("kernel_cpu_ms_per_exec"):
+        g, k = one["gateway_cpu_ms_per_exec"], one["kernel_cpu_ms_per_exec"]
+        lines.append(
+            f"- Arithmetic from the 1-worker `1+1` row, not a measurement: the gateway spent {g:.2f} ms of CPU per "
+            f"execution, so one gateway process tops out near {1000 / g:.0f} executions per second however many "
+            f"cores the host has; the kernels spent {k:.2f} ms each, which {cores} cores serve up to about "
+            f"{(cores or 1) * 1000 / k:.0f} per second. On a host with many cores the kernels' ceiling rises with "
+            "the cores and the single process's does not: that is what the workers lift.\n"
+        )
+    return lines
+
+
 def continuity_section(d: Path, out: Path, cont: dict[str, Any] | None) -> list[str]:
     if not cont:
         return []
@@ -1039,6 +1095,7 @@ def main() -> None:
     md.extend(jupyter_section(d, out, load(d, "jupyter")))
     md.extend(continuity_section(d, out, load(d, "continuity")))
     md.extend(languages_section(d, out, load(d, "languages")))
+    md.extend(workers_section(d, out, load(d, "workers")))
 
     w("## Fairness and caveats\n")
     w(

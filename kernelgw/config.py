@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     hold connections open."""
     keepalive_timeout_s: float = Field(5.0, gt=0)
     """An idle keep-alive connection is closed after this long without a byte."""
+    workers: int = Field(1, ge=1, le=64)
+    """Gateway processes serving the one ``host:port`` together (``kernelgw serve
+    --workers N``; about one per core): each owns the sessions it creates and
+    forwards requests for its siblings' sessions to them (``kernelgw.server.workers``).
+    1: one process, as without the option. Per worker: ``pool_size``,
+    ``max_sessions``, ``executions_per_minute``, ``/metrics``."""
 
     # --- security: authentication, quotas, caps, audit, code policy
     auth: Literal["auto", "required", "off"] = "auto"
@@ -134,6 +140,11 @@ class Settings(BaseSettings):
     request (the load balancer spreads them); ``load``, on the live gateway with
     the fewest running sessions, then the most free memory (the create is
     forwarded there)."""
+    cluster_peers: list[str] | None = None
+    """The only gateways of the store this one treats as its cluster (None: all).
+    ``kernelgw serve --workers`` sets it to its workers' names when no
+    ``cluster_secret`` is given: another host's gateways sharing the database
+    are not theirs to list or forward to."""
     cluster_heartbeat_s: float = Field(3.0, gt=0)
     """How often a gateway writes its heartbeat and load into the registry."""
     cluster_gone_after_s: float = Field(15.0, gt=0)

@@ -71,6 +71,8 @@ run jupyter
 KERNELGW_TEST_DATABASE_URL=${KERNELGW_TEST_DATABASE_URL:-$(bash scripts/ensure-postgres.sh)}
 export KERNELGW_TEST_DATABASE_URL
 run cluster
+# one gateway as 1 and 2 worker processes (kernelgw serve --workers N): aggregate executions per second
+run workers
 run languages
 ack_before=${KERNELGW_ACK_BEFORE:-d7b8a43}
 ack_tree=$(mktemp -d /tmp/kgw_before.XXXXXX)

@@ -101,6 +101,13 @@ def main() -> None:
     default=False,
     help="Listen beyond loopback without API keys (only behind something that authenticates).",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Gateway processes serving this one port together, each owning its sessions "
+    "(about one per core) [env KERNELGW_WORKERS; 1].",
+)
 def serve(
     host: str | None,
     port: int | None,
@@ -108,6 +115,7 @@ def serve(
     config_file: Path | None,
     log_format: str | None,
     insecure_allow_remote: bool,
+    workers: int | None,
 ) -> None:
     """Run the gateway."""
     from pydantic import ValidationError
@@ -129,6 +137,8 @@ def serve(
         overrides["log_format"] = log_format
     if insecure_allow_remote:
         overrides["allow_remote_without_auth"] = True
+    if workers is not None:
+        overrides["workers"] = workers
     try:
         settings = Settings.load(config_file, **overrides)
     except (ValidationError, ValueError) as exc:
@@ -138,6 +148,9 @@ def serve(
     _refuse_open_remote(settings)
     _refuse_taken_name(settings)
     _build_missing_kernel_images(settings)
+    if settings.workers > 1:
+        _serve_workers(settings)
+        return
     app = create_app(settings)
     # SIGTERM drains (new work refused, running cells finish) before uvicorn exits
     DrainingServer(uvicorn_config(app, settings), app, settings.shutdown_grace_s).run()
@@ -167,15 +180,31 @@ def _build_missing_kernel_images(settings: Any) -> None:
 
 
 def _refuse_taken_name(settings: Any) -> None:
-    """Fail before binding when a live gateway holds this name on this host (the
-    lifespan takes the lock for real; this only gives the clear message early)."""
+    """Fail before binding when a live gateway holds this name (or one of its
+    workers' names) on this host (the lifespan takes the lock for real; this only
+    gives the clear message early)."""
     from kernelgw.errors import GatewayNameInUse
     from kernelgw.runtime.ownership import InstanceLock
+    from kernelgw.server.workers import worker_name
 
     try:
-        InstanceLock(settings.runtime_dir, settings.gateway_name).check()
+        for i in range(settings.workers):
+            InstanceLock(settings.runtime_dir, worker_name(settings.gateway_name, i)).check()
     except GatewayNameInUse as exc:
         raise click.ClickException(exc.message) from exc
+
+
+def _serve_workers(settings: Any) -> None:
+    """``--workers N``: a supervisor and N gateway processes on one port (kernelgw.server.workers)."""
+    from kernelgw.server.workers import Supervisor
+
+    try:
+        status = Supervisor(settings).run()
+    except KernelGWError as exc:
+        raise click.ClickException(exc.message) from exc
+    except OSError as exc:  # the port is taken, say
+        raise click.ClickException(f"cannot listen on {settings.host}:{settings.port}: {exc}") from exc
+    raise SystemExit(status)
 
 
 def _refuse_open_remote(settings: Any) -> None:

@@ -40,6 +40,7 @@ class Cluster:
             heartbeat_s=settings.cluster_heartbeat_s,
             gone_after_s=settings.cluster_gone_after_s,
             running_sessions=running_sessions,
+            peers=frozenset(settings.cluster_peers) if settings.cluster_peers is not None else None,
         )
         # no read timeout: a forwarded cell may run for max_exec_timeout_s;
         # trust_env=False: peers are reached directly, never through an HTTP proxy

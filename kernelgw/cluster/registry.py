@@ -110,8 +110,12 @@ class GatewayRegistry:
         heartbeat_s: float,
         gone_after_s: float,
         running_sessions: Callable[[], int],
+        peers: frozenset[str] | None = None,
     ) -> None:
         self.engine = engine
+        self.peers = peers
+        """The gateways of the store that are this one's cluster (None: all of them):
+        the others are neither listed nor forwarded to (``cluster_peers``)."""
         self.name = name
         self.url = url
         self.heartbeat_s = heartbeat_s
@@ -190,7 +194,10 @@ class GatewayRegistry:
     async def refresh(self) -> None:
         async with self.engine.connect() as conn:
             rows = (await conn.execute(select(schema.gateways))).all()
-        self._gateways = {row.name: _gateway(row) for row in rows}
+        self._gateways = {row.name: _gateway(row) for row in rows if self._peer(row.name)}
+
+    def _peer(self, name: str) -> bool:
+        return self.peers is None or name == self.name or name in self.peers
 
     async def reread(self, name: str) -> Gateway | None:
         """Gateway ``name``'s row read again now: one that looked gone in the last
@@ -202,7 +209,7 @@ class GatewayRegistry:
         except (SQLAlchemyError, OSError) as exc:
             log.warning("cluster: could not read gateway %r again: %s", name, exc)
             return self._gateways.get(name)
-        if row is None:
+        if row is None or not self._peer(name):
             return None
         gateway = self._gateways[name] = _gateway(row)
         return gateway
@@ -241,8 +248,8 @@ class GatewayRegistry:
             raise StorageUnavailable(
                 f"The store does not answer, so the gateway running this session is unknown; retry later ({exc})."
             ) from exc
-        if row is None:
-            return None
+        if row is None or not self._peer(row.gateway_name):
+            return None  # another cluster's session: served here as one that does not exist
         found = Ownership(row.id, row.gateway_name, row.owner)
         if len(self._owners) >= _OWNER_CACHE_MAX:
             self._owners.clear()
