@@ -5,7 +5,7 @@
 stall on a coroutine that was told to stop. `cancel_and_wait` never catches
 the caller's cancellation. `BackgroundTasks` keeps a reference to every
 fire-and-forget task (the event loop keeps only a weak one) until it ends, and
-ends the rest on shutdown.
+ends the rest on shutdown. `TurnTaker` lets other tasks run in loops whose awaits need not suspend.
 """
 
 from __future__ import annotations
@@ -73,3 +73,19 @@ class BackgroundTasks:
         """Cancel every task and wait until all have ended."""
         while pending := {task for task in self._tasks if not task.done()}:
             await cancel_and_wait(*pending)
+
+
+class TurnTaker:
+    """Lets the event loop's other work run every ``every`` steps of a loop whose
+    awaits need not suspend: taking from a queue that holds items, or sending on
+    a socket that is writable. A WebSocket client catching up on thousands of
+    queued events would otherwise hold the loop until it had them all."""
+
+    def __init__(self, every: int = 32) -> None:
+        self.every = every
+        self._steps = 0
+
+    async def step(self) -> None:
+        self._steps += 1
+        if self._steps % self.every == 0:
+            await asyncio.sleep(0)

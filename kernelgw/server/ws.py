@@ -30,7 +30,7 @@ from kernelgw.server.admission import admit
 from kernelgw.server.authenticator import Authenticator
 from kernelgw.server.drain import Drain
 from kernelgw.server.state import gateway_state
-from kernelgw.tasks import cancel_and_wait
+from kernelgw.tasks import TurnTaker, cancel_and_wait
 
 router = APIRouter()
 _message = TypeAdapter(WsMessage)
@@ -103,11 +103,13 @@ async def _watch_key(auth: Authenticator, key_id: str) -> None:
 
 
 async def _send_events(websocket: WebSocket, sub: Subscription) -> None:
+    turns = TurnTaker()
     while True:
         text = await sub.get()
         if text is None:
             return
         await websocket.send_text(text)
+        await turns.step()
 
 
 async def _receive_commands(

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from kernelgw.tasks import BackgroundTasks, cancel_and_wait
+from kernelgw.tasks import BackgroundTasks, TurnTaker, cancel_and_wait
 
 
 async def forever(started: asyncio.Event | None = None) -> None:
@@ -141,3 +141,30 @@ async def test_background_tasks_cancel_ends_all_and_failures_are_logged(caplog: 
     await asyncio.sleep(0)
     assert len(background) == 0
     assert any("failing" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+async def test_a_turn_taker_lets_other_tasks_run_every_few_steps() -> None:
+    """Awaits that do not suspend (a queue that holds items) would run the whole
+    loop before anything else; with a TurnTaker other tasks run in between."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(100):
+        queue.put_nowait(i)
+    seen_by_other: list[int] = []
+    taken: list[int] = []
+
+    async def drain(turns: TurnTaker | None) -> None:
+        while not queue.empty():
+            taken.append(await queue.get())
+            if turns is not None:
+                await turns.step()
+
+    async def other() -> None:
+        while len(taken) < 100:
+            seen_by_other.append(len(taken))
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(other())
+    await asyncio.sleep(0)
+    await drain(TurnTaker(every=10))
+    await watcher
+    assert seen_by_other[1:4] == [10, 20, 30]

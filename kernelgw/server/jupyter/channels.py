@@ -52,7 +52,7 @@ from kernelgw.runtime.session import KernelSession
 from kernelgw.server.admission import admit
 from kernelgw.server.jupyter import caps, cells, kernels, missed, wire
 from kernelgw.server.state import GatewayState, gateway_state
-from kernelgw.tasks import cancel_and_wait
+from kernelgw.tasks import TurnTaker, cancel_and_wait
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -339,12 +339,14 @@ class ChannelsConnection:
         self._outbox.put_nowait(frame)
 
     async def _send_loop(self) -> None:
+        turns = TurnTaker()
         while True:
             frame = await self._outbox.get()
             if frame is None:
                 return
             self._outbox_bytes -= len(frame)
             await self._send_frame(frame)
+            await turns.step()
 
     async def _send_frame(self, frame: str | bytes) -> None:
         if isinstance(frame, str):
