@@ -83,9 +83,14 @@ async def healthz(request: Request) -> Response:
 @public.get("/readyz", response_model=Health, tags=["gateway"])
 async def readyz(request: Request) -> Response:
     """Readiness: 200 when new sessions and executions are taken, else 503 (draining,
-    storage cannot write, engine or image missing); ``detail`` says why."""
+    storage cannot write or does not answer, engine or image missing); ``detail`` says why."""
     body, kernels = await _health(request)
-    ready = kernels and not unready_reasons(gateway_state(request))
+    state = gateway_state(request)
+    ready = kernels and not unready_reasons(state)
+    if not await state.store.answers():
+        ready = False
+        why = "storage: the database does not answer"
+        body = body.model_copy(update={"status": "degraded", "detail": "; ".join(x for x in (body.detail, why) if x)})
     return _health_response(body, ready)
 
 

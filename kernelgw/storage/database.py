@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 RECONNECT_INTERVAL_S = 5.0
 """How often a store whose database failed tries to set it up again."""
+PROBE_INTERVAL_S = 2.0
+"""Readiness probes closer together than this share one answer (`Database.answers`)."""
+PROBE_TIMEOUT_S = 2.0
 
 
 class Database:
@@ -46,6 +49,8 @@ class Database:
         self._sqlite_writer: Engine | None = None
         """SQLite only: a sync engine the writer thread commits a whole batch on, in
         one hop off the event loop (aiosqlite would take about six per commit)."""
+        self._probed_at = -PROBE_INTERVAL_S
+        self._answered = True
         self.wal: WalCheckpointer | None = None
         """SQLite only: checkpoints what the writer engine commits (it does not itself)."""
 
@@ -139,6 +144,23 @@ class Database:
     async def recheck(self) -> None:
         """After a failed commit: set the database up again on the next try unless it still answers."""
         self.ready = await self._reachable()
+
+    async def answers(self) -> bool:
+        """Whether the database answers a connection now (at most one try per
+        `PROBE_INTERVAL_S`, each within `PROBE_TIMEOUT_S`). A write fault shows
+        in `WriteHealth` only after a write failed; a PostgreSQL that went away
+        while nothing was written shows here, so a load balancer's readiness
+        probe stops sending work before the first answer would be a 503."""
+        now = time.monotonic()
+        if now - self._probed_at < PROBE_INTERVAL_S or self.engine is None:
+            return self._answered
+        self._probed_at = now
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                self._answered = await self._reachable()
+        except TimeoutError:
+            self._answered = False
+        return self._answered
 
     async def _reachable(self) -> bool:
         assert self.engine is not None

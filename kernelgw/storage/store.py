@@ -250,6 +250,10 @@ class Store:
         """Wait until every row queued so far is committed (or dropped)."""
         await self._writer.flush()
 
+    async def answers(self) -> bool:
+        """The database answers a connection (`Database.answers`, for readiness)."""
+        return await self._db.answers()
+
     # ------------------------------------------------------------ Recorder
     async def session_started(self, session: RecordedSession) -> None:
         values = {
