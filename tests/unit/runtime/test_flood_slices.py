@@ -8,27 +8,12 @@ The kernel side runs a real ipykernel with the image's launcher
 
 from __future__ import annotations
 
-import importlib
-import sys
-from collections.abc import Iterator
 from types import ModuleType
-
-import pytest
 
 from kernelgw.runtime.execution import CHECKPOINT_FREE_BYTES, LARGE_CHECKPOINT_S, QueuedExecution, checkpoint_due
 from kernelgw.runtime.fanout import Published
-from tests.support.local_backend import IMAGE_HELPERS
 from tests.unit.runtime.conftest import SessionFactory
 from tests.unit.runtime.test_session import run
-
-
-@pytest.fixture(scope="module")
-def launcher() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(IMAGE_HELPERS))
-    try:
-        yield importlib.import_module("kernelgw_kernel.launcher")
-    finally:
-        sys.path.remove(str(IMAGE_HELPERS))
 
 
 def test_sliced_keeps_short_texts_and_cuts_long_ones_in_order(launcher: ModuleType) -> None:

@@ -8,28 +8,13 @@ extension; the pure parts are imported from images/python.
 
 from __future__ import annotations
 
-import importlib
-import sys
-from collections.abc import Iterator
 from types import ModuleType
 
-import pytest
-
-from tests.support.local_backend import IMAGE_HELPERS
 from tests.unit.runtime.conftest import SessionFactory
 from tests.unit.runtime.test_session import run, stdout
 
 DEEP = "import sys\nsys.setrecursionlimit(100000)\ndef f(n):\n    return f(n + 1)\nf(0)"
 """About 100,000 frames: IPython took minutes to format them (the cell timed out)."""
-
-
-@pytest.fixture(scope="module")
-def tracebacks() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(IMAGE_HELPERS))
-    try:
-        yield importlib.import_module("kernelgw_kernel.launcher")
-    finally:
-        sys.path.remove(str(IMAGE_HELPERS))
 
 
 def errors(events: list[dict[str, object]]) -> list[dict[str, object]]:
@@ -88,7 +73,7 @@ async def test_a_short_traceback_is_untouched(new_session: SessionFactory) -> No
     assert text.count("f(n - 1)") >= 1
 
 
-def test_shorten_keeps_the_first_and_last_frames(tracebacks: ModuleType) -> None:
+def test_shorten_keeps_the_first_and_last_frames(launcher: ModuleType) -> None:
     def f(n: int) -> int:
         return f(n + 1) if n < 200 else 1 // 0
 
@@ -96,26 +81,26 @@ def test_shorten_keeps_the_first_and_last_frames(tracebacks: ModuleType) -> None
         f(0)
     except ZeroDivisionError as exc:
         tb = exc.__traceback__
-    total = tracebacks.frame_count(tb)
-    short, omitted = tracebacks.shorten(tb)
-    assert tracebacks.frame_count(short) == tracebacks.MAX_FRAMES and omitted == total - tracebacks.MAX_FRAMES
+    total = launcher.frame_count(tb)
+    short, omitted = launcher.shorten(tb)
+    assert launcher.frame_count(short) == launcher.MAX_FRAMES and omitted == total - launcher.MAX_FRAMES
     assert short.tb_frame is tb.tb_frame  # the outermost frame first
     last = short
     while last.tb_next is not None:
         last = last.tb_next
     assert last.tb_frame.f_locals["n"] == 200  # the innermost frame last
-    assert tracebacks.frame_count(tb) == total  # the original is untouched
+    assert launcher.frame_count(tb) == total  # the original is untouched
 
 
-def test_cap_text_bounds_entries_and_the_whole(tracebacks: ModuleType) -> None:
+def test_cap_text_bounds_entries_and_the_whole(launcher: ModuleType) -> None:
     big = ["\x1b[31mhead\x1b[39m"] + [f"frame {i} " + "y" * 5000 for i in range(100)] + ["E: " + "x" * (40 << 20)]
-    capped = tracebacks.cap_text(big, omitted=7)
-    assert sum(map(len, capped)) < tracebacks.MAX_TRACEBACK_CHARS + 4 * 1024
+    capped = launcher.cap_text(big, omitted=7)
+    assert sum(map(len, capped)) < launcher.MAX_TRACEBACK_CHARS + 4 * 1024
     assert capped[0] == big[0] and "7 frames omitted" in capped[1]
     assert any("traceback entries cut" in entry for entry in capped)
     assert capped[-1].startswith("E: xxx") and "characters cut" in capped[-1]
-    assert tracebacks.cap_text(["a", "b"]) == ["a", "b"]
+    assert launcher.cap_text(["a", "b"]) == ["a", "b"]
     # a cut never ends inside a colour code
-    line = "\x1b[31m" + "z" * (tracebacks.MAX_ENTRY_CHARS - 3) + "\x1b[39m" * 10
-    (cut,) = tracebacks.cap_text([line])
+    line = "\x1b[31m" + "z" * (launcher.MAX_ENTRY_CHARS - 3) + "\x1b[39m" * 10
+    (cut,) = launcher.cap_text([line])
     assert "\x1b[3\x1b" not in cut and not cut.split("\x1b[0m...")[0].endswith(("\x1b[", "\x1b[3", "\x1b[39"))
