@@ -81,7 +81,7 @@ CAPPED_OUTPUT = frozenset({"stream", "display_data", "update_display_data", "exe
 """Messages a cell past its output cap drops unread (`CellOutput`); errors are kept."""
 FLOOD_SHARE = 0.25
 """At most this share of the event loop goes to one session's iopub while it
-floods (`LoopShare`); at this share the gateway still reads about 80 MB/s of
+floods and other sessions have output too (`LoopShare`); at this share the gateway still reads about 80 MB/s of
 stream text for one session."""
 FLOOD_BURST_S = 0.025
 """Loop time a session's iopub may take at once before `FLOOD_SHARE` applies:
@@ -442,12 +442,15 @@ class KernelLink:
     async def _read_iopub(self, kc: AsyncKernelClient, listener: LinkListener) -> None:
         reader = self._reader(kc.iopub_channel.socket, kc, "iopub")
         budget = LoopShare(FLOOD_SHARE, FLOOD_BURST_S)
-        while True:
-            for msg in coalesce_streams(await reader.batch()):
-                self._on_iopub(msg, listener)
-            # a flood's next slice waits its turn behind other sessions, and
-            # once it has spent its share of the loop, until that refills
-            await asyncio.sleep(budget.spent(reader.busy_since, time.perf_counter()))
+        try:
+            while True:
+                for msg in coalesce_streams(await reader.batch()):
+                    self._on_iopub(msg, listener)
+                # a flood's next slice waits its turn behind other sessions, and
+                # once it has spent its share of the loop, until that refills
+                await asyncio.sleep(budget.spent(reader.busy_since, time.perf_counter()))
+        finally:
+            budget.close()
 
     def _on_iopub(self, msg: dict[str, Any], listener: LinkListener) -> None:
         self.last_iopub = time.monotonic()

@@ -5,29 +5,37 @@ loop. A session that floods (a print loop, ten thousand displays) would take
 as much of it as the kernel can produce, and every other session's `1+1` would
 wait behind its slices. A token bucket of loop time bounds that: a session
 may spend `LoopShare.burst_s` at once (a cell's ordinary output is never
-held back), then `LoopShare.share` of the time on average. Its reader waits
-while the bucket refills; the messages wait in ZMQ's queue meanwhile.
+held back), then `LoopShare.share` of the time on average, while another
+session's output has been read within `ACTIVE_S`. Alone, it takes the whole
+loop (the share costs nothing when there is nobody to share with). Its reader
+waits while the bucket refills; the messages wait in ZMQ's queue meanwhile.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+ACTIVE_S = 0.1
+"""A session whose output was read this recently counts as one to share with."""
 
 
-@dataclass
+@dataclass(eq=False)
 class LoopShare:
     share: float
     """The long-run share of the loop, 0 < share <= 1."""
     burst_s: float
     """Loop time that may be spent at once (the bucket's depth)."""
-    tokens: float = -1.0
-    refilled: float | None = None
+    tokens: float = field(init=False)
+    refilled: float | None = field(default=None, init=False)
+
+    _last_read: ClassVar[dict[int, float]] = {}
+    """id(share) -> when its session's output was last read (one event loop: no lock)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.share <= 1:
             raise ValueError(f"share must be in (0, 1], not {self.share}")
-        if self.tokens < 0:
-            self.tokens = self.burst_s
+        self.tokens = self.burst_s
 
     def spent(self, started: float, now: float) -> float:
         """The loop was taken from ``started`` to ``now`` (monotonic seconds):
@@ -36,4 +44,18 @@ class LoopShare:
             self.tokens = min(self.burst_s, self.tokens + (now - self.refilled) * self.share)
         self.refilled = now
         self.tokens -= now - started
-        return -self.tokens / self.share if self.tokens < 0 else 0.0
+        self._last_read[id(self)] = now
+        if self.tokens >= 0:
+            return 0.0
+        if not self._others_active(now):
+            self.tokens = 0.0  # nobody waited: no debt to pay once somebody does
+            return 0.0
+        return -self.tokens / self.share
+
+    def _others_active(self, now: float) -> bool:
+        mine = id(self)
+        return any(at >= now - ACTIVE_S for key, at in self._last_read.items() if key != mine)
+
+    def close(self) -> None:
+        """Its session's reader ended."""
+        self._last_read.pop(id(self), None)

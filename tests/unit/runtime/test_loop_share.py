@@ -2,34 +2,64 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from kernelgw.runtime.loop_share import LoopShare
+from kernelgw.runtime.loop_share import ACTIVE_S, LoopShare
 
 
-def test_ordinary_output_within_the_burst_never_waits() -> None:
-    budget = LoopShare(share=0.25, burst_s=0.025)
+@pytest.fixture
+def shares() -> Iterator[list[LoopShare]]:
+    made: list[LoopShare] = []
+    yield made
+    for share in made:
+        share.close()
+
+
+def make(shares: list[LoopShare], share: float = 0.25, burst_s: float = 0.025) -> LoopShare:
+    shares.append(LoopShare(share=share, burst_s=burst_s))
+    return shares[-1]
+
+
+def test_ordinary_output_within_the_burst_never_waits(shares: list[LoopShare]) -> None:
+    budget, other = make(shares), make(shares)
+    other.spent(0.0, 0.0)  # another session is active throughout
     t = 0.0
     for _ in range(5):  # five slices of 4 ms, back to back: 20 ms of the 25 ms burst
         assert budget.spent(t, t + 0.004) == 0
         t += 0.004
 
 
-def test_a_flood_gets_its_share_and_no_more() -> None:
-    budget = LoopShare(share=0.25, burst_s=0.025)
+def test_a_flood_gets_its_share_while_another_session_is_active(shares: list[LoopShare]) -> None:
+    budget, other = make(shares), make(shares)
     t, busy = 0.0, 0.0
     for _ in range(2000):  # slices of 2 ms, each followed by the wait it is told
+        other.spent(t, t)  # the other session's output keeps coming
         wait = budget.spent(t, t + 0.002)
         t += 0.002 + wait
         busy += 0.002
     assert busy / t == pytest.approx(0.25, abs=0.01)
 
 
-def test_the_bucket_refills_while_the_session_is_quiet_but_not_beyond_the_burst() -> None:
-    budget = LoopShare(share=0.5, burst_s=0.01)
-    assert budget.spent(0.0, 0.03) == pytest.approx(0.04)  # 20 ms over the burst: 40 ms at half the loop
-    assert budget.spent(100.0, 100.009) == 0  # a long quiet refilled it, to 10 ms at most
-    assert budget.spent(100.009, 100.013) > 0  # 1 ms left, 2 ms refilled, 4 ms taken
+def test_a_flood_alone_takes_the_whole_loop_and_owes_nothing_after(shares: list[LoopShare]) -> None:
+    budget, other = make(shares), make(shares)
+    t = 0.0
+    for _ in range(100):  # 200 ms of slices with nobody else around: never told to wait
+        assert budget.spent(t, t + 0.002) == 0
+        t += 0.002
+    other.spent(t, t)  # somebody else's output now
+    assert budget.spent(t, t + 0.002) > 0  # the share applies at once
+    assert budget.spent(t + 1, t + 1.001) == 0  # after a second's pause the burst is back
+    assert t > ACTIVE_S
+
+
+def test_a_closed_share_is_nobody_to_share_with(shares: list[LoopShare]) -> None:
+    budget, other = make(shares), make(shares, burst_s=0.0)
+    other.spent(0.0, 0.0)
+    assert budget.spent(0.0, 0.03) > 0
+    other.close()
+    assert budget.spent(0.03, 0.06) == 0
 
 
 def test_a_share_outside_zero_to_one_is_refused() -> None:
