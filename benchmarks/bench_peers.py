@@ -143,7 +143,7 @@ def measure_starts(
 
 def measure_warm(peers: dict[str, Peer], n: int, warmup: int = 3) -> dict[str, dict[str, Any]]:
     res: dict[str, dict[str, Any]] = {name: {"ms": [], "wrong": 0} for name in peers}
-    for name, peer in peers.items():
+    for peer in peers.values():
         for _ in range(warmup):
             peer.run(peer.one_plus_one)
     names = list(peers)
@@ -300,7 +300,9 @@ def main() -> None:
         extra = {"failures": s["failures"], "start_retries": s.get("start_retries", 0)}
         if s["first"]:
             start_rows.append(summary(f"{name}: start", s["start"], peer=name, **extra))
-            first_rows.append(summary(name, s["first"], peer=name, close_p50_ms=summary("", s["stop"]).get("p50_ms"), **extra))
+            first_rows.append(
+                summary(name, s["first"], peer=name, close_p50_ms=summary("", s["stop"]).get("p50_ms"), **extra)
+            )
         else:
             why = "; ".join(s["failures"][:2]) or "no sample"
             start_rows.append(failed_row(f"{name}: start", why, peer=name))

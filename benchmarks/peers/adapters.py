@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from .base import Output, Peer, error_name_from_text, output_from_v1_events
-from .images import PORT
 from .jupyter_ws import ChannelsClient, nodelay
 
 
@@ -227,7 +226,9 @@ class AutoGenPeer(Peer):
 
         self.outdir = tempfile.mkdtemp(prefix="kgwb-autogen-")
         self.server = DockerJupyterServer(
-            custom_image_name=self.image, container_name=f"kgwb-peer-autogen-{uuid.uuid4().hex[:12]}", stop_container=False
+            custom_image_name=self.image,
+            container_name=f"kgwb-peer-autogen-{uuid.uuid4().hex[:12]}",
+            stop_container=False,
         )
         self.executor = DockerJupyterCodeExecutor(jupyter_server=self.server, timeout=120, output_dir=Path(self.outdir))
         # DockerJupyterServer waits for the container to be "running", not for the Kernel
