@@ -723,6 +723,105 @@ def languages_section(d: Path, out: Path, lang: dict[str, Any] | None) -> list[s
     return lines
 
 
+PEER_NOTES = {
+    "kernelgw": "the reference: a gateway with its defaults (warm pool of 2), sessions over /v1 (REST create, "
+    "cells over the session's WebSocket).",
+    "stock Kernel Gateway": "the floor for a Jupyter-based service: `jupyter kernelgateway` in one container "
+    "started once (its start is not in the numbers: a session is a kernel on it), host network, nothing else "
+    "set. Its constant ~40 ms per round trip is the Nagle/delayed-ACK signature also seen in bench_jupyter "
+    "(the client sets TCP_NODELAY; the server's side does not).",
+    "AutoGen DockerJupyterCodeExecutor": "a DockerJupyterServer (a Kernel Gateway container, one per executor, "
+    "as its docs show) with `custom_image_name`, and the executor on it. Its server waits for the container to "
+    "be running, not for the gateway in it to listen, so the executor's first request can meet a reset "
+    "connection: the adapter retries and counts these ({retries} in this run's starts). Outputs come back as "
+    "one string (stdout and values joined) plus PNG files; an error only as text (`ERROR: KeyError: ...`), its "
+    "name parsed from it.",
+    "smolagents DockerExecutor": "what `CodeAgent(executor_type='docker')` makes: a Kernel Gateway container "
+    "per executor (`image_name`, `build_new_image=False`), a new WebSocket per run. It keeps stdout, the "
+    "result's text/plain and errors; it drops display_data, so a chart cannot come back.",
+    "llm-sandbox": "ArtifactSandboxSession (stateless: each run is a new `python` in the same container; plots "
+    "captured from `plt.show()`), set up as in bench_start/bench_exec (`skip_environment_setup`, kernelgw's "
+    "limits as runtime_configs). Its plot capture prints `Python plot detection setup complete` into every "
+    "run's output; the adapter removes that line before the checks.",
+    "llm-sandbox interactive": "InteractiveSandboxSession (an IPython runner, stateful), its venv path linked to "
+    "/opt/kernel (its own setup cannot run offline). It returns text only: a figure has to be saved and copied "
+    "out, and the last expression's value does not come back.",
+}
+
+
+def peers_section(d: Path, out: Path, peers: dict[str, Any] | None) -> list[str]:
+    if not peers:
+        return []
+    names = list(peers["peers"])
+    lines = [
+        "## Peers (bench_peers.py)\n",
+        f"`benchmarks/bench_peers.py` ({_when(peers)}): kernelgw and the systems a user would pick instead, "
+        "each from its PyPI package, all on this machine in one run and on the same kernel image "
+        f"(`{peers['machine'].get('image')}`; the Kernel-Gateway-based peers on `{peers['peer_image']}`, built "
+        "offline on top of it: jupyter_kernel_gateway "
+        f"{peers['kernel_gateway_version']} added). Peers are interleaved in rounds, each round in a rotated "
+        f"order; {peers['args']['n_start']} starts and {peers['args']['n_warm']} warm runs per peer. Run it with "
+        "the peers' venv: `PY=$(bash scripts/ensure-peers.sh) && $PY benchmarks/bench_peers.py`.\n",
+        "Start to first `1+1` (open a session the way the peer's users do, run `1+1`, time to the answer; "
+        "then close, not timed):\n",
+        table(peers["first"], "kernelgw", "kernelgw"),
+        "\nWarm `1+1` on an open session (a script-based peer prints it: `print(1+1)`):\n",
+        table(peers["warm"], "kernelgw", "kernelgw"),
+        f"\n![peers]({rel(d / 'peers.png', out)})\n",
+        "A 10-turn data-analysis trace in one session per peer (benchmarks/peers/trace.py), turn by turn across "
+        "peers; every turn's output is checked (the exact text; a PNG by its signature; the 1 MB print by its "
+        "length; the error by its name). Turns 5-7 need nothing from earlier turns; the others use turn 1's "
+        "DataFrame. ms per turn, ✗ = wrong or missing (reasons below):\n",
+        "| turn | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    trace = peers["trace"]
+    for i, t in enumerate(peers["trace_turns"]):
+        cells = []
+        for n in names:
+            got = trace.get(n)
+            if not got:
+                cells.append("not run")
+                continue
+            r = got[i]
+            cells.append(f"{'✓' if r['ok'] else '✗'} {r['ms']:,.0f}")
+        lines.append(f"| {t['turn']}. {t['title']} | " + " | ".join(cells) + " |")
+    totals = []
+    for n in names:
+        got = trace.get(n) or []
+        totals.append(f"**{sum(r['ok'] for r in got)}/{len(got)}**, {sum(r['ms'] for r in got):,.0f} ms")
+    lines.append("| right, time in all | " + " | ".join(totals) + " |")
+    lines.append("")
+    for n in names:
+        for r in trace.get(n) or []:
+            if not r["ok"]:
+                lines.append(f"- {n}, turn {r['turn']} ({r['title']}): {r['reason']}")
+    for n, why in (peers.get("open_failures") or {}).items():
+        lines.append(f"- {n}: could not open a session for the warm runs and the trace: {why}")
+    cols = ("network", "memory", "cpus", "pids", "read-only root", "user", "caps dropped", "no-new-privs")
+    lines += [
+        "\nThe limits each peer's container ran under (read with `docker inspect` while it ran):\n",
+        "| peer | " + " | ".join(cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
+    for n, rows in peers["limits"].items():
+        for r in rows:
+            lines.append(f"| {n} | " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+    lines.append("\nHow each peer was set up (versions from this run):\n")
+    retries = sum(r.get("start_retries", 0) for r in peers["first"] if r["name"].startswith("AutoGen"))
+    for n in names:
+        info = peers["peers"][n]
+        note = PEER_NOTES.get(n, "").format(retries=retries)
+        lines.append(f"- **{n}** ({info.get('version')}): {note}")
+    lines.append(
+        "\n- Not compared here: what each costs in memory, and isolation itself (the table says what is "
+        "applied, not what it is worth). The Kernel-Gateway-based peers run on Docker's defaults (no memory, CPU "
+        "or pids limit, a writable root, default capabilities, the bridge network: they can reach the network); "
+        "adding limits is up to their users.\n"
+    )
+    return lines
+
+
 def continuity_section(d: Path, out: Path, cont: dict[str, Any] | None) -> list[str]:
     if not cont:
         return []
@@ -1039,6 +1138,7 @@ def main() -> None:
     md.extend(jupyter_section(d, out, load(d, "jupyter")))
     md.extend(continuity_section(d, out, load(d, "continuity")))
     md.extend(languages_section(d, out, load(d, "languages")))
+    md.extend(peers_section(d, out, load(d, "peers")))
 
     w("## Fairness and caveats\n")
     w(

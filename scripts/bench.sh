@@ -72,6 +72,7 @@ KERNELGW_TEST_DATABASE_URL=${KERNELGW_TEST_DATABASE_URL:-$(bash scripts/ensure-p
 export KERNELGW_TEST_DATABASE_URL
 run cluster
 run languages
+py="$(bash scripts/ensure-peers.sh)" run peers  # the peers' own venv (about 4 min)
 ack_before=${KERNELGW_ACK_BEFORE:-d7b8a43}
 ack_tree=$(mktemp -d /tmp/kgw_before.XXXXXX)
 trap 'rm -rf "$ack_tree"' EXIT
