@@ -334,8 +334,16 @@ def main() -> None:
         for row in rows:
             print(f"| {name} | " + " | ".join(row[c] for c in COLUMNS) + " |")
 
+    trace_rows = []
+    for name, turns in trace.items():
+        passed = sum(t["ok"] for t in turns)
+        trace_rows.append(summary(f"{name} ({passed}/{len(turns)} right)", [sum(t["ms"] for t in turns)]))
     draw_bars(
-        [("start to first 1+1 (a new session)", first_rows), ("warm 1+1 (an open session)", warm_rows)],
+        [
+            ("start to first 1+1 (a new session)", first_rows),
+            ("warm 1+1 (an open session)", warm_rows),
+            (f"the {len(TURNS)}-turn trace, all turns (one run each)", trace_rows),
+        ],
         args.chart,
         title=f"kernelgw and its peers, one run ({started[:16]} UTC, load {data['load_end'][0]})",
         floor_names=[REFERENCE],

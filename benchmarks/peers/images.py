@@ -38,11 +38,14 @@ CMD ["/bin/sh", "-c", "exec /opt/kernel/bin/jupyter kernelgateway --KernelGatewa
 
 
 def _download(dest: Path, spec: str) -> None:
-    subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", "3.11",
          "--platform", "manylinux2014_x86_64", "--dest", str(dest), spec],
-        check=True,
+        capture_output=True,
+        text=True,
     )  # fmt: skip
+    if proc.returncode:
+        raise RuntimeError(f"pip download {spec} failed:\n{proc.stderr[-2000:]}")
 
 
 def ensure_kernel_gateway_image(base: str) -> tuple[str, str]:
