@@ -798,7 +798,7 @@ def peers_section(d: Path, out: Path, peers: dict[str, Any] | None) -> list[str]
                 lines.append(f"- {n}, turn {r['turn']} ({r['title']}): {r['reason']}")
     for n, why in (peers.get("open_failures") or {}).items():
         lines.append(f"- {n}: could not open a session for the warm runs and the trace: {why}")
-    cols = ("network", "memory", "cpus", "pids", "read-only root", "user", "caps dropped", "no-new-privs")
+    cols = ("network", "memory", "cpus", "pids", "read-only root", "code runs as", "capabilities", "no-new-privs")
     lines += [
         "\nThe limits each peer's container ran under (read with `docker inspect` while it ran):\n",
         "| peer | " + " | ".join(cols) + " |",

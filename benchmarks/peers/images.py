@@ -12,10 +12,12 @@ Kernel Gateway version and the base image."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 PACKAGE = "jupyter_kernel_gateway"
 REPO = "kernelgw-peer/kernel-gateway"
@@ -48,6 +50,17 @@ def _download(dest: Path, spec: str) -> None:
         raise RuntimeError(f"pip download {spec} failed:\n{proc.stderr[-2000:]}")
 
 
+def _remove_stale(client: Any, keep: str) -> None:
+    """Earlier builds of this image (another Kernel Gateway version, or an older base
+    image): only this module makes tags in REPO, so they are ours to remove."""
+    for image in client.images.list(name=REPO):
+        if keep not in image.tags:
+            for t in image.tags:
+                with contextlib.suppress(Exception):
+                    client.images.remove(t, noprune=False)
+                    print(f"removed the stale peer image {t}", flush=True)
+
+
 def ensure_kernel_gateway_image(base: str) -> tuple[str, str]:
     """(image tag, jupyter_kernel_gateway version): built when missing, else reused."""
     import docker
@@ -60,6 +73,7 @@ def ensure_kernel_gateway_image(base: str) -> tuple[str, str]:
             _download(wheels, PACKAGE)
             version = next(p.name.split("-")[1] for p in wheels.glob("jupyter_kernel_gateway-*.whl"))
             tag = f"{REPO}:{version}-{base_id}"
+            _remove_stale(client, keep=tag)
             try:
                 client.images.get(tag)
                 return tag, version

@@ -4,7 +4,40 @@ from __future__ import annotations
 
 from typing import Any
 
-COLUMNS = ("network", "memory", "cpus", "pids", "read-only root", "user", "caps dropped", "no-new-privs", "runtime")
+COLUMNS = (
+    "network",
+    "memory",
+    "cpus",
+    "pids",
+    "read-only root",
+    "code runs as",
+    "capabilities",
+    "no-new-privs",
+    "runtime",
+)
+
+WRAPPERS = frozenset({"docker-init", "tini", "sleep", "sh"})
+"""Processes that only hold a container open or reap children: not where the code runs."""
+
+
+def _code_user(configured: str, processes: list[tuple[str, str]] | None) -> str:
+    """Who user code runs as: the uids of the container's working processes (``docker top``),
+    else the configured user (a container whose code arrives by ``docker exec`` runs it as that)."""
+    uids = sorted({uid for uid, comm in processes or [] if comm not in WRAPPERS})
+    if uids:
+        return ", ".join("root" if u == "0" else f"uid {u}" for u in uids)
+    user = configured.split(":")[0]
+    return "root" if user in ("", "0", "root") else f"uid {user}"
+
+
+def _caps(host: dict[str, Any]) -> str:
+    dropped = [c.upper().removeprefix("CAP_") for c in host.get("CapDrop") or []]
+    added = [c.upper().removeprefix("CAP_") for c in host.get("CapAdd") or []]
+    if "ALL" in dropped:
+        return "ALL dropped" + (f", {', '.join(added)} added" if added else "")
+    if dropped:
+        return "Docker's default set minus " + ", ".join(dropped) + (f", plus {', '.join(added)}" if added else "")
+    return "Docker's default set" + (f" plus {', '.join(added)}" if added else "")
 
 
 def _memory(host: dict[str, Any]) -> str:
@@ -22,10 +55,13 @@ def _memory(host: dict[str, Any]) -> str:
     return text
 
 
-def limits_row(attrs: dict[str, Any], image_user: str = "") -> dict[str, str]:
+def limits_row(
+    attrs: dict[str, Any], image_user: str = "", processes: list[tuple[str, str]] | None = None
+) -> dict[str, str]:
     """One row of the limits table from a container's inspect data (``container.attrs``).
 
-    ``image_user`` is the image's USER, which applies when the container sets none."""
+    ``image_user`` is the image's USER, which applies when the container sets none;
+    ``processes`` are (uid, command) pairs from ``docker top``."""
     host = attrs.get("HostConfig") or {}
     config = attrs.get("Config") or {}
     nano = host.get("NanoCpus") or 0
@@ -37,7 +73,6 @@ def limits_row(attrs: dict[str, Any], image_user: str = "") -> dict[str, str]:
     else:
         cpus = "unlimited"
     pids = host.get("PidsLimit")
-    caps = host.get("CapDrop") or []
     user = config.get("User") or image_user or ""
     network = str(host.get("NetworkMode") or "default")
     security = [str(s) for s in host.get("SecurityOpt") or []]
@@ -47,8 +82,8 @@ def limits_row(attrs: dict[str, Any], image_user: str = "") -> dict[str, str]:
         "cpus": cpus,
         "pids": str(pids) if pids and pids > 0 else "unlimited",
         "read-only root": "yes" if host.get("ReadonlyRootfs") else "no",
-        "user": user if user not in ("", "0", "root", "0:0") else "root",
-        "caps dropped": "ALL" if any(c.upper() in ("ALL", "CAP_ALL") for c in caps) else (", ".join(caps) or "none"),
+        "code runs as": _code_user(user, processes),
+        "capabilities": _caps(host),
         "no-new-privs": "yes" if any(s.startswith("no-new-privileges") for s in security) else "no",
         "runtime": str(host.get("Runtime") or "runc"),
     }
@@ -62,9 +97,12 @@ def inspect_limits(container_ids: list[str]) -> list[dict[str, str]]:
     try:
         rows = []
         for cid in container_ids:
-            attrs = client.containers.get(cid).attrs
+            container = client.containers.get(cid)
+            attrs = container.attrs
             image_user = (client.images.get(attrs["Image"]).attrs.get("Config") or {}).get("User") or ""
-            rows.append(limits_row(attrs, image_user))
+            top = container.top(ps_args="-o uid,comm")
+            processes = [(str(p[0]), str(p[1])) for p in top.get("Processes") or []]
+            rows.append(limits_row(attrs, image_user, processes))
         return rows
     finally:
         client.close()

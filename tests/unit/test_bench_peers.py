@@ -205,8 +205,10 @@ def test_llm_sandbox_banner_is_taken_out_and_nothing_else() -> None:
 
 
 def test_limits_of_a_locked_down_container() -> None:
+    """kernelgw's shape: started as root with the few capabilities setpriv needs, the
+    kernel itself (seen by docker top) as an unprivileged uid."""
     attrs = {
-        "Config": {"User": ""},
+        "Config": {"User": "0:0"},
         "HostConfig": {
             "NetworkMode": "none",
             "Memory": 2 * 2**30,
@@ -215,18 +217,20 @@ def test_limits_of_a_locked_down_container() -> None:
             "PidsLimit": 256,
             "ReadonlyRootfs": True,
             "CapDrop": ["ALL"],
+            "CapAdd": ["SETUID", "SETGID"],
             "SecurityOpt": ["no-new-privileges:true"],
             "Runtime": "runsc",
         },
     }
-    assert limits_row(attrs, image_user="61000:61000") == {
+    processes = [("0", "docker-init"), ("61000", "python")]
+    assert limits_row(attrs, image_user="61000:61000", processes=processes) == {
         "network": "none",
         "memory": "2,048 MiB (no swap)",
         "cpus": "1",
         "pids": "256",
         "read-only root": "yes",
-        "user": "61000:61000",
-        "caps dropped": "ALL",
+        "code runs as": "uid 61000",
+        "capabilities": "ALL dropped, SETUID, SETGID added",
         "no-new-privs": "yes",
         "runtime": "runsc",
     }
@@ -237,13 +241,22 @@ def test_limits_of_a_container_run_with_docker_defaults() -> None:
     row = limits_row(attrs)
     assert row["network"] == "bridge (default)"
     assert (row["memory"], row["cpus"], row["pids"]) == ("unlimited", "unlimited", "unlimited")
-    assert (row["read-only root"], row["user"], row["caps dropped"], row["no-new-privs"]) == (
-        "no",
-        "root",
-        "none",
-        "no",
-    )
+    assert (row["read-only root"], row["code runs as"], row["no-new-privs"]) == ("no", "root", "no")
+    assert row["capabilities"] == "Docker's default set"
+    # the image's USER applies when the container sets none; a held-open container
+    # (sleep under tini) runs its code by docker exec as that user
+    assert limits_row(attrs, "61000:61000", [("0", "tini"), ("0", "sleep")])["code runs as"] == "uid 61000"
+    assert limits_row(attrs, "", [("0", "sleep")])["code runs as"] == "root"
     cpu_quota = limits_row(
-        {"HostConfig": {"CpuQuota": 50_000, "CpuPeriod": 100_000, "Memory": 2**29, "MemorySwap": -1}}
+        {
+            "HostConfig": {
+                "CpuQuota": 50_000,
+                "CpuPeriod": 100_000,
+                "Memory": 2**29,
+                "MemorySwap": -1,
+                "CapDrop": ["NET_RAW"],
+            }
+        }
     )
     assert (cpu_quota["cpus"], cpu_quota["memory"]) == ("0.5", "512 MiB + unlimited swap")
+    assert cpu_quota["capabilities"] == "Docker's default set minus NET_RAW"
