@@ -118,7 +118,10 @@ def measure_starts(
                     r["start"].append((t1 - t0) * 1000)
                     r["first"].append((t2 - t0) * 1000)
                 if name not in limits:
-                    limits[name] = inspect_limits(peer.container_ids())
+                    try:
+                        limits[name] = inspect_limits(peer.container_ids())
+                    except Exception as exc:  # not the peer's failure: say so, do not count it
+                        print(f"  {name}: could not read its limits: {short(exc)}", flush=True)
             except Exception as exc:
                 r["failures"].append(short(exc))
                 print(f"  {name}: start failed: {short(exc)}", flush=True)

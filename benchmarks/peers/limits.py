@@ -100,8 +100,10 @@ def inspect_limits(container_ids: list[str]) -> list[dict[str, str]]:
             container = client.containers.get(cid)
             attrs = container.attrs
             image_user = (client.images.get(attrs["Image"]).attrs.get("Config") or {}).get("User") or ""
-            top = container.top(ps_args="-o uid,comm")
-            processes = [(str(p[0]), str(p[1])) for p in top.get("Processes") or []]
+            top = container.top(ps_args="-o pid,uid,comm")  # Docker needs the pid column
+            titles = [t.upper() for t in top.get("Titles") or []]
+            iu, ic = titles.index("UID"), titles.index("COMMAND")
+            processes = [(str(p[iu]), str(p[ic])) for p in top.get("Processes") or []]
             rows.append(limits_row(attrs, image_user, processes))
         return rows
     finally:
