@@ -303,10 +303,14 @@ def main() -> None:
         extra = {
             "failures": s["failures"],
             "start_retries": s.get("start_retries", 0),
-            "samples_ms": [round(x, 1) for x in s["first"]],
+            "samples": [round(x, 1) for x in s["first"]],
         }
         if s["first"]:
-            start_rows.append(summary(f"{name}: start", s["start"], peer=name, **(extra | {"samples_ms": s["start"]})))
+            start_rows.append(
+                summary(
+                    f"{name}: start", s["start"], peer=name, **(extra | {"samples": [round(x, 1) for x in s["start"]]})
+                )
+            )
             first_rows.append(
                 summary(name, s["first"], peer=name, close_p50_ms=summary("", s["stop"]).get("p50_ms"), **extra)
             )
@@ -319,7 +323,7 @@ def main() -> None:
         else:
             w = warm[name]
             warm_rows.append(
-                summary(name, w["ms"], peer=name, wrong=w["wrong"], samples_ms=[round(x, 2) for x in w["ms"]])
+                summary(name, w["ms"], peer=name, wrong=w["wrong"], samples=[round(x, 2) for x in w["ms"]])
             )
     data.update(start=start_rows, first=first_rows, warm=warm_rows, trace=trace, limits=limits)
     data["trace_turns"] = [{"turn": i + 1, "title": t.title, "code": t.code} for i, t in enumerate(TURNS)]
