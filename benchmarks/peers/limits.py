@@ -89,6 +89,19 @@ def limits_row(
     }
 
 
+def _cap_eff(pid: str) -> int | None:
+    """The effective capability mask of a host process (the container's processes are
+    host processes; ``docker top`` gives their host pids)."""
+    import re
+    from pathlib import Path
+
+    try:
+        m = re.search(r"^CapEff:\s+([0-9a-f]+)", Path(f"/proc/{pid}/status").read_text(), re.M)
+    except OSError:
+        return None
+    return int(m.group(1), 16) if m else None
+
+
 def inspect_limits(container_ids: list[str]) -> list[dict[str, str]]:
     """`limits_row` of each container (the docker SDK, imported here so the module stays light)."""
     import docker
@@ -102,9 +115,16 @@ def inspect_limits(container_ids: list[str]) -> list[dict[str, str]]:
             image_user = (client.images.get(attrs["Image"]).attrs.get("Config") or {}).get("User") or ""
             top = container.top(ps_args="-o pid,uid,comm")  # Docker needs the pid column
             titles = [t.upper() for t in top.get("Titles") or []]
-            iu, ic = titles.index("UID"), titles.index("COMMAND")
-            processes = [(str(p[iu]), str(p[ic])) for p in top.get("Processes") or []]
-            rows.append(limits_row(attrs, image_user, processes))
+            ip, iu, ic = titles.index("PID"), titles.index("UID"), titles.index("COMMAND")
+            procs = top.get("Processes") or []
+            processes = [(str(p[iu]), str(p[ic])) for p in procs]
+            row = limits_row(attrs, image_user, processes)
+            caps = {_cap_eff(str(p[ip])) for p in procs if p[ic] not in WRAPPERS}
+            if caps and None not in caps:
+                row["capabilities"] += "; the code's process: " + (
+                    "none" if caps == {0} else ", ".join(f"CapEff {c:#x}" for c in sorted(caps))
+                )
+            rows.append(row)
         return rows
     finally:
         client.close()
