@@ -725,7 +725,9 @@ def languages_section(d: Path, out: Path, lang: dict[str, Any] | None) -> list[s
 
 PEER_NOTES = {
     "kernelgw": "the reference: a gateway with its defaults (warm pool of 2), sessions over /v1 (REST create, "
-    "cells over the session's WebSocket).",
+    "cells over the session's WebSocket). Its container starts as root with every capability dropped but the "
+    "four `setpriv` needs, and `setpriv` drops to uid 61000 with an empty bounding set before the kernel runs "
+    "(the table's last word on capabilities is the kernel process's own).",
     "stock Kernel Gateway": "the floor for a Jupyter-based service: `jupyter kernelgateway` in one container "
     "started once (its start is not in the numbers: a session is a kernel on it), host network, nothing else "
     "set. Its constant ~40 ms per round trip is the Nagle/delayed-ACK signature also seen in bench_jupyter "
@@ -814,10 +816,16 @@ def peers_section(d: Path, out: Path, peers: dict[str, Any] | None) -> list[str]
         note = PEER_NOTES.get(n, "").format(retries=retries)
         lines.append(f"- **{n}** ({info.get('version')}): {note}")
     lines.append(
-        "\n- Not compared here: what each costs in memory, and isolation itself (the table says what is "
-        "applied, not what it is worth). The Kernel-Gateway-based peers run on Docker's defaults (no memory, CPU "
-        "or pids limit, a writable root, default capabilities, the bridge network: they can reach the network); "
-        "adding limits is up to their users.\n"
+        "\n- The Kernel-Gateway-based peers run on Docker's defaults (no memory, CPU or pids limit, a writable "
+        "root, Docker's default capabilities, the bridge network or the host's: code in them can reach the "
+        "network). Their code runs as uid 61000 here only because the peer image inherits our image's USER: "
+        "smolagents' own image (python:3.12-bullseye) runs it as root, AutoGen's (docker-stacks) as uid 1000. "
+        "Adding limits is left to their users; llm-sandbox applies what it is given (here kernelgw's network, "
+        "memory, CPU and pids limits) but runs the code as root with a writable root file system.\n"
+        "- Not compared: memory per session, and isolation itself (the table says what is applied, not what it "
+        "is worth). The warm `1+1` of every Jupyter-based peer here goes through this script's own synchronous "
+        "client (TCP_NODELAY set), kernelgw's too, so they are comparable with each other, not with the "
+        "asyncio clients of the other sections.\n"
     )
     return lines
 
