@@ -260,3 +260,39 @@ def test_limits_of_a_container_run_with_docker_defaults() -> None:
     )
     assert (cpu_quota["cpus"], cpu_quota["memory"]) == ("0.5", "512 MiB + unlimited swap")
     assert cpu_quota["capabilities"] == "Docker's default set minus NET_RAW"
+
+
+# ----------------------------------------------------------------------- report
+
+
+def test_the_report_renders_a_peers_run_with_failures_and_a_peer_that_did_not_open(tmp_path: Path) -> None:
+    import report
+
+    ok = {"turn": 1, "title": "build a DataFrame", "ms": 12.0, "ok": True, "reason": None}
+    bad = {"turn": 1, "title": "build a DataFrame", "ms": 900.0, "ok": False, "reason": "raised NameError: x"}
+    row = {"n": 2, "p50_ms": 10.0, "p95_ms": 12.0, "p99_ms": 13.0}
+    peers = {
+        "date": "2026-11-26T22:48:00+00:00",
+        "machine": {"image": "kernelgw/python:latest", "kernelgw_commit": "abc"},
+        "peer_image": "kernelgw-peer/kernel-gateway:3.0.1-x",
+        "kernel_gateway_version": "3.0.1",
+        "args": {"n_start": 2, "n_warm": 2},
+        "peers": {n: {"version": "1"} for n in ("kernelgw", "llm-sandbox", "AutoGen DockerJupyterCodeExecutor")},
+        "first": [
+            {"name": "kernelgw", **row},
+            {"name": "llm-sandbox", **row},
+            {"name": "AutoGen DockerJupyterCodeExecutor", "n": 0, "error": "boom", "start_retries": 3},
+        ],
+        "warm": [{"name": "kernelgw", **row}, {"name": "llm-sandbox", **row}],
+        "trace": {"kernelgw": [ok], "llm-sandbox": [bad]},
+        "trace_turns": [{"turn": 1, "title": "build a DataFrame"}],
+        "open_failures": {"AutoGen DockerJupyterCodeExecutor": "ConnectionError: reset"},
+        "limits": {"kernelgw": [{"network": "none", "memory": "2,048 MiB (no swap)"}]},
+    }
+    text = "\n".join(report.peers_section(tmp_path, tmp_path / "benchmarks.md", peers))
+    assert "| 1. build a DataFrame | ✓ 12 | ✗ 900 | not run |" in text
+    assert "- llm-sandbox, turn 1 (build a DataFrame): raised NameError: x" in text
+    assert "AutoGen DockerJupyterCodeExecutor: could not open a session" in text
+    assert "not measured: boom" in text
+    assert "(3 in this run's starts)" in text
+    assert report.peers_section(tmp_path, tmp_path / "b.md", None) == []
