@@ -41,6 +41,7 @@ from _common import (
     DEFAULT_IMAGE,
     DOCS_BENCH,
     Gateway,
+    container_memory,
     draw_bars,
     failed_row,
     machine_info,
@@ -88,6 +89,15 @@ def short(exc: BaseException) -> str:
 def rotated(items: list[Any], k: int) -> list[Any]:
     k %= max(1, len(items))
     return items[k:] + items[:k]
+
+
+def memory_mib(peer: Peer) -> float | None:
+    """The working set of the peer's container(s) (what `docker stats` shows), in MiB."""
+    try:
+        return round(sum(container_memory(c)["working_set"] for c in peer.container_ids()) / 2**20, 1)
+    except Exception as exc:
+        print(f"  {peer.name}: memory not read: {short(exc)}", flush=True)
+        return None
 
 
 # ---------------------------------------------------------------- phase 1: start
@@ -279,6 +289,7 @@ def main() -> None:
                 limits.setdefault(name, inspect_limits(peer.container_ids()))
             warm = measure_warm(open_peers, n_warm)
             trace = run_trace(open_peers)
+            memory = {name: memory_mib(peer) for name, peer in open_peers.items()}
         finally:
             for peer in open_peers.values():
                 with contextlib.suppress(Exception):
@@ -325,7 +336,7 @@ def main() -> None:
             warm_rows.append(
                 summary(name, w["ms"], peer=name, wrong=w["wrong"], samples=[round(x, 2) for x in w["ms"]])
             )
-    data.update(start=start_rows, first=first_rows, warm=warm_rows, trace=trace, limits=limits)
+    data.update(start=start_rows, first=first_rows, warm=warm_rows, trace=trace, limits=limits, memory_mib=memory)
     data["trace_turns"] = [{"turn": i + 1, "title": t.title, "code": t.code} for i, t in enumerate(TURNS)]
     data["open_failures"] = open_failures
 
@@ -336,7 +347,11 @@ def main() -> None:
     for name, turns in trace.items():
         passed = sum(t["ok"] for t in turns)
         total = sum(t["ms"] for t in turns)
-        print(f"- {name}: {passed}/{len(turns)} turns right, {total:,.0f} ms in all")
+        mem = memory.get(name)
+        print(
+            f"- {name}: {passed}/{len(turns)} turns right, {total:,.0f} ms in all; its container(s) then "
+            + (f"{mem:,.0f} MiB (working set)" if mem is not None else "not measured")
+        )
         for t in turns:
             if not t["ok"]:
                 print(f"    turn {t['turn']} {t['title']}: {t['reason']}")

@@ -793,6 +793,10 @@ def peers_section(d: Path, out: Path, peers: dict[str, Any] | None) -> list[str]
         got = trace.get(n) or []
         totals.append(f"**{sum(r['ok'] for r in got)}/{len(got)}**, {sum(r['ms'] for r in got):,.0f} ms")
     lines.append("| right, time in all | " + " | ".join(totals) + " |")
+    mem = peers.get("memory_mib") or {}
+    if mem:
+        cells = [f"{mem[n]:,.0f}" if mem.get(n) is not None else "" for n in names]
+        lines.append("| its container(s) after the trace, MiB (working set) | " + " | ".join(cells) + " |")
     lines.append("")
     for n in names:
         for r in trace.get(n) or []:
@@ -822,7 +826,11 @@ def peers_section(d: Path, out: Path, peers: dict[str, Any] | None) -> list[str]
         "smolagents' own image (python:3.12-bullseye) runs it as root, AutoGen's (docker-stacks) as uid 1000. "
         "Adding limits is left to their users; llm-sandbox applies what it is given (here kernelgw's network, "
         "memory, CPU and pids limits) but runs the code as root with a writable root file system.\n"
-        "- Not compared: memory per session, and isolation itself (the table says what is applied, not what it "
+        "- Memory after the trace: kernelgw's row is the session's kernel container alone (the gateway is one "
+        "host process shared by all sessions); the Kernel-Gateway-based peers' containers hold a Kernel Gateway "
+        "server and one kernel each (the stock one serves every session from one container); llm-sandbox's "
+        "hold its runner and what the runs left (page cache of its code files included).\n"
+        "- Not compared: isolation itself (the table says what is applied, not what it "
         "is worth). The warm `1+1` of every Jupyter-based peer here goes through this script's own synchronous "
         "client (TCP_NODELAY set), kernelgw's too, so they are comparable with each other, not with the "
         "asyncio clients of the other sections.\n"

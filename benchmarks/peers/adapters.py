@@ -420,9 +420,11 @@ class LlmSandboxPeer(Peer):
             self.session = None
 
     def container_ids(self) -> list[str]:
-        from _common import leftover_llmsb_containers
-
-        return [c.id for c in leftover_llmsb_containers() if c.status == "running"]
+        # its Docker session's container: ArtifactSandboxSession wraps one in `_session`,
+        # InteractiveSandboxSession is one (`_backend_session`)
+        inner = getattr(self.session, "_session", None) or getattr(self.session, "_backend_session", None)
+        container = getattr(inner, "container", None)
+        return [container.id] if container is not None else []
 
     def version(self) -> str:
         return f"llm-sandbox {_version('llm-sandbox')}"
