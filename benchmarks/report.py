@@ -730,8 +730,9 @@ PEER_NOTES = {
     "(the table's last word on capabilities is the kernel process's own).",
     "stock Kernel Gateway": "the floor for a Jupyter-based service: `jupyter kernelgateway` in one container "
     "started once (its start is not in the numbers: a session is a kernel on it), host network, nothing else "
-    "set. Its constant ~40 ms per round trip is the Nagle/delayed-ACK signature also seen in bench_jupyter "
-    "(the client sets TCP_NODELAY; the server's side does not).",
+    "set. Round trips of ~40-50 ms in its tail are the Nagle/delayed-ACK signature that bench_jupyter saw on "
+    "every one of its round trips (a constant ~37 ms there); this client sets TCP_NODELAY, the server's side "
+    "does not, and here only some round trips pay it.",
     "AutoGen DockerJupyterCodeExecutor": "a DockerJupyterServer (a Kernel Gateway container, one per executor, "
     "as its docs show) with `custom_image_name`, and the executor on it. Its server waits for the container to "
     "be running, not for the gateway in it to listen, so the executor's first request can meet a reset "
@@ -829,7 +830,7 @@ def peers_section(d: Path, out: Path, peers: dict[str, Any] | None) -> list[str]
         "- Memory after the trace: kernelgw's row is the session's kernel container alone (the gateway is one "
         "host process shared by all sessions); the Kernel-Gateway-based peers' containers hold a Kernel Gateway "
         "server and one kernel each (the stock one serves every session from one container); llm-sandbox's "
-        "hold its runner and what the runs left (page cache of its code files included).\n"
+        "hold its runner (interactive) or only `sleep` between runs (stateless: each run's python exits).\n"
         "- Not compared: isolation itself (the table says what is applied, not what it "
         "is worth). The warm `1+1` of every Jupyter-based peer here goes through this script's own synchronous "
         "client (TCP_NODELAY set), kernelgw's too, so they are comparable with each other, not with the "
