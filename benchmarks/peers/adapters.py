@@ -286,6 +286,7 @@ class AutoGenPeer(Peer):
             import shutil
 
             shutil.rmtree(self.outdir, ignore_errors=True)
+        self.loop.close()
 
     def container_ids(self) -> list[str]:
         return [self.server._container_id] if self.server is not None else []
