@@ -776,6 +776,121 @@ def workers_section(d: Path, out: Path, workers: dict[str, Any] | None) -> list[
             f"{(cores or 1) * 1000 / k:.0f} per second. On a host with many cores the kernels' ceiling rises with "
             "the cores and the single process's does not: that is what the workers lift.\n"
         )
+
+
+PEER_NOTES = {
+    "kernelgw": "the reference: a gateway with its defaults (warm pool of 2), sessions over /v1 (REST create, "
+    "cells over the session's WebSocket). Its container starts as root with every capability dropped but the "
+    "four `setpriv` needs, and `setpriv` drops to uid 61000 with an empty bounding set before the kernel runs "
+    "(the table's last word on capabilities is the kernel process's own).",
+    "stock Kernel Gateway": "the floor for a Jupyter-based service: `jupyter kernelgateway` in one container "
+    "started once (its start is not in the numbers: a session is a kernel on it), host network, nothing else "
+    "set. Round trips of ~40-50 ms in its tail are the Nagle/delayed-ACK signature that bench_jupyter saw on "
+    "every one of its round trips (a constant ~37 ms there); this client sets TCP_NODELAY, the server's side "
+    "does not, and here only some round trips pay it.",
+    "AutoGen DockerJupyterCodeExecutor": "a DockerJupyterServer (a Kernel Gateway container, one per executor, "
+    "as its docs show) with `custom_image_name`, and the executor on it. Its server waits for the container to "
+    "be running, not for the gateway in it to listen, so the executor's first request can meet a reset "
+    "connection: the adapter retries and counts these ({retries} in this run's starts). Outputs come back as "
+    "one string (stdout and values joined) plus PNG files; an error only as text (`ERROR: KeyError: ...`), its "
+    "name parsed from it.",
+    "smolagents DockerExecutor": "what `CodeAgent(executor_type='docker')` makes: a Kernel Gateway container "
+    "per executor (`image_name`, `build_new_image=False`), a new WebSocket per run. It keeps stdout, the "
+    "result's text/plain and errors; it drops display_data, so a chart cannot come back.",
+    "llm-sandbox": "ArtifactSandboxSession (stateless: each run is a new `python` in the same container; plots "
+    "captured from `plt.show()`), set up as in bench_start/bench_exec (`skip_environment_setup`, kernelgw's "
+    "limits as runtime_configs). Its plot capture prints `Python plot detection setup complete` into every "
+    "run's output; the adapter removes that line before the checks.",
+    "llm-sandbox interactive": "InteractiveSandboxSession (an IPython runner, stateful), its venv path linked to "
+    "/opt/kernel (its own setup cannot run offline). It returns text only: a figure has to be saved and copied "
+    "out, and the last expression's value does not come back.",
+}
+
+
+def peers_section(d: Path, out: Path, peers: dict[str, Any] | None) -> list[str]:
+    if not peers:
+        return []
+    names = list(peers["peers"])
+    lines = [
+        "## Peers (bench_peers.py)\n",
+        f"`benchmarks/bench_peers.py` ({_when(peers)}): kernelgw and the systems a user would pick instead, "
+        "each from its PyPI package, all on this machine in one run and on the same kernel image "
+        f"(`{peers['machine'].get('image')}`; the Kernel-Gateway-based peers on `{peers['peer_image']}`, built "
+        "offline on top of it: jupyter_kernel_gateway "
+        f"{peers['kernel_gateway_version']} added). Peers are interleaved in rounds, each round in a rotated "
+        f"order; {peers['args']['n_start']} starts and {peers['args']['n_warm']} warm runs per peer. Run it with "
+        "the peers' venv: `PY=$(bash scripts/ensure-peers.sh) && $PY benchmarks/bench_peers.py`.\n",
+        "Start to first `1+1` (open a session the way the peer's users do, run `1+1`, time to the answer; "
+        "then close, not timed):\n",
+        table(peers["first"], "kernelgw", "kernelgw"),
+        "\nWarm `1+1` on an open session (a script-based peer prints it: `print(1+1)`):\n",
+        table(peers["warm"], "kernelgw", "kernelgw"),
+        f"\n![peers]({rel(d / 'peers.png', out)})\n",
+        "A 10-turn data-analysis trace in one session per peer (benchmarks/peers/trace.py), turn by turn across "
+        "peers; every turn's output is checked (the exact text; a PNG by its signature; the 1 MB print by its "
+        "length; the error by its name). Turns 5-7 need nothing from earlier turns; the others use turn 1's "
+        "DataFrame. ms per turn, ✗ = wrong or missing (reasons below):\n",
+        "| turn | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    trace = peers["trace"]
+    for i, t in enumerate(peers["trace_turns"]):
+        cells = []
+        for n in names:
+            got = trace.get(n)
+            if not got:
+                cells.append("not run")
+                continue
+            r = got[i]
+            cells.append(f"{'✓' if r['ok'] else '✗'} {r['ms']:,.0f}")
+        lines.append(f"| {t['turn']}. {t['title']} | " + " | ".join(cells) + " |")
+    totals = []
+    for n in names:
+        got = trace.get(n) or []
+        totals.append(f"**{sum(r['ok'] for r in got)}/{len(got)}**, {sum(r['ms'] for r in got):,.0f} ms")
+    lines.append("| right, time in all | " + " | ".join(totals) + " |")
+    mem = peers.get("memory_mib") or {}
+    if mem:
+        cells = [f"{mem[n]:,.0f}" if mem.get(n) is not None else "" for n in names]
+        lines.append("| its container(s) after the trace, MiB (working set) | " + " | ".join(cells) + " |")
+    lines.append("")
+    for n in names:
+        for r in trace.get(n) or []:
+            if not r["ok"]:
+                lines.append(f"- {n}, turn {r['turn']} ({r['title']}): {r['reason']}")
+    for n, why in (peers.get("open_failures") or {}).items():
+        lines.append(f"- {n}: could not open a session for the warm runs and the trace: {why}")
+    cols = ("network", "memory", "cpus", "pids", "read-only root", "code runs as", "capabilities", "no-new-privs")
+    lines += [
+        "\nThe limits each peer's container ran under (read with `docker inspect` while it ran):\n",
+        "| peer | " + " | ".join(cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
+    for n, rows in peers["limits"].items():
+        for r in rows:
+            lines.append(f"| {n} | " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+    lines.append("\nHow each peer was set up (versions from this run):\n")
+    retries = sum(r.get("start_retries", 0) for r in peers["first"] if r["name"].startswith("AutoGen"))
+    for n in names:
+        info = peers["peers"][n]
+        note = PEER_NOTES.get(n, "").format(retries=retries)
+        lines.append(f"- **{n}** ({info.get('version')}): {note}")
+    lines.append(
+        "\n- The Kernel-Gateway-based peers run on Docker's defaults (no memory, CPU or pids limit, a writable "
+        "root, Docker's default capabilities, the bridge network or the host's: code in them can reach the "
+        "network). Their code runs as uid 61000 here only because the peer image inherits our image's USER: "
+        "smolagents' own image (python:3.12-bullseye) runs it as root, AutoGen's (docker-stacks) as uid 1000. "
+        "Adding limits is left to their users; llm-sandbox applies what it is given (here kernelgw's network, "
+        "memory, CPU and pids limits) but runs the code as root with a writable root file system.\n"
+        "- Memory after the trace: kernelgw's row is the session's kernel container alone (the gateway is one "
+        "host process shared by all sessions); the Kernel-Gateway-based peers' containers hold a Kernel Gateway "
+        "server and one kernel each (the stock one serves every session from one container); llm-sandbox's "
+        "hold its runner (interactive) or only `sleep` between runs (stateless: each run's python exits).\n"
+        "- Not compared: isolation itself (the table says what is applied, not what it "
+        "is worth). The warm `1+1` of every Jupyter-based peer here goes through this script's own synchronous "
+        "client (TCP_NODELAY set), kernelgw's too, so they are comparable with each other, not with the "
+        "asyncio clients of the other sections.\n"
+    )
     return lines
 
 
@@ -1096,6 +1211,7 @@ def main() -> None:
     md.extend(continuity_section(d, out, load(d, "continuity")))
     md.extend(languages_section(d, out, load(d, "languages")))
     md.extend(workers_section(d, out, load(d, "workers")))
+    md.extend(peers_section(d, out, load(d, "peers")))
 
     w("## Fairness and caveats\n")
     w(

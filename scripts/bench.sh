@@ -74,6 +74,7 @@ run cluster
 # one gateway as 1 and 2 worker processes (kernelgw serve --workers N): aggregate executions per second
 run workers
 run languages
+py="$(bash scripts/ensure-peers.sh)" run peers  # the peers' own venv (about 4 min)
 ack_before=${KERNELGW_ACK_BEFORE:-d7b8a43}
 ack_tree=$(mktemp -d /tmp/kgw_before.XXXXXX)
 trap 'rm -rf "$ack_tree"' EXIT
