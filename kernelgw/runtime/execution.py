@@ -102,6 +102,11 @@ class QueuedExecution:
     """The ``done`` built when the cell ended, published once its record is stored."""
     client: ClientRequest | None = None
     """Set for a Jupyter client's request (the channels WebSocket)."""
+    seen_orders: set[int] | None = None
+    """For a Jupyter client's cell: where (`message_order`) the iopub messages of
+    it that the session has read sit, up to `MAX_SEEN_ORDERS`. A client that
+    returns is sent those from the session's events, and its connection's own
+    socket, which joined before, skips them (`server.jupyter.cells.rejoin`)."""
     reply_msg: dict[str, Any] | None = None
     """The kernel's whole ``execute_reply`` message (kept for a Jupyter client)."""
 
@@ -173,6 +178,9 @@ class QueuedExecution:
             self.finished.set()
 
 
+MAX_SEEN_ORDERS = 100_000
+"""Past this many messages a Jupyter cell's `QueuedExecution.seen_orders` stops
+growing: a returning client may then see some of its output twice, never lose it."""
 CHECKPOINT_FREE_BYTES = 1 << 20
 """Output up to this is checkpointed whenever there is more of it."""
 LARGE_CHECKPOINT_S = 5.0

@@ -228,7 +228,12 @@ class ExecutionQueue:
         while len(self._recent_ids) > RECENT_IDS:
             self._recent_ids.popitem(last=False)
         rec = QueuedExecution(
-            execution_id=execution_id, code=code, timeout=timeout, client=client, replayable=replayable
+            execution_id=execution_id,
+            code=code,
+            timeout=timeout,
+            client=client,
+            replayable=replayable,
+            seen_orders=set() if client is not None else None,
         )
         self.publish(ev.Queued(execution_id=execution_id, code=code, position=self.length), rec)
         self._cells.append(rec)

@@ -58,6 +58,7 @@ from kernelgw.runtime.execution import (
     ARTIFACTS_EXPRESSION,
     ARTIFACTS_KEY,
     END_KEY,
+    MAX_SEEN_ORDERS,
     EndedCell,
     QueuedExecution,
     answers,
@@ -444,13 +445,26 @@ class KernelLink:
         budget = LoopShare(FLOOD_SHARE, FLOOD_BURST_S)
         try:
             while True:
-                for msg in coalesce_streams(await reader.batch()):
+                batch = await reader.batch()
+                self._note_orders(batch)
+                for msg in coalesce_streams(batch):
                     self._on_iopub(msg, listener)
                 # a flood's next slice waits its turn behind other sessions, and
                 # once it has spent its share of the loop, until that refills
                 await asyncio.sleep(budget.spent(reader.busy_since, time.perf_counter()))
         finally:
             budget.close()
+
+    def _note_orders(self, batch: list[dict[str, Any]]) -> None:
+        """Where each message of a Jupyter client's cell sits (`QueuedExecution.seen_orders`);
+        before coalescing, which keeps only the first message's header of a run."""
+        for msg in batch:
+            parent = msg["parent_header"].get("msg_id")
+            execution = self._pending.get(parent) if parent else None
+            if execution is None or (seen := execution.seen_orders) is None or len(seen) >= MAX_SEEN_ORDERS:
+                continue
+            if (order := message_order(msg)) is not None:
+                seen.add(order)
 
     def _on_iopub(self, msg: dict[str, Any], listener: LinkListener) -> None:
         self.last_iopub = time.monotonic()

@@ -106,6 +106,13 @@ class ClientCells:
             cell.release()
         return True
 
+    def already_sent(self, msg_id: str | None, msg: dict[str, Any]) -> bool:
+        """An iopub message of a cell still running that the client was sent when it
+        came back (`rejoin`): its connection's own socket, which joined before
+        that, reads it too; it is not sent twice."""
+        cell = self.pending.get(msg_id) if msg_id else None
+        return cell is not None and bool(cell.replayed) and message_order(msg) in cell.replayed
+
     def owns(self, execution: QueuedExecution | None) -> bool:
         return execution is not None and isinstance(execution.client, JupyterCell) and execution.client.cells is self
 
@@ -130,6 +137,11 @@ class JupyterCell:
         self.after: int | None = None
         """Where the reply the cell ended on sits among the kernel's messages."""
         self.answer: list[Message] | None = None
+        self.execution: QueuedExecution | None = None
+        """Its place in the session's queue (set once it is queued)."""
+        self.replayed: frozenset[int] = frozenset()
+        """Its messages (`message_order`) a returning client was sent from the
+        session's events: the connection's own socket read them too (`rejoin`)."""
 
     # ------------------------------------------------------------ ClientRequest
     def origin(self) -> ClientOrigin | None:
@@ -254,6 +266,11 @@ def rejoin(session: KernelSession, client_session: str | None, owner: CellOwner)
     cells = orphan.cells
     by_id = {cell.execution_id: cell for cell in cells.pending.values()}
     by_id.update({cell.execution_id: cell for cell, _ in cells.missed})
+    for running in cells.pending.values():
+        # what the session has read of it is what the events below hold (both
+        # change only between batches of the kernel's messages, not during this)
+        if running.execution is not None and running.execution.seen_orders:
+            running.replayed = frozenset(running.execution.seen_orders)
     for seq, text in session.events_since(orphan.since_seq):
         event = json.loads(text)
         cell = by_id.get(event.get("execution_id") or "")

@@ -124,6 +124,8 @@ class ChannelsConnection:
         self._handle: KernelHandle | None = None
         self._readers: list[asyncio.Task[None]] = []
         self._ready = asyncio.Event()
+        self._held_iopub: list[dict[str, Any]] = []
+        """iopub messages read while the connection is being made (`_connect`)."""
         self._nudges: set[str] = set()
         self._nudged = asyncio.Event()
         self._nudge_replied = asyncio.Event()
@@ -187,10 +189,15 @@ class ChannelsConnection:
             if self.client_session:
                 # cells this process does not know of: ended or cut off before a restart
                 await missed.replay_stored(self.state.store, self.session, self.client_session, self)
+        # what our socket read meanwhile, after that (what the replay sent is skipped)
+        held, self._held_iopub = self._held_iopub, []
+        for msg in held:
+            self._forward_iopub(msg)
         self._ready.set()
 
     async def _disconnect(self) -> None:
         self._ready.clear()
+        self._held_iopub = []  # read on sockets about to close (a kernel restart reconnects)
         with contextlib.suppress(Exception):
             if self._kc is not None:
                 self._kc.iopub_channel.socket.disable_monitor()
@@ -301,23 +308,28 @@ class ChannelsConnection:
                 elif channel == "iopub" and (msg.get("content") or {}).get("execution_state") == "idle":
                     self._nudged.set()
                 continue
-            if channel == "iopub":
-                if parent:
-                    self._last_parent = parent
-                if msg["header"]["msg_type"] == "status":
-                    state = (msg.get("content") or {}).get("execution_state")
-                    if isinstance(state, str):
-                        kernels.status_seen(self.session, state)
-                    if (
-                        state == "idle"
-                        and isinstance(parent.get("msg_id"), str)
-                        and self._cells.idle(parent["msg_id"], msg)
-                    ):
-                        continue  # our cell's end is the gateway's to tell (`cells`)
-                for out in self.caps.apply(msg):
-                    self.send_kernel(channel, out)
-            else:
+            if channel != "iopub":
                 self.send_kernel(channel, msg)
+            elif not self._ready.is_set():
+                # read while the connection is made: after what the client missed (`_connect`)
+                self._held_iopub.append(msg)
+            else:
+                self._forward_iopub(msg)
+
+    def _forward_iopub(self, msg: dict[str, Any]) -> None:
+        parent = msg.get("parent_header") or {}
+        if self._cells.already_sent(parent.get("msg_id"), msg):
+            return  # sent when the client came back (`cells.rejoin`)
+        if parent:
+            self._last_parent = parent
+        if msg["header"]["msg_type"] == "status":
+            state = (msg.get("content") or {}).get("execution_state")
+            if isinstance(state, str):
+                kernels.status_seen(self.session, state)
+            if state == "idle" and isinstance(parent.get("msg_id"), str) and self._cells.idle(parent["msg_id"], msg):
+                return  # our cell's end is the gateway's to tell (`cells`)
+        for out in self.caps.apply(msg):
+            self.send_kernel("iopub", out)
 
     def _encode(self, channel: str, msg: dict[str, Any]) -> str | bytes | None:
         try:
@@ -435,7 +447,7 @@ class ChannelsConnection:
         """Queue an execute_request as a cell of the session (`cells`)."""
         cell = self._cells.new(msg)
         try:
-            self.session.submit(
+            cell.execution = self.session.submit(
                 str(msg.content["code"]),
                 cell.execution_id,
                 self.session.config.max_exec_timeout_s,

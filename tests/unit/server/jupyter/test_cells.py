@@ -193,6 +193,26 @@ async def test_a_client_that_reconnects_gets_what_its_cells_sent_meanwhile(gw: G
     assert of_type(msgs, "execute_reply")[0]["content"]["status"] == "ok"
 
 
+async def test_a_client_that_comes_back_mid_output_gets_each_line_once(gw: Gateway, kernel: str) -> None:
+    """The connection's own iopub socket joins before the session's events are
+    replayed to it: a line the kernel printed in between is in both, and is
+    sent once. Lines every 2 ms, so some always fall in that window."""
+    url = channels_url(gw, kernel, gw.alice)
+    code = "import sys, time\nfor i in range(1500):\n    print(i, flush=True)\n    time.sleep(0.002)"
+    cell = execute_request(code)
+    async with connect(url) as ws:
+        await ws.send(json.dumps(cell))
+        while not ((m := await receive_json(ws))["msg_type"] == "stream"):
+            pass
+    await asyncio.sleep(0.5)  # away while it prints
+    async with connect(url) as ws:
+        got = await collect_all(ws, cell["header"]["msg_id"])
+    lines = stdout(got[cell["header"]["msg_id"]]).split()
+    numbers = [int(x) for x in lines]
+    assert len(numbers) == len(set(numbers)), "a line was sent twice"
+    assert numbers == sorted(numbers) and numbers[-1] == 1499
+
+
 async def test_a_forged_idle_does_not_end_a_jupyter_cell(gw: Gateway, kernel: str) -> None:
     """Clients that stop at the idle (Open WebUI, AutoGen) get all the real output first."""
     from tests.unit.runtime.test_untrusted_kernel import FORGE
