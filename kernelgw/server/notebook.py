@@ -34,6 +34,7 @@ did before the exception is part of the state the analysis went on with).
 from __future__ import annotations
 
 import re
+import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,9 +49,17 @@ if TYPE_CHECKING:
 
 
 def _nbformat() -> Any:
-    """nbformat, imported when a notebook is first made or read: with jsonschema's
-    format checkers installed (jupyter_server brings them) its import takes over a
-    second, and a restarting gateway must not wait for it to reattach sessions."""
+    """nbformat, imported when a notebook is first made or read, not at start-up.
+
+    Its validator imports jsonschema, whose format checkers import
+    ``rfc3987_syntax`` when installed (jsonschema's ``format-nongpl`` extra,
+    which jupyter_server brings): that module compiles some 40 lark grammars
+    at import, 1.3-1.8 s of CPU holding the GIL. The warm-up thread after a
+    restart then slowed the first executes of the reattached sessions. It only
+    checks the ``iri`` formats, which no notebook schema uses: it is kept out
+    (jsonschema skips those checks when it cannot import it)."""
+    if "nbformat" not in sys.modules:
+        sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
     import nbformat
     import nbformat.v4
 
