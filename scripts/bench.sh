@@ -60,6 +60,7 @@ run start
 run exec
 run agent
 run flood
+run isolation  # four paced bystanders against three kinds of flood (issue 15)
 run memory
 run scale
 run security
