@@ -202,7 +202,7 @@ async def test_a_client_that_comes_back_mid_output_gets_each_line_once(gw: Gatew
     cell = execute_request(code)
     async with connect(url) as ws:
         await ws.send(json.dumps(cell))
-        while not ((m := await receive_json(ws))["msg_type"] == "stream"):
+        while (await receive_json(ws))["msg_type"] != "stream":
             pass
     await asyncio.sleep(0.5)  # away while it prints
     async with connect(url) as ws:
