@@ -82,8 +82,8 @@ CAPPED_OUTPUT = frozenset({"stream", "display_data", "update_display_data", "exe
 """Messages a cell past its output cap drops unread (`CellOutput`); errors are kept."""
 FLOOD_SHARE = 0.25
 """At most this share of the event loop goes to one session's iopub while it
-floods and other sessions have output too (`LoopShare`); at this share the gateway still reads about 80 MB/s of
-stream text for one session."""
+floods and other sessions have output too (`LoopShare`); at this share the
+gateway still reads about 80 MB/s of stream text for one session."""
 FLOOD_BURST_S = 0.025
 """Loop time a session's iopub may take at once before `FLOOD_SHARE` applies:
 a cell's ordinary output (a 1 MB print, a chart) is never held back."""
