@@ -14,10 +14,23 @@ waits while the bucket refills; the messages wait in ZMQ's queue meanwhile.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 ACTIVE_S = 0.1
 """A session whose output was read this recently counts as one to share with."""
+
+
+class Readers:
+    """When each session's output was last read (one event loop: no lock)."""
+
+    def __init__(self) -> None:
+        self.last_read: dict[int, float] = {}
+
+    def others_active(self, me: int, now: float) -> bool:
+        return any(at >= now - ACTIVE_S for key, at in self.last_read.items() if key != me)
+
+
+READERS = Readers()
+"""The gateway process's sessions."""
 
 
 @dataclass(eq=False)
@@ -26,11 +39,10 @@ class LoopShare:
     """The long-run share of the loop, 0 < share <= 1."""
     burst_s: float
     """Loop time that may be spent at once (the bucket's depth)."""
+    readers: Readers = field(default=READERS)
+    """The sessions to share with (the process's; a test gives its own)."""
     tokens: float = field(init=False)
     refilled: float | None = field(default=None, init=False)
-
-    _last_read: ClassVar[dict[int, float]] = {}
-    """id(share) -> when its session's output was last read (one event loop: no lock)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.share <= 1:
@@ -44,18 +56,14 @@ class LoopShare:
             self.tokens = min(self.burst_s, self.tokens + (now - self.refilled) * self.share)
         self.refilled = now
         self.tokens -= now - started
-        self._last_read[id(self)] = now
+        self.readers.last_read[id(self)] = now
         if self.tokens >= 0:
             return 0.0
-        if not self._others_active(now):
+        if not self.readers.others_active(id(self), now):
             self.tokens = 0.0  # nobody waited: no debt to pay once somebody does
             return 0.0
         return -self.tokens / self.share
 
-    def _others_active(self, now: float) -> bool:
-        mine = id(self)
-        return any(at >= now - ACTIVE_S for key, at in self._last_read.items() if key != mine)
-
     def close(self) -> None:
         """Its session's reader ended."""
-        self._last_read.pop(id(self), None)
+        self.readers.last_read.pop(id(self), None)

@@ -271,8 +271,8 @@ class KernelSession:
         the session's first file on (an upload, an install, a cell that wrote one)
         and before any restart. Once per session; a failure is logged, and the
         next call tries again."""
-        if self._files_kept:
-            return
+        if self._files_kept or self.state == "closed":
+            return  # closed: its store was removed, and must not come back
         try:
             await self.backend.keep_workspace(self.spec)
         except Exception as exc:

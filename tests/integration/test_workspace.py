@@ -9,11 +9,15 @@ kernel starts with an empty one, as before.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import secrets
+
 import docker
 import httpx
 import pytest
 
-from kernelgw.runtime.backends.docker import LABEL_GATEWAY, LABEL_STORE, STORE_RUNTIMES
+from kernelgw.runtime.backends.docker import LABEL_GATEWAY, LABEL_STORE, STORE_RUNTIMES, DockerBackend
 from tests.integration.conftest import RUNTIME, gateway_settings, run, start_gateway, stdout
 
 pytestmark = pytest.mark.integration
@@ -190,3 +194,25 @@ def test_an_out_of_memory_kill_replays_from_an_upload_that_survived(http: httpx.
             assert replayed["status"] == "error" and "FileNotFoundError" in str(replayed["events"])
     finally:
         http.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_session_ended_before_its_files_are_kept_gets_no_store(docker_client: docker.DockerClient) -> None:
+    """A late `keep_workspace` (a cell that wrote a file, ending as its session is
+    deleted) must not make a store the ended session would leave behind."""
+    from tests.integration.languages import RUNTIME_DIR, kernel_spec
+
+    name = f"ws{os.getpid() % 100000}{secrets.token_hex(2)}"
+    backend = DockerBackend(gateway_name=name, runtime_dir=RUNTIME_DIR)
+    ended, kept = (kernel_spec("kernelgw/python:latest", runtime="runc") for _ in range(2))
+    label = {"label": f"kernelgw.gateway={name}"}
+    try:
+        asyncio.run(backend.end_session(ended.session_id))
+        asyncio.run(backend.keep_workspace(ended))
+        assert not docker_client.containers.list(all=True, filters=label)
+        assert not docker_client.volumes.list(filters=label)
+        asyncio.run(backend.keep_workspace(kept))  # the control: a live session's store is made
+        assert len(docker_client.containers.list(all=True, filters=label)) == 1
+    finally:
+        asyncio.run(backend.end_session(kept.session_id))
+    assert not docker_client.containers.list(all=True, filters=label)
+    assert not docker_client.volumes.list(filters=label)

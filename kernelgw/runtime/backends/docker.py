@@ -30,6 +30,7 @@ The Docker SDK is blocking, so every call runs on a private thread pool.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import importlib.resources
@@ -74,6 +75,8 @@ LABEL_GATEWAY = "kernelgw.gateway"
 LABEL_SESSION = "kernelgw.session"
 LABEL_KERNEL = "kernelgw.kernel"
 LABEL_STORE = "kernelgw.store"
+ENDED_REMEMBERED = 10_000
+"""Ended sessions a backend remembers (`DockerBackend.keep_workspace`)."""
 """On a session's store container and volumes (value: the session id)."""
 STORE_RUNTIMES = frozenset({"runc"})
 """Runtimes whose kernels get a workspace that outlives them (see the module doc)."""
@@ -174,6 +177,8 @@ class DockerBackend:
         self.base_dir = Path(runtime_dir) / gateway_name
         self.keep_workspaces = keep_workspaces
         self._store_starts: dict[str, asyncio.Future[None]] = {}
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Sessions ended lately: a late `keep_workspace` for one makes no store."""
         """Store containers being started, by session id (see ``end_session``)."""
         if os.geteuid() == 0:
             self.uid, self.gid = kernel_uid, kernel_gid
@@ -271,8 +276,8 @@ class DockerBackend:
         return self.keep_workspaces and spec.runtime in STORE_RUNTIMES
 
     async def keep_workspace(self, spec: KernelSpec) -> None:
-        if not self._keeps(spec):
-            return
+        if not self._keeps(spec) or spec.session_id in self._ended:
+            return  # ended: a store made now would outlive its session
         # end_session waits for it: a store must not appear after its session ended
         store = asyncio.ensure_future(self._run(self._ensure_store_running, spec))
         self._store_starts[spec.session_id] = store
@@ -471,6 +476,9 @@ class DockerBackend:
         shutil.rmtree(handle.conn_dir, ignore_errors=True)
 
     async def end_session(self, session_id: str) -> None:
+        self._ended[session_id] = None
+        while len(self._ended) > ENDED_REMEMBERED:
+            self._ended.popitem(last=False)
         starting = self._store_starts.get(session_id)
         if starting is not None:  # its store may still be on its way: remove it after
             await asyncio.wait([starting])

@@ -6,19 +6,23 @@ from collections.abc import Iterator
 
 import pytest
 
-from kernelgw.runtime.loop_share import ACTIVE_S, LoopShare
+from kernelgw.runtime.loop_share import ACTIVE_S, LoopShare, Readers
 
 
 @pytest.fixture
 def shares() -> Iterator[list[LoopShare]]:
+    """Shares of one set of readers of their own (the process's may hold the
+    sessions of other tests, read at real times, not this test's made-up ones)."""
     made: list[LoopShare] = []
     yield made
     for share in made:
         share.close()
+    assert not made or not made[0].readers.last_read
 
 
 def make(shares: list[LoopShare], share: float = 0.25, burst_s: float = 0.025) -> LoopShare:
-    shares.append(LoopShare(share=share, burst_s=burst_s))
+    readers = shares[0].readers if shares else Readers()
+    shares.append(LoopShare(share=share, burst_s=burst_s, readers=readers))
     return shares[-1]
 
 
