@@ -451,7 +451,7 @@ class KernelLink:
                     self._on_iopub(msg, listener)
                 # a flood's next slice waits its turn behind other sessions, and
                 # once it has spent its share of the loop, until that refills
-                await asyncio.sleep(budget.spent(reader.busy_since, time.perf_counter()))
+                await asyncio.sleep(budget.spent(time.thread_time() - reader.busy_since, time.perf_counter()))
         finally:
             budget.close()
 

@@ -194,15 +194,16 @@ class KernelMessageReader:
         self._max_batch_bytes = max_batch_bytes
         self._skip_content = skip_content
         self.busy_since = 0.0
-        """When the latest batch arrived (`time.perf_counter`): its reading and
-        decoding, and what the caller does with it, took the event loop since."""
+        """The thread's CPU time (`time.thread_time`) when the latest batch arrived:
+        its reading and decoding, and what the caller does with it, took the event
+        loop since (CPU time: a process the machine preempted is not charged)."""
 
     async def batch(self) -> list[dict[str, Any]]:
         """The next messages: waits for one, then takes what is already queued, up to
         ``max_batch`` messages or ``max_batch_bytes``."""
         while True:
             received = [await self._socket.recv_multipart()]
-            self.busy_since = time.perf_counter()
+            self.busy_since = time.thread_time()
             size = sum(map(len, received[0]))
             while len(received) < self._max_batch and size < self._max_batch_bytes:
                 # asked first: a receive that finds nothing raises, which costs more

@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 
 ACTIVE_S = 0.1
 """A session whose output was read this recently counts as one to share with."""
+MAX_WAIT_S = 0.1
+"""Longest one wait: a reader that waited long would make its kernel's iopub
+look quiet (a lost idle is presumed after 1 s of it), and the share is a bound
+on floods, which send again at once, not a penalty."""
 
 
 class Readers:
@@ -49,20 +53,21 @@ class LoopShare:
             raise ValueError(f"share must be in (0, 1], not {self.share}")
         self.tokens = self.burst_s
 
-    def spent(self, started: float, now: float) -> float:
-        """The loop was taken from ``started`` to ``now`` (monotonic seconds):
-        how long to wait before taking it again (0: no wait)."""
+    def spent(self, cost: float, now: float) -> float:
+        """The session's output took ``cost`` seconds of the loop's CPU, up to
+        ``now`` (monotonic seconds): how long to wait before taking it again
+        (0: no wait; at most `MAX_WAIT_S`)."""
         if self.refilled is not None:
             self.tokens = min(self.burst_s, self.tokens + (now - self.refilled) * self.share)
         self.refilled = now
-        self.tokens -= now - started
+        self.tokens -= cost
         self.readers.last_read[id(self)] = now
         if self.tokens >= 0:
             return 0.0
         if not self.readers.others_active(id(self), now):
             self.tokens = 0.0  # nobody waited: no debt to pay once somebody does
             return 0.0
-        return -self.tokens / self.share
+        return min(MAX_WAIT_S, -self.tokens / self.share)
 
     def close(self) -> None:
         """Its session's reader ended."""

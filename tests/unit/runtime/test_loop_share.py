@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kernelgw.runtime.loop_share import ACTIVE_S, LoopShare, Readers
+from kernelgw.runtime.loop_share import ACTIVE_S, MAX_WAIT_S, LoopShare, Readers
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def test_ordinary_output_within_the_burst_never_waits(shares: list[LoopShare]) -
     other.spent(0.0, 0.0)  # another session is active throughout
     t = 0.0
     for _ in range(5):  # five slices of 4 ms, back to back: 20 ms of the 25 ms burst
-        assert budget.spent(t, t + 0.004) == 0
+        assert budget.spent(0.004, t + 0.004) == 0
         t += 0.004
 
 
@@ -39,8 +39,8 @@ def test_a_flood_gets_its_share_while_another_session_is_active(shares: list[Loo
     budget, other = make(shares), make(shares)
     t, busy = 0.0, 0.0
     for _ in range(2000):  # slices of 2 ms, each followed by the wait it is told
-        other.spent(t, t)  # the other session's output keeps coming
-        wait = budget.spent(t, t + 0.002)
+        other.spent(0.0, t)  # the other session's output keeps coming
+        wait = budget.spent(0.002, t + 0.002)
         t += 0.002 + wait
         busy += 0.002
     assert busy / t == pytest.approx(0.25, abs=0.01)
@@ -50,20 +50,27 @@ def test_a_flood_alone_takes_the_whole_loop_and_owes_nothing_after(shares: list[
     budget, other = make(shares), make(shares)
     t = 0.0
     for _ in range(100):  # 200 ms of slices with nobody else around: never told to wait
-        assert budget.spent(t, t + 0.002) == 0
+        assert budget.spent(0.002, t + 0.002) == 0
         t += 0.002
-    other.spent(t, t)  # somebody else's output now
-    assert budget.spent(t, t + 0.002) > 0  # the share applies at once
-    assert budget.spent(t + 1, t + 1.001) == 0  # after a second's pause the burst is back
+    other.spent(0.0, t)  # somebody else's output now
+    assert budget.spent(0.002, t + 0.002) > 0  # the share applies at once
+    assert budget.spent(0.001, t + 1.001) == 0  # after a second's pause the burst is back
     assert t > ACTIVE_S
 
 
 def test_a_closed_share_is_nobody_to_share_with(shares: list[LoopShare]) -> None:
     budget, other = make(shares), make(shares, burst_s=0.0)
     other.spent(0.0, 0.0)
-    assert budget.spent(0.0, 0.03) > 0
+    assert budget.spent(0.03, 0.03) > 0
     other.close()
     assert budget.spent(0.03, 0.06) == 0
+
+
+def test_one_wait_is_never_long(shares: list[LoopShare]) -> None:
+    """A reader that waited a second would make its kernel's iopub look quiet."""
+    budget, other = make(shares), make(shares)
+    other.spent(0.0, 1.0)
+    assert budget.spent(0.5, 1.0) == MAX_WAIT_S  # half a second of one batch: 2 s owed, 0.1 s waited
 
 
 def test_a_share_outside_zero_to_one_is_refused() -> None:
