@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kernelgw import __version__
-from kernelgw.cluster.node import Cluster
 from kernelgw.config import Settings
 from kernelgw.errors import GatewayNameInUse, KernelGWError, Unauthorized
 from kernelgw.runtime.allocator import AllocatorTrimmer
@@ -87,7 +86,11 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         # ---
         metrics = Metrics()
         manager = SessionManager(cfg, be, recorder=store, metrics=metrics)
-        cluster = Cluster(cfg, running_sessions=lambda: len(manager)) if cfg.cluster else None
+        cluster = None
+        if cfg.cluster:  # imported here: most gateways are not in one, and it brings httpx
+            from kernelgw.cluster.node import Cluster
+
+            cluster = Cluster(cfg, running_sessions=lambda: len(manager))
         if cluster is not None:
             manager.held_elsewhere = cluster.held_elsewhere  # a key's session quota spans the cluster
         install(

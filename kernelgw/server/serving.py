@@ -13,6 +13,7 @@ asks uvicorn to exit; a second signal exits at once.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import socket
@@ -122,6 +123,12 @@ class DrainingServer(uvicorn.Server):
             await super().serve(sockets)
         finally:
             await cancel_and_wait(self._drainer)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not gc.isenabled():  # `kernelgw serve` paused it for its start-up
+            gc.freeze()  # what start-up made lives as long as the process: never scan it again
+            gc.enable()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """The signal handler (main thread, between any two bytecodes: hand over to the loop)."""

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection
 
-from kernelgw.cluster.node import Cluster
 from kernelgw.config import Settings
 from kernelgw.runtime.backends import Backend
 from kernelgw.runtime.manager import SessionManager
@@ -27,6 +27,9 @@ from kernelgw.server.drain import Drain
 from kernelgw.server.policy import CodePolicy
 from kernelgw.server.ratelimit import ExecutionRateLimiter
 from kernelgw.storage import Store
+
+if TYPE_CHECKING:  # made and imported only when the gateway is in a cluster (it brings httpx)
+    from kernelgw.cluster.node import Cluster
 
 _ATTRIBUTE = "gateway"
 
