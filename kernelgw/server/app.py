@@ -29,6 +29,7 @@ from kernelgw.server.limits import BodySizeLimit
 from kernelgw.server.policy import CodePolicy
 from kernelgw.server.ratelimit import ExecutionRateLimiter
 from kernelgw.server.state import GatewayState, install
+from kernelgw.server.warm_up import build_routes
 from kernelgw.storage import Store
 from kernelgw.tasks import cancel_and_wait
 
@@ -72,6 +73,17 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     @asynccontextmanager
     async def _gateway(app: FastAPI, cfg: Settings, backend: Backend | None) -> AsyncIterator[None]:
         be = backend or create_backend(cfg)
+        # beside the start-up's waits (store, Docker, kernels): the first request need not
+        routes = asyncio.create_task(asyncio.to_thread(build_routes, app.router), name="route-warm-up")
+        try:
+            async with _started(app, cfg, be):
+                await routes  # before the first request: it would wait for the thread's lock on the loop
+                yield
+        finally:
+            await cancel_and_wait(routes)
+
+    @asynccontextmanager
+    async def _started(app: FastAPI, cfg: Settings, be: Backend) -> AsyncIterator[None]:
         # --- history storage (sessions, executions, notes): the manager's recorder
         store = Store.from_settings(cfg)
         await store.start()

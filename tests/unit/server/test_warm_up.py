@@ -1,0 +1,61 @@
+"""The routes are built before the first request (kernelgw.server.warm_up)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic import TypeAdapter
+from starlette.types import Message
+
+from kernelgw.server import create_app
+from kernelgw.server.warm_up import build_routes
+
+
+def _adapters_built_by_a_request(app: Any, monkeypatch: pytest.MonkeyPatch) -> int:
+    """How many pydantic adapters FastAPI makes while routing one execute request."""
+    made = 0
+    original = TypeAdapter.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        nonlocal made
+        made += 1
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TypeAdapter, "__init__", counting)
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",  # POST is the route's method: answered 405, after the routing
+        "scheme": "http",
+        "path": "/v1/sessions/s/execute",
+        "raw_path": b"/v1/sessions/s/execute",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [],
+        "client": None,
+        "server": None,
+    }
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    asyncio.run(app.router(scope, receive, send))
+    monkeypatch.setattr(TypeAdapter, "__init__", original)
+    assert sent and sent[0]["status"] == 405
+    return made
+
+
+def test_after_the_warm_up_a_first_request_builds_no_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    cold = _adapters_built_by_a_request(create_app(), monkeypatch)
+    if cold == 0:
+        pytest.skip("this FastAPI builds its routes when they are added: nothing to warm up")
+    app = create_app()
+    build_routes(app.router)
+    assert _adapters_built_by_a_request(app, monkeypatch) == 0, f"a cold app built {cold}"
