@@ -129,6 +129,9 @@ class KernelLink:
         self.handle: KernelHandle | None = None
         self.kernel_info: dict[str, Any] = {}
         self.last_iopub = time.monotonic()
+        self.output_share: LoopShare | None = None
+        """The share of the event loop its kernel's output may take, while read
+        (`_read_iopub`); a Jupyter connection forwarding that output is charged to it too."""
         self.iopub_stale = False
         """ZMQ dropped the iopub connection (an oversized message): resubscribe
         before the next execution, or its output would go nowhere."""
@@ -442,7 +445,7 @@ class KernelLink:
 
     async def _read_iopub(self, kc: AsyncKernelClient, listener: LinkListener) -> None:
         reader = self._reader(kc.iopub_channel.socket, kc, "iopub")
-        budget = LoopShare(FLOOD_SHARE, FLOOD_BURST_S)
+        budget = self.output_share = LoopShare(FLOOD_SHARE, FLOOD_BURST_S)
         try:
             while True:
                 batch = await reader.batch()
@@ -454,6 +457,8 @@ class KernelLink:
                 await asyncio.sleep(budget.spent(time.thread_time() - reader.busy_since, time.perf_counter()))
         finally:
             budget.close()
+            if self.output_share is budget:
+                self.output_share = None
 
     def _note_orders(self, batch: list[dict[str, Any]]) -> None:
         """Where each message of a Jupyter client's cell sits (`QueuedExecution.seen_orders`);

@@ -39,6 +39,7 @@ from kernelgw.runtime.execution_queue import ExecutionQueue
 from kernelgw.runtime.fanout import EventFanout, Published, Subscription
 from kernelgw.runtime.kernel_link import KernelLink
 from kernelgw.runtime.lineage import Lineage, LineageCell, ReplayReport
+from kernelgw.runtime.loop_share import LoopShare
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.pause import (
     NamespaceSummary,
@@ -181,6 +182,11 @@ class KernelSession:
     def kernel_info(self) -> dict[str, Any]:
         """The kernel's kernel_info reply (language, versions)."""
         return self._link.kernel_info
+
+    @property
+    def output_share(self) -> LoopShare | None:
+        """The event loop's share its kernel's output may take (None: not read now)."""
+        return self._link.output_share
 
     @property
     def paused_from(self) -> KernelHandle | None:

@@ -297,24 +297,34 @@ class ChannelsConnection:
             except Exception as exc:
                 log.warning("session %s: dropped an invalid %s message (%s)", self.session.id, channel, exc)
                 continue
-            if not (isinstance(msg, dict) and isinstance(msg.get("header"), dict) and "msg_type" in msg["header"]):
-                continue
-            parent = msg.get("parent_header") or {}
-            if not isinstance(parent, dict):
-                continue
-            if parent.get("msg_id") in self._nudges:
-                if channel == "control":
-                    self._nudge_replied.set()
-                elif channel == "iopub" and (msg.get("content") or {}).get("execution_state") == "idle":
-                    self._nudged.set()
-                continue
-            if channel != "iopub":
-                self.send_kernel(channel, msg)
-            elif not self._ready.is_set():
-                # read while the connection is made: after what the client missed (`_connect`)
-                self._held_iopub.append(msg)
-            else:
-                self._forward_iopub(msg)
+            busy = time.thread_time()
+            self._take(channel, msg)
+            if channel == "iopub" and (share := self.session.output_share) is not None:
+                # a flood forwarded to this client is charged to its session's
+                # share of the loop, as the session's own reading of it is
+                # (`runtime.loop_share`): other sessions' cells are not starved
+                if wait := share.spent(time.thread_time() - busy, time.perf_counter()):
+                    await asyncio.sleep(wait)
+
+    def _take(self, channel: str, msg: Any) -> None:
+        if not (isinstance(msg, dict) and isinstance(msg.get("header"), dict) and "msg_type" in msg["header"]):
+            return
+        parent = msg.get("parent_header") or {}
+        if not isinstance(parent, dict):
+            return
+        if parent.get("msg_id") in self._nudges:
+            if channel == "control":
+                self._nudge_replied.set()
+            elif channel == "iopub" and (msg.get("content") or {}).get("execution_state") == "idle":
+                self._nudged.set()
+            return
+        if channel != "iopub":
+            self.send_kernel(channel, msg)
+        elif not self._ready.is_set():
+            # read while the connection is made: after what the client missed (`_connect`)
+            self._held_iopub.append(msg)
+        else:
+            self._forward_iopub(msg)
 
     def _forward_iopub(self, msg: dict[str, Any]) -> None:
         parent = msg.get("parent_header") or {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from typing import Any
 
 import httpx
@@ -16,6 +17,9 @@ from jupyter_server.services.kernels.connection.base import (
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from kernelgw.runtime.kernel_link import KernelLink
+from kernelgw.runtime.loop_share import LoopShare
+from kernelgw.server.jupyter.channels import ChannelsConnection
 from tests.support.local_backend import LocalBackend
 from tests.unit.server.jupyter.conftest import (
     RECEIVE_TIMEOUT_S,
@@ -237,3 +241,28 @@ async def test_code_policy_refuses_a_cell_like_v1(local_backend: LocalBackend, t
                     assert stdout(await run(ws, "print('fine')")) == "fine\n"
             finally:
                 await http.delete(f"/api/kernels/{kid}")
+
+
+async def test_output_forwarded_to_a_client_is_charged_to_its_sessions_share_of_the_loop(
+    gw: Gateway, kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Jupyter client's flood costs the loop twice (the session reads it, the
+    connection forwards it): both are charged to one bucket, the session's."""
+    charged: dict[str, list[LoopShare]] = {"link": [], "connection": []}
+    original = LoopShare.spent
+
+    def spent(self: LoopShare, cost: float, now: float) -> float:
+        caller = sys._getframe(1).f_code
+        if caller is ChannelsConnection._read.__code__:
+            charged["connection"].append(self)
+        elif caller is KernelLink._read_iopub.__code__:
+            charged["link"].append(self)
+        return original(self, cost, now)
+
+    monkeypatch.setattr(LoopShare, "spent", spent)
+    async with connect(channels_url(gw, kernel, gw.alice)) as ws:
+        msgs = await run(ws, "for i in range(300):\n    print(i, flush=True)")
+    assert stdout(msgs) == "".join(f"{i}\n" for i in range(300))
+    assert charged["connection"], "the connection forwarded output without charging any share"
+    assert charged["link"]
+    assert {id(s) for s in charged["connection"]} == {id(s) for s in charged["link"]}
