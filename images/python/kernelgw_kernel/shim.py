@@ -359,7 +359,7 @@ class Fences:
 
     A fence starts at whichever of a non-silent cell's execute_reply (shell)
     and idle (iopub) reaches the shim first: the two come on different sockets,
-    and Deno's idle often comes first (1 cell in 10 without load; a fence
+    and Deno's idle often comes first (5% of cells, loaded or not; a fence
     started only at the reply let that idle through, and the cell lost the
     rest of its output). The shim sends the kernel a silent request of its own
     (the probe) that prints a marker through the same queue, and holds the
