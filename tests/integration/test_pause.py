@@ -11,7 +11,7 @@ import docker
 import httpx
 import pytest
 
-from kernelgw.runtime.backends.docker import LABEL_SESSION, LABEL_STORE
+from kernelgw.runtime.backends.labels import LABEL_SESSION, LABEL_STORE
 from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway, stdout
 
 pytestmark = pytest.mark.integration

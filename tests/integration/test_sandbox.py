@@ -9,7 +9,7 @@ import docker
 import httpx
 import pytest
 
-from kernelgw.runtime.backends.docker import STORE_RUNTIMES
+from kernelgw.runtime.backends.workspace_store import STORE_RUNTIMES
 from tests.integration.conftest import RUNTIME, RunningGateway, run, stdout
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,9 @@ import docker
 import httpx
 import pytest
 
-from kernelgw.runtime.backends.docker import LABEL_GATEWAY, LABEL_STORE, STORE_RUNTIMES, DockerBackend
+from kernelgw.runtime.backends.docker import DockerBackend
+from kernelgw.runtime.backends.labels import LABEL_GATEWAY, LABEL_STORE
+from kernelgw.runtime.backends.workspace_store import STORE_RUNTIMES
 from tests.integration.conftest import RUNTIME, gateway_settings, run, start_gateway, stdout
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ import docker
 import httpx
 import pytest
 
-from kernelgw.runtime.backends.docker import LABEL_KERNEL
+from kernelgw.runtime.backends.labels import LABEL_KERNEL
 from tests.integration.conftest import IMAGE, RUNTIME, assert_nothing_left, remove_everything
 from tests.security.conftest import gateway_containers, session_containers
 from tests.support import processes

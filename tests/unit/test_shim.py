@@ -303,8 +303,9 @@ def test_a_fence_puts_the_idle_after_late_output(shim: ModuleType) -> None:
     cell = parsed(kernel, request)["header"]
     fences.request(request)
     # the cell's reply goes on, and a probe goes to the kernel
-    drop, probe = fences.reply(kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=cell)))
-    assert not drop and probe is not None
+    assert not fences.reply(kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=cell)))
+    (probe,) = fences.take_probes()
+    assert fences.take_probes() == []  # sent once
     probe_msg = kernel.deserialize(probe[1:], content=True)  # signed
     assert probe_msg["content"]["silent"] and probe_msg["content"]["code"].startswith('console.log("kernelgw-fence-s1-')
     marker = probe_msg["content"]["code"][len('console.log("') : -2]
@@ -330,7 +331,7 @@ def test_a_fence_puts_the_idle_after_late_output(shim: ModuleType) -> None:
     # the probe's late idle and reply are dropped; others pass
     assert fences.iopub(pub(kernel, "status", {"execution_state": "idle"}, probe_header)) == []
     probe_reply = kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=probe_header))
-    assert fences.reply(probe_reply) == (True, None)
+    assert fences.reply(probe_reply) is True and fences.take_probes() == []
     assert fences.iopub(other) == [other]
 
 
@@ -341,7 +342,8 @@ def test_a_fence_ends_on_its_marker_alone_or_when_finished(shim: ModuleType) -> 
         request = gateway.serialize(gateway.msg("execute_request", {"code": "x", "silent": False}))
         cell = parsed(kernel, request)["header"]
         fences.request(request)
-        _, probe = fences.reply(kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=cell)))
+        fences.reply(kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=cell)))
+        (probe,) = fences.take_probes()
         probe_msg = kernel.deserialize(probe[1:], content=True)
         marker = probe_msg["content"]["code"][len("print('") : -2]
         idle = pub(kernel, "status", {"execution_state": "idle"}, cell)
@@ -355,4 +357,62 @@ def test_a_fence_ends_on_its_marker_alone_or_when_finished(shim: ModuleType) -> 
     silent = gateway.serialize(gateway.msg("execute_request", {"code": "", "silent": True}))
     fences.request(silent)
     reply = kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=parsed(kernel, silent)["header"]))
-    assert fences.reply(reply) == (False, None)
+    assert fences.reply(reply) is False and fences.take_probes() == []
+
+
+def probe_of(kernel: Session, fences: Any) -> tuple[dict[str, Any], str]:
+    """The one probe the fences want sent, and its marker (template ``p('{marker}')``)."""
+    (probe,) = fences.take_probes()
+    msg = kernel.deserialize(probe[1:], content=True)
+    return msg["header"], msg["content"]["code"][len("p('") : -2]
+
+
+def test_an_idle_that_overtakes_the_reply_starts_the_fence(shim: ModuleType) -> None:
+    """Deno sends the reply (shell) and then the idle (iopub), but they travel
+    on different sockets and the idle often reaches the shim first (a cell in
+    ten): that idle must wait for the cell's late output all the same."""
+    gateway, kernel = Session(key=KEY), Session(key=KEY)
+    fences = shim.Fences(shim.Signer(KEY), "p('{marker}')", "s3")
+    request = gateway.serialize(gateway.msg("execute_request", {"code": "x", "silent": False}))
+    cell = parsed(kernel, request)["header"]
+    fences.request(request)
+    early = pub(kernel, "stream", {"name": "stdout", "text": "0\n"}, cell)
+    assert fences.iopub(early) == [early]
+    idle = pub(kernel, "status", {"execution_state": "idle"}, cell)
+    assert fences.iopub(idle) == []  # held: the fence starts here
+    probe_header, marker = probe_of(kernel, fences)
+    assert fences.deadline is not None
+    # the reply comes after: it goes on, and starts no second fence
+    assert not fences.reply(kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=cell)))
+    assert fences.take_probes() == []
+    late = fences.iopub(pub(kernel, "stream", {"name": "stdout", "text": "1\n"}, probe_header))
+    assert [parsed(gateway, m)["content"]["text"] for m in late] == ["1\n"]
+    assert fences.iopub(pub(kernel, "stream", {"name": "stdout", "text": marker + "\n"}, probe_header)) == [idle]
+    assert fences.deadline is None
+    # a cell's idle after its fence ended passes (it is not fenced twice)
+    assert fences.iopub(idle) == [idle] and fences.take_probes() == []
+
+
+def test_a_cell_idle_that_waited_behind_a_fence_starts_its_own(shim: ModuleType) -> None:
+    """Cells sent back to back (a notebook's run-all): the next cell's idle
+    waits behind the first one's fence, then fences its own cell."""
+    gateway, kernel = Session(key=KEY), Session(key=KEY)
+    fences = shim.Fences(shim.Signer(KEY), "p('{marker}')", "s4")
+    requests = [gateway.serialize(gateway.msg("execute_request", {"code": c, "silent": False})) for c in "ab"]
+    first, second = (parsed(kernel, r)["header"] for r in requests)
+    for r in requests:
+        fences.request(r)
+    first_idle = pub(kernel, "status", {"execution_state": "idle"}, first)
+    assert fences.iopub(first_idle) == []
+    probe1, marker1 = probe_of(kernel, fences)
+    second_out = pub(kernel, "stream", {"name": "stdout", "text": "b\n"}, second)
+    second_idle = pub(kernel, "status", {"execution_state": "idle"}, second)
+    assert fences.iopub(second_out) == [] and fences.iopub(second_idle) == []  # wait behind the first
+    # the second cell's reply, while the first fence is on, starts nothing
+    assert not fences.reply(kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=second)))
+    assert fences.take_probes() == []
+    out = fences.iopub(pub(kernel, "stream", {"name": "stdout", "text": marker1 + "\n"}, probe1))
+    assert out == [first_idle, second_out]  # the second idle is held again, by its own fence
+    probe2, marker2 = probe_of(kernel, fences)
+    assert probe2["msg_id"] != probe1["msg_id"]
+    assert fences.iopub(pub(kernel, "stream", {"name": "stdout", "text": marker2}, probe2)) == [second_idle]

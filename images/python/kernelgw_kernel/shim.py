@@ -357,26 +357,34 @@ class Fences:
     printed 100 lines had some after their idle, up to 75 ms later). The
     gateway ends a cell at its idle and would lose the rest.
 
-    When the reply of a non-silent execute_request passes, the shim sends the
-    kernel a silent request of its own (the probe) that prints a marker
-    through the same queue, and holds the cell's idle. Until the marker
-    comes, output under the cell's parent goes on, output under the probe's
-    is the cell's (re-parented, re-signed), the probe's status, input and
-    marker are dropped, and anything else waits; then the cell's idle goes
-    out, followed by what waited. The probe's reply is dropped. After
-    ``FENCE_TIMEOUT_S`` without the marker the idle goes out anyway. (Deno
-    parents even a cell's execute_result by the request it runs when the
-    result is sent, which can be the probe: it is the cell's too. The probe
-    prints only: no result of its own.)"""
+    A fence starts at whichever of a non-silent cell's execute_reply (shell)
+    and idle (iopub) reaches the shim first: the two come on different sockets,
+    and Deno's idle often comes first (5% of cells, loaded or not; a fence
+    started only at the reply let that idle through, and the cell lost the
+    rest of its output). The shim sends the kernel a silent request of its own
+    (the probe) that prints a marker through the same queue, and holds the
+    cell's idle. Until the marker comes, output under the cell's parent goes
+    on, output under the probe's is the cell's (re-parented, re-signed), the
+    probe's status, input and marker are dropped, and anything else waits;
+    then the cell's idle goes out, followed by what waited (seen again, so a
+    waiting cell's idle starts that cell's fence). The probe's reply is
+    dropped. After ``FENCE_TIMEOUT_S`` without the marker the idle goes out
+    anyway. (Deno parents even a cell's execute_result by the request it runs
+    when the result is sent, which can be the probe: it is the cell's too. The
+    probe prints only: no result of its own.)
+
+    Probes wait in `outbox` for the relay to send them to the kernel's shell."""
 
     def __init__(self, signer: Signer, template: str, session: str) -> None:
         self.signer = signer
         self.template = template
         self.session = session
         self.cells: OrderedDict[str, bytes] = OrderedDict()
-        """msg_id of non-silent execute_requests -> their header frame."""
+        """msg_id of non-silent execute_requests not fenced yet -> their header frame."""
         self.probes: OrderedDict[str, None] = OrderedDict()
         """Every probe sent (their late messages are dropped)."""
+        self.outbox: list[list[bytes]] = []
+        """Probes for the kernel's shell socket, not sent yet."""
         self.count = 0
         self.active: dict[str, Any] | None = None
 
@@ -398,20 +406,30 @@ class Fences:
             while len(self.cells) > PENDING_MAX:
                 self.cells.popitem(last=False)
 
-    def reply(self, frames: list[bytes]) -> tuple[bool, list[bytes] | None]:
-        """A shell message from the kernel: (whether to drop it, a probe to
-        send the kernel)."""
+    def reply(self, frames: list[bytes]) -> bool:
+        """A shell message from the kernel: whether to drop it (a probe's
+        reply). A cell's execute_reply starts its fence unless its idle did."""
         i = split(frames)
         if i is None:
-            return False, None
+            return False
         parent = json.loads(frames[i + 3])
         msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
         if msg_id in self.probes:
-            return True, None
+            return True
         if not isinstance(msg_id, str) or msg_id not in self.cells or self.active is not None:
-            return False, None
+            return False
         if json.loads(frames[i + 2]).get("msg_type") != "execute_reply":
-            return False, None
+            return False
+        self._start(msg_id)
+        return False
+
+    def take_probes(self) -> list[list[bytes]]:
+        """The probes to send the kernel now (the outbox emptied)."""
+        probes, self.outbox = self.outbox, []
+        return probes
+
+    def _start(self, cell: str) -> None:
+        """Fence ``cell``: a probe into the outbox, its idle held from now on."""
         self.count += 1
         marker = f"kernelgw-fence-{self.session}-{self.count}"
         header = {
@@ -435,15 +453,15 @@ class Fences:
         while len(self.probes) > PENDING_MAX:
             self.probes.popitem(last=False)
         self.active = {
-            "cell": msg_id,
-            "cell_header": self.cells.pop(msg_id),
+            "cell": cell,
+            "cell_header": self.cells.pop(cell),
             "probe": header["msg_id"],
             "marker": marker,
             "idle": None,
             "held": [],
             "deadline": time.monotonic() + FENCE_TIMEOUT_S,
         }
-        return False, [DELIM, self.signer.sign(parts), *parts]
+        self.outbox.append([DELIM, self.signer.sign(parts), *parts])
 
     def iopub(self, frames: list[bytes]) -> list[list[bytes]]:
         """What to publish now for a message the kernel published."""
@@ -454,11 +472,18 @@ class Fences:
         parent = json.loads(frames[i + 3])
         parent_id = parent.get("msg_id") if isinstance(parent, dict) else None
         if fence is None:
-            return [] if parent_id in self.probes else [frames]
+            if parent_id in self.probes:
+                return []
+            if isinstance(parent_id, str) and parent_id in self.cells and _is_idle(frames, i):
+                self._start(parent_id)  # the idle overtook the reply: fence now
+                assert self.active is not None
+                self.active["idle"] = frames
+                return []
+            return [frames]
         header = json.loads(frames[i + 2])
         msg_type = header.get("msg_type") if isinstance(header, dict) else None
         if parent_id == fence["cell"]:
-            if msg_type == "status" and (json.loads(frames[i + 5]) or {}).get("execution_state") == "idle":
+            if _is_idle(frames, i):
                 fence["idle"] = frames
                 return []
             return [frames]
@@ -483,11 +508,24 @@ class Fences:
         return []
 
     def finish(self) -> list[list[bytes]]:
-        """End the active fence: its cell's idle, then what waited."""
+        """End the active fence: its cell's idle, then what waited, seen again
+        (a waiting cell's idle starts its own fence, which holds what follows)."""
         fence, self.active = self.active, None
         if fence is None:
             return []
-        return ([fence["idle"]] if fence["idle"] is not None else []) + list(fence["held"])
+        out = [fence["idle"]] if fence["idle"] is not None else []
+        for frames in fence["held"]:
+            out.extend(self.iopub(frames))
+        return out
+
+
+def _is_idle(frames: list[bytes], i: int) -> bool:
+    """Whether the message (delimiter at ``i``) is a status ``idle``."""
+    header = json.loads(frames[i + 2])
+    if not isinstance(header, dict) or header.get("msg_type") != "status":
+        return False
+    content = json.loads(frames[i + 5])
+    return isinstance(content, dict) and content.get("execution_state") == "idle"
 
 
 def _value(text: str) -> dict[str, Any]:
@@ -630,6 +668,13 @@ class Shim:
                 out = [frames]
             for message in out:
                 self._send(target, message)
+            self.send_probes()
+
+    def send_probes(self) -> None:
+        """The fences' probes to the kernel's shell (a cell's reply or idle started one)."""
+        if self.fences is not None:
+            for probe in self.fences.take_probes():
+                self._send(self.back["shell"], probe)
 
     @staticmethod
     def _send(target: zmq.Socket[bytes], frames: list[bytes]) -> None:
@@ -643,6 +688,7 @@ class Shim:
         if self.fences is not None and self.fences.deadline is not None and time.monotonic() >= self.fences.deadline:
             for message in self.fences.finish():
                 self._send(self.front["iopub"], message)
+            self.send_probes()
 
     def route(self, frames: list[bytes], channel: str, from_front: bool) -> list[list[bytes]]:
         """The messages to send on for ``frames`` (none: unroutable, or held)."""
@@ -660,12 +706,8 @@ class Shim:
                 if self.fences is not None:
                     self.fences.request(frames)
             return [frames]
-        if channel == "shell" and self.fences is not None:
-            drop, probe = self.fences.reply(frames)
-            if drop:
-                return []
-            if probe is not None:
-                self._send(self.back["shell"], probe)
+        if channel == "shell" and self.fences is not None and self.fences.reply(frames):
+            return []
         routed = self.routes.outbound(frames, channel)
         if routed is None:
             return []

@@ -10,19 +10,9 @@ own death.
 The kernel's ZMQ sockets are unix sockets in a per-kernel directory bind-mounted
 at ``/conn``; that directory is the only thing the host shares with it.
 
-A session's workspace and installed packages outlive its kernel containers: they
-are tmpfs volumes of the engine (same sizes and mount options as before, so the
-quota is still the kernel's ``ENOSPC``), kept mounted between kernels by a small
-store container per session that only sleeps. The engine unmounts a tmpfs volume,
-and loses its files, when no container uses it; the store is that container. It
-starts once the session has files to keep (``keep_workspace``: the first upload,
-install or cell that wrote a file, and any restart), not with every kernel, so a
-session that never writes a file costs one container as before. A restart, a
-timeout's restart or an out-of-memory kill then replaces only the kernel's
-container; ending the session removes the store and its volumes. Only for
-runtimes in ``STORE_RUNTIMES``: gVisor 20221219 (Debian's) answers ``statx`` on a
-bind-mounted volume with EINVAL, so ``ls`` and ``cp`` in ``/workspace`` would
-fail; its sessions keep the tmpfs inside the sandbox, which ends with it.
+A session's workspace can outlive its kernel containers: its volumes and the
+store container that keeps them mounted are `WorkspaceStore`'s
+(:mod:`kernelgw.runtime.backends.workspace_store`).
 
 The Docker SDK is blocking, so every call runs on a private thread pool.
 """
@@ -30,7 +20,6 @@ The Docker SDK is blocking, so every call runs on a private thread pool.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import importlib.resources
@@ -57,7 +46,6 @@ from kernelgw.config import DEFAULT_KERNEL_UID
 from kernelgw.errors import BackendError, EngineUnavailable, ImageNotFound, KernelDied, KernelStartFailed
 from kernelgw.runtime.backends.base import (
     IPC_PORTS,
-    PACKAGES_DIR,
     WORKSPACE_DIR,
     EngineHealth,
     KernelContainer,
@@ -66,30 +54,19 @@ from kernelgw.runtime.backends.base import (
     KernelState,
     connection_info,
 )
+from kernelgw.runtime.backends.labels import LABEL_GATEWAY, LABEL_KERNEL, LABEL_SESSION, LABEL_STORE
+from kernelgw.runtime.backends.workspace_store import STORE_MOUNT_MODE, WorkspaceStore, session_mounts
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-LABEL_GATEWAY = "kernelgw.gateway"
-LABEL_SESSION = "kernelgw.session"
-LABEL_KERNEL = "kernelgw.kernel"
-LABEL_STORE = "kernelgw.store"
-ENDED_REMEMBERED = 10_000
-"""Ended sessions a backend remembers (`DockerBackend.keep_workspace`)."""
-"""On a session's store container and volumes (value: the session id)."""
-STORE_RUNTIMES = frozenset({"runc"})
-"""Runtimes whose kernels get a workspace that outlives them (see the module doc)."""
 START_ATTEMPTS = 3
 RACED_START = ("cannot start a stopped process", "cannot start an already running container")
 OOM_RECHECKS = 20
 """A SIGKILL exit is asked about again for up to OOM_RECHECKS x OOM_RECHECK_S (2 s:
 0.5 s was too short for gVisor under a loaded CI machine)."""
 OOM_RECHECK_S = 0.1
-STORE_COMMAND = ["sleep", "infinity"]
-STORE_MOUNT_MODE = "rw,nocopy"
-"""nocopy: the engine would otherwise copy the image's directory (and its owner
-and mode) into an empty volume on its first mount."""
 CONTAINER_CONN_DIR = "/conn"
 KERNEL_COMMAND = ["/opt/kernelgw/start-kernel", f"{CONTAINER_CONN_DIR}/kernel.json"]
 # sun_path is 108 bytes including the terminating NUL
@@ -161,6 +138,11 @@ def seccomp_profile() -> str:
     return json.dumps(json.loads(text), separators=(",", ":"))
 
 
+def security_options() -> list[str]:
+    """``security_opt`` of every container a backend starts."""
+    return ["no-new-privileges", "seccomp=" + seccomp_profile()]
+
+
 class DockerBackend:
     def __init__(
         self,
@@ -175,11 +157,6 @@ class DockerBackend:
     ) -> None:
         self.gateway_name = gateway_name
         self.base_dir = Path(runtime_dir) / gateway_name
-        self.keep_workspaces = keep_workspaces
-        self._store_starts: dict[str, asyncio.Future[None]] = {}
-        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
-        """Sessions ended lately: a late `keep_workspace` for one makes no store."""
-        """Store containers being started, by session id (see ``end_session``)."""
         if os.geteuid() == 0:
             self.uid, self.gid = kernel_uid, kernel_gid
             warn_if_host_account(kernel_uid)
@@ -190,6 +167,16 @@ class DockerBackend:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="docker")
         self._client_factory = client_factory or partial(docker.from_env, max_pool_size=max_workers, timeout=60)
         self._docker: docker.DockerClient | None = None
+        self.workspaces = WorkspaceStore(
+            gateway_name=gateway_name,
+            uid=self.uid,
+            gid=self.gid,
+            enabled=keep_workspaces,
+            client=self._client,
+            run=self._run,
+            run_container=self._run_container,
+            security_opt=security_options,
+        )
         longest = self.base_dir / ("x" * 12) / "k-5"
         if len(str(longest).encode()) > MAX_SOCKET_PATH:
             raise ValueError(
@@ -266,28 +253,12 @@ class DockerBackend:
 
     # ---------------------------------------------------------------- protocol
     async def start(self, spec: KernelSpec) -> KernelHandle:
-        if not self._keeps(spec):
+        if not self.workspaces.keeps(spec):
             return await self._run(self._start_sync, spec, None)
-        # the volumes only: the store starts once there are files to keep
-        volumes, _ = await self._run(self._prepare_store, spec)
-        return await self._run(self._start_sync, spec, volumes)
-
-    def _keeps(self, spec: KernelSpec) -> bool:
-        return self.keep_workspaces and spec.runtime in STORE_RUNTIMES
+        return await self._run(self._start_sync, spec, await self.workspaces.volumes(spec))
 
     async def keep_workspace(self, spec: KernelSpec) -> None:
-        if not self._keeps(spec) or spec.session_id in self._ended:
-            return  # ended: a store made now would outlive its session
-        # end_session waits for it: a store must not appear after its session ended
-        store = asyncio.ensure_future(self._run(self._ensure_store_running, spec))
-        self._store_starts[spec.session_id] = store
-        store.add_done_callback(lambda _: self._store_starts.pop(spec.session_id, None))
-        await store
-
-    def _ensure_store_running(self, spec: KernelSpec) -> None:
-        volumes, missing = self._prepare_store(spec)
-        if missing:
-            self._run_store(spec, volumes)
+        await self.workspaces.keep(spec)
 
     def _start_sync(self, spec: KernelSpec, store_volumes: dict[str, str] | None) -> KernelHandle:
         self._client()  # an engine that does not answer fails here, before anything is made
@@ -297,7 +268,7 @@ class DockerBackend:
         volumes = {str(conn_dir): {"bind": CONTAINER_CONN_DIR, "mode": "rw"}}
         tmpfs = {"/tmp": f"rw,exec,nosuid,nodev,size={spec.tmp_size_mb}m,mode=1777"}
         if store_volumes is None:
-            tmpfs.update(self._session_mounts(spec))
+            tmpfs.update(session_mounts(spec, self.uid, self.gid))
         else:
             volumes.update({volume: {"bind": path, "mode": STORE_MOUNT_MODE} for path, volume in store_volumes.items()})
         try:
@@ -314,7 +285,7 @@ class DockerBackend:
                 volumes=volumes,
                 working_dir=WORKSPACE_DIR,
                 **self._identity(),
-                security_opt=["no-new-privileges", "seccomp=" + seccomp_profile()],
+                security_opt=security_options(),
                 **process_limits(spec),
                 mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m",
@@ -368,93 +339,6 @@ class DockerBackend:
                 time.sleep(0.2 * attempt)
         raise AssertionError("unreachable")
 
-    def _session_mounts(self, spec: KernelSpec) -> dict[str, str]:
-        """The session's own tmpfs mounts and their options. exec on all of them
-        (Docker's default is noexec): native extensions load from the packages
-        mount; why the workspace too, and /dev/shm not: docs/security.md."""
-        owner = f"uid={self.uid},gid={self.gid}"
-        return {
-            WORKSPACE_DIR: f"rw,exec,nosuid,nodev,size={spec.workspace_size_mb}m,{owner},mode=0700",
-            PACKAGES_DIR: f"rw,exec,nosuid,nodev,size={spec.packages_size_mb}m,{owner},mode=0755",
-        }
-
-    def _store_name(self, session_id: str) -> str:
-        return f"kernelgw-{self.gateway_name}-{session_id}-store"
-
-    def _prepare_store(self, spec: KernelSpec) -> tuple[dict[str, str], bool]:
-        """The session's volumes by mount path, and whether its store container
-        must be started: created on the first start, reused by later kernels."""
-        mounts = self._session_mounts(spec)
-        name = self._store_name(spec.session_id)
-        volumes = {path: f"{name}-{path.rstrip('/').rsplit('/', 1)[-1]}" for path in mounts}
-        client = self._client()
-        try:
-            try:
-                running = client.api.inspect_container(name).get("State", {}).get("Running", False)
-            except docker.errors.NotFound:
-                running = None
-            if running:
-                return volumes, False
-            if running is not None:
-                # stopped (say, the engine restarted): its tmpfs volumes were unmounted
-                # and their files are gone; start over with empty ones
-                self._remove_store_sync(spec.session_id)
-            for path, volume in volumes.items():
-                # the engine's options field is mount(8)'s: the flags go through as flags
-                client.volumes.create(
-                    volume,
-                    driver="local",
-                    driver_opts={"type": "tmpfs", "device": "tmpfs", "o": mounts[path].removeprefix("rw,")},
-                    labels={LABEL_GATEWAY: self.gateway_name, LABEL_STORE: spec.session_id},
-                )
-        except docker.errors.DockerException as exc:
-            raise KernelStartFailed(f"Could not create the session's workspace volumes: {exc}") from exc
-        return volumes, True
-
-    def _run_store(self, spec: KernelSpec, volumes: dict[str, str]) -> None:
-        """Start the container that keeps the session's volumes mounted."""
-        try:
-            self._run_container(
-                spec.image,
-                command=STORE_COMMAND,
-                name=self._store_name(spec.session_id),
-                detach=True,
-                labels={LABEL_GATEWAY: self.gateway_name, LABEL_STORE: spec.session_id},
-                network_mode="none",
-                read_only=True,
-                user=f"{self.uid}:{self.gid}",
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges", "seccomp=" + seccomp_profile()],
-                pids_limit=4,
-                mem_limit="16m",
-                memswap_limit="16m",
-                nano_cpus=int(0.05 * 1e9),
-                volumes={volume: {"bind": path, "mode": STORE_MOUNT_MODE} for path, volume in volumes.items()},
-                working_dir="/",
-                runtime="runc",  # it runs only the image's sleep, never user code
-            )
-        except docker.errors.DockerException as exc:
-            raise KernelStartFailed(f"Could not start the session's workspace store: {exc}") from exc
-
-    def _remove_store_sync(self, session_id: str) -> None:
-        """Remove the session's store container, then its volumes (a volume in use
-        cannot be removed). Idempotent."""
-        client = self._client()
-        try:
-            client.api.remove_container(self._store_name(session_id), force=True, v=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:
-                raise
-        for volume in client.volumes.list(filters={"label": f"{LABEL_STORE}={session_id}"}):
-            if (volume.attrs.get("Labels") or {}).get(LABEL_GATEWAY) != self.gateway_name:
-                continue
-            try:
-                volume.remove(force=True)
-            except docker.errors.NotFound:
-                pass
-
     def _remove_by_label(self, label: str, value: str) -> None:
         try:
             for c in self._client().containers.list(all=True, filters={"label": f"{label}={value}"}):
@@ -476,16 +360,7 @@ class DockerBackend:
         shutil.rmtree(handle.conn_dir, ignore_errors=True)
 
     async def end_session(self, session_id: str) -> None:
-        self._ended[session_id] = None
-        while len(self._ended) > ENDED_REMEMBERED:
-            self._ended.popitem(last=False)
-        starting = self._store_starts.get(session_id)
-        if starting is not None:  # its store may still be on its way: remove it after
-            await asyncio.wait([starting])
-        try:
-            await self._run(self._remove_store_sync, session_id)
-        except docker.errors.DockerException as exc:
-            log.warning("removing the workspace of session %s failed: %s", session_id, exc)
+        await self.workspaces.end(session_id)
 
     async def signal(self, handle: KernelHandle, signum: int) -> None:
         try:
