@@ -22,10 +22,10 @@ from kernelgw.storage.migrations import (
     CHANNELS,
     GATEWAYS,
     KERNEL_NAME,
+    OUTPUT_CHUNKS,
     REATTACH,
     REPLAY,
     VERSION_TABLE,
-    OUTPUT_CHUNKS,
     MigrationsNeedAConnection,
 )
 from tests.support import previous_schema
