@@ -198,7 +198,7 @@ async def test_purging_a_session_removes_its_chunks(store: Store) -> None:
     for s in (session, other):
         await store.session_started(s)
         cell = Cell(store, s, seq=0)
-        for i in range(400):
+        for _ in range(400):
             cell.print("z" * 2000 + "\n")
         await cell.finish()
     await store.session_ended(session, "deleted")
