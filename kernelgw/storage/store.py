@@ -141,6 +141,13 @@ class _StartRow:
     """Output chunks queued for the cell."""
     uncommitted: int = 0
     """Of them, those not committed yet: the cell's end is queued behind them."""
+    written: int = 0
+    """Of them, those the writer wrote (in its thread)."""
+    tail: tuple[int, list[Published]] = (0, [])
+    """The latest events after its chunks, for the row's next rewrite, with how
+    many chunks were queued before them (set at once: read in the writer's thread)."""
+    tail_queued: bool = False
+    """A rewrite of the row's tail is queued: a later one would only repeat it."""
 
 
 class Store:
@@ -342,12 +349,19 @@ class Store:
         keys = {"k_session": session.id, "k_position": start.position, "k_execution": execution.execution_id}
         size = sum(len(p.json) for p in tail)
         if size < TAIL_BYTES:
-            snapshot = list(tail)
+            start.tail = (start.parts, list(tail))
+            if start.tail_queued:  # the queued rewrite writes this newer tail
+                return
+            start.tail_queued = True
 
             async def rewrite(conn: AsyncConnection) -> None:
-                if start.inserted and not start.superseded:
-                    events = ev.json_array([p.json for p in snapshot])  # joined in the writer's thread
-                    await conn.execute(_CHECKPOINT_EXECUTION, {**keys, "events": events})
+                # the latest tail when written; one that follows a chunk not yet
+                # written is left to that chunk's write (no event twice, none out of order)
+                start.tail_queued = False
+                parts, events = start.tail
+                if start.inserted and not start.superseded and parts == start.written:
+                    text = ev.json_array([p.json for p in events])  # joined in the writer's thread
+                    await conn.execute(_CHECKPOINT_EXECUTION, {**keys, "events": text})
 
             self.enqueue(
                 f"output so far of execution {execution.execution_id} of session {session.id}",
@@ -370,8 +384,11 @@ class Store:
         async def append(conn: AsyncConnection) -> None:
             events = ev.json_array([p.json for p in chunk])
             await conn.execute(_INSERT_CHUNK, {**values, "events": events, "bytes": len(events)})
+            start.written = part + 1
             if start.inserted and not start.superseded:  # the row keeps only what follows its chunks
-                await conn.execute(_CHECKPOINT_EXECUTION, {**keys, "events": "[]"})
+                parts, after = start.tail
+                text = ev.json_array([p.json for p in after]) if parts == start.written else "[]"
+                await conn.execute(_CHECKPOINT_EXECUTION, {**keys, "events": text})
 
         def committed() -> None:
             start.uncommitted -= 1

@@ -261,3 +261,32 @@ async def test_no_transaction_of_a_16_mib_output_is_larger_than_about_two_chunks
     print(f"{output} bytes of output: {len(transactions)} transactions, largest {largest}, {written} in sum")
     assert largest <= 2 * CHUNK_BYTES + 2 * len(line) + (16 << 10)
     assert written < 2 * output  # each event written once (and read back once), not rewritten
+
+
+async def test_a_tail_rewritten_across_a_chunk_is_neither_lost_nor_doubled(database_url: str) -> None:
+    """All queued before the writer runs: a rewrite of the row's tail, then a
+    chunk that takes that tail, then a newer tail the queued rewrite picks up.
+    A gateway dying then keeps every event once, in order."""
+    name = f"tail{uuid.uuid4().hex[:8]}"
+    first = Store(database_url, gateway_name=name, purge_interval_s=0)
+    await first.start()
+    session = stand_in_session()
+    await first.session_started(session)
+    cell = Cell(first, session, seq=0)
+    cell.print("early\n")
+    cell.checkpoint()  # a tail rewrite is queued
+    while cell.rec.stored_events == 0:
+        cell.print("w" * 4000 + "\n")  # until a chunk is taken
+    cell.print("after the chunk\n")
+    cell.checkpoint()  # the queued rewrite now holds this tail
+    await first.flush()
+    await first.close()  # dies with the cell running
+
+    second = Store(database_url, gateway_name=name, purge_interval_s=0)
+    await second.start()
+    try:
+        [row] = await second.list_executions(session.id)
+        assert row.status == "dead"
+        assert json.loads(row.events_json) == json.loads(cell.events_json)
+    finally:
+        await second.close()
