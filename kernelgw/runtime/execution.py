@@ -93,11 +93,18 @@ class QueuedExecution:
     idle_lost: bool = False
     recorded: bool = False
     checkpointed: int = 1
-    """How many of ``published`` the running row holds (its ``queued`` event at start)."""
-    checkpointed_bytes: int = 0
-    """``output_bytes`` when the running row was last written (`checkpoint_due`)."""
-    checkpointed_at: float = 0.0
-    """When (`time.monotonic`) it was last written."""
+    """How many of its events (`event_count`) were handed to the store (its ``queued`` event at start)."""
+    stored_events: int = 0
+    """How many of ``published``, from its start, are queued as output chunks
+    (the store's; `take_chunk`): the cell's row holds only those after them."""
+    unstored_bytes: int = 0
+    """JSON bytes published since the store was last handed the output (`CHUNK_BYTES`)."""
+    released: int = 0
+    """Events dropped from the start of ``published`` once their chunk was committed (`release`)."""
+    retain_output: bool = False
+    """Keep every event in ``published`` (a caller answers with the whole output at the end)."""
+    last_error: ev.Error | None = None
+    """The latest ``error`` event published (kept when its chunk is released)."""
     ending: ev.Done | None = None
     """The ``done`` built when the cell ended, published once its record is stored."""
     client: ClientRequest | None = None
@@ -143,6 +150,29 @@ class QueuedExecution:
     def origin(self) -> ClientOrigin | None:
         return self.client.origin() if self.client is not None else None
 
+    @property
+    def event_count(self) -> int:
+        """Events published for it so far, also those released."""
+        return self.released + len(self.published)
+
+    def take_chunk(self) -> tuple[int, list[Published]]:
+        """The events not yet queued as chunks, now the store's next chunk, with
+        the number (from the cell's first event) of the first of them."""
+        first = self.released + self.stored_events
+        events = self.published[self.stored_events :]
+        self.stored_events = len(self.published)
+        return first, events
+
+    def release(self, first: int, count: int) -> None:
+        """The chunk of events ``first`` to ``first + count`` is committed: drop them
+        from memory (the store's readers have them). Only when every event before
+        them went the same way (a chunk the store dropped keeps all after it)."""
+        if self.retain_output or first != self.released or count > self.stored_events:
+            return
+        del self.published[:count]
+        self.stored_events -= count
+        self.released += count
+
     def note_idle(self, msg: dict[str, Any]) -> None:
         if self.idle_seen:
             self.anomaly("more than one status: idle")
@@ -181,26 +211,16 @@ class QueuedExecution:
 MAX_SEEN_ORDERS = 100_000
 """Past this many messages a Jupyter cell's `QueuedExecution.seen_orders` stops
 growing: a returning client may then see some of its output twice, never lose it."""
-CHECKPOINT_FREE_BYTES = 1 << 20
-"""Output up to this is checkpointed whenever there is more of it."""
-LARGE_CHECKPOINT_S = 5.0
-"""Past `CHECKPOINT_FREE_BYTES`, a running cell's output is written again at most this often."""
 
 
-def checkpoint_due(rec: QueuedExecution, now: float) -> bool:
-    """Whether a running cell's output so far should be written again (``now``:
-    `time.monotonic`): when it has new events, and, past `CHECKPOINT_FREE_BYTES`,
-    has grown by half since the last write and `LARGE_CHECKPOINT_S` have passed.
-    Each write holds the whole output so far, and the history's one writer
-    commits it while other sessions' answers wait: a 16 MiB flood rewritten
-    every half second kept them waiting 100-200 ms. Growing by half bounds what
-    a long cell's checkpoints write to 3x its output, not its square."""
-    if len(rec.published) <= rec.checkpointed:
-        return False
-    done = rec.checkpointed_bytes
-    if rec.output_bytes <= CHECKPOINT_FREE_BYTES:
-        return True
-    return rec.output_bytes - done >= done // 2 and now - rec.checkpointed_at >= LARGE_CHECKPOINT_S
+def checkpoint_due(rec: QueuedExecution) -> bool:
+    """Whether a running cell has events the store was not handed yet (at each
+    state poll). The store then writes them as a chunk, never rewritten, or,
+    under `kernelgw.runtime.recorder.TAIL_BYTES`, rewrites its row's short tail:
+    what checkpoints write in sum is the output once plus small rewrites, and
+    no write is large (a 16 MiB row rewritten kept other sessions' answers
+    waiting 100-200 ms)."""
+    return rec.event_count > rec.checkpointed
 
 
 @dataclass

@@ -56,6 +56,7 @@ from kernelgw.runtime.lineage import (
     ReplayReport,
 )
 from kernelgw.runtime.metrics import Metrics
+from kernelgw.runtime.recorder import CHUNK_BYTES
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.runtime.session_state import SessionStatus
 from kernelgw.tasks import cancel_and_wait
@@ -177,6 +178,16 @@ class ExecutionQueue:
         pub = self._fanout.publish(event)
         if rec is not None:
             rec.published.append(pub)
+            if isinstance(pub.event, ev.Error):
+                rec.last_error = pub.event
+            rec.unstored_bytes += len(pub.json)
+            if rec.unstored_bytes >= CHUNK_BYTES and rec.ending is None:
+                self._store_progress(rec)  # the next chunk of its output, now: memory and writes stay small
+
+    def _store_progress(self, rec: QueuedExecution) -> None:
+        """Hand the store a running cell's events not yet stored (`Recorder.execution_progress`)."""
+        rec.checkpointed, rec.unstored_bytes = rec.event_count, 0
+        self._hooks.execution_progress(rec)
 
     # ------------------------------------------------------------- LinkListener
     def current_execution(self) -> QueuedExecution | None:
@@ -421,7 +432,7 @@ class ExecutionQueue:
 
     @staticmethod
     def _outcome(index: int, cell: LineageCell, rec: QueuedExecution, done: ev.Done) -> ReplayedCellOutcome:
-        error = next((p.event for p in reversed(rec.published) if isinstance(p.event, ev.Error)), None)
+        error = rec.last_error
         return ReplayedCellOutcome(
             index=index,
             replay_of=cell.execution_id,
@@ -511,11 +522,9 @@ class ExecutionQueue:
                 return "finished"
             except TimeoutError:
                 pass
-            if checkpoint_due(rec, now := time.monotonic()):
+            if checkpoint_due(rec):
                 # what a gateway crash would keep of this cell: its output up to here
-                rec.checkpointed = len(rec.published)
-                rec.checkpointed_bytes, rec.checkpointed_at = rec.output_bytes, now
-                self._hooks.execution_progress(rec)
+                self._store_progress(rec)
             if (
                 rec.reply is not None
                 and (rec.reply_verified or rec.end_replied)

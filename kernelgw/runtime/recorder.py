@@ -25,6 +25,14 @@ from kernelgw.runtime.fanout import Published
 from kernelgw.runtime.lineage import LineageCell
 from kernelgw.runtime.session_config import SessionConfig
 
+CHUNK_BYTES = 256 << 10
+"""Once a running cell's output not yet handed to the store reaches this (JSON
+bytes), it is queued as the next chunk at once: no write of a cell's output
+holds much more, and the gateway lets a chunk's events go once it is committed."""
+TAIL_BYTES = 16 << 10
+"""At a checkpoint, output not yet stored up to this rewrites the running row's
+tail; more is stored as a chunk (small cells keep all their events in their row)."""
+
 
 class RecordedSession(Protocol):
     """What a recorder may read of a session."""
@@ -153,6 +161,25 @@ class RecordedExecution(Protocol):
         """The Jupyter client that sent it (None: a /v1 cell, or no ``session_id``)."""
         ...
 
+    @property
+    def stored_events(self) -> int:
+        """How many of ``published`` (from its start) are queued as chunks: the
+        row holds the events after them."""
+        ...
+
+    @property
+    def last_error(self) -> ev.Error | None: ...
+
+    # The two calls by which a recorder takes a running cell's output in chunks
+    # and lets the execution forget what is committed (the only writes it makes).
+    def take_chunk(self) -> tuple[int, list[Published]]:
+        """The events not yet in chunks, as the next chunk, with the number of the first."""
+        ...
+
+    def release(self, first: int, count: int) -> None:
+        """The chunk of events ``first`` to ``first + count`` is committed."""
+        ...
+
 
 class Recorder(Protocol):
     async def session_started(self, session: RecordedSession) -> None:
@@ -165,17 +192,19 @@ class Recorder(Protocol):
         ...
 
     def execution_progress(self, session: RecordedSession, execution: RecordedExecution) -> None:
-        """A running cell's events so far (at most every `CHECKPOINT_S`): store
-        them in its running row, so a gateway crash keeps them. Queue, never wait."""
+        """A running cell has events not yet stored (at a state poll, or `CHUNK_BYTES`
+        of them): store them as a chunk (`take_chunk`) or in its running row, so a
+        gateway crash keeps them. Queue, never wait."""
         ...
 
     async def execution_finished(
         self, session: RecordedSession, execution: RecordedExecution, done: Published | None = None
     ) -> None:
         """When the execution ended: return once its record is committed, raise when
-        it cannot be. ``done``: its end, not yet published (``execution.published``
-        holds the events before it); None: ``done`` was published already and is
-        the last of ``execution.published``."""
+        it cannot be, and only once every chunk of it is committed too. ``done``:
+        its end, not yet published (``execution.published`` holds the events
+        before it, after those released); None: ``done`` was published already
+        and is the last of ``execution.published``."""
         ...
 
     async def session_ended(self, session: RecordedSession, reason: str) -> None:

@@ -13,7 +13,6 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from kernelgw import events as ev
 from kernelgw.errors import (
     BadRequest,
     HistoryNotFound,
@@ -202,7 +201,7 @@ async def replay(session: KernelSession, steps: list[ReplayStep]) -> list[dict[s
             continue
         rec = session.submit(step.code)
         done = await rec.done
-        error = next((p.event for p in reversed(rec.published) if isinstance(p.event, ev.Error)), None)
+        error = rec.last_error
         report.append(
             {
                 "index": step.index,

@@ -193,6 +193,7 @@ async def execute(session_id: str, body: ExecuteRequest, request: Request) -> Re
     session = session_for(request, session_id)
     await admit(gateway_state(request), principal_of(request), body.code, session.spec.kernel)
     rec = session.submit(body.code, execution_id=body.execution_id, timeout=body.timeout, replayable=body.replay)
+    rec.retain_output = True  # answered whole below: its stored chunks stay in memory too
     done = await rec.done
     # Events were serialised once when published; splice them instead of re-encoding.
     head = ExecuteResponse(

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import or_, select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import func, or_, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from kernelgw.kernels import DEFAULT_KERNEL
 from kernelgw.runtime.lineage import LineageCell
@@ -23,6 +23,41 @@ from kernelgw.storage.retention import RUNNING
 
 def _utc(value: datetime | None) -> datetime:
     return as_utc(value) if value is not None else datetime.now(UTC)
+
+
+CellKey = tuple[str, int]
+"""A cell's (execution id, position) in its session: what its output chunks name."""
+
+
+def splice(arrays: Sequence[str]) -> str:
+    """JSON arrays as one, in order, copied once (a cell's chunks, then its row's tail)."""
+    if len(arrays) == 1:
+        return arrays[0]
+    items = [text[1:-1] for text in arrays if text.strip() != "[]"]
+    return "[" + ",".join(items) + "]"
+
+
+async def _chunks(
+    conn: AsyncConnection, session_id: str, execution_ids: Sequence[str] | None = None
+) -> dict[CellKey, list[str]]:
+    """The output chunks of a session's cells (those of ``execution_ids`` only,
+    when given), in order: one query for any number of cells."""
+    c = schema.execution_chunks
+    query = select(c.c.execution_id, c.c.position, c.c.events).where(c.c.session_id == session_id)
+    if execution_ids is not None:
+        if not execution_ids:
+            return {}
+        query = query.where(c.c.execution_id.in_(list(execution_ids)))
+    found: dict[CellKey, list[str]] = {}
+    for row in (await conn.execute(query.order_by(c.c.execution_id, c.c.position, c.c.part, c.c.id))).all():
+        found.setdefault((row.execution_id, row.position), []).append(row.events)
+    return found
+
+
+def _events(row: Any, chunks: dict[CellKey, list[str]]) -> str:
+    """A cell's events: its chunks by part, then its row's own."""
+    parts = chunks.get((row.execution_id, row.position))
+    return splice([*parts, row.events]) if parts else str(row.events)
 
 
 async def get_session(engine: AsyncEngine, session_id: str) -> SessionRecord | None:
@@ -57,7 +92,8 @@ async def list_executions(engine: AsyncEngine, session_id: str) -> list[Executio
     t = schema.executions
     async with engine.connect() as conn:
         rows = (await conn.execute(select(t).where(t.c.session_id == session_id).order_by(t.c.position, t.c.id))).all()
-    return [_execution(row) for row in rows]
+        chunks = await _chunks(conn, session_id) if rows else {}
+    return [_execution(row, chunks) for row in rows]
 
 
 MAX_UNANSWERED = 100
@@ -80,10 +116,11 @@ async def unanswered_client_cells(engine: AsyncEngine, session_id: str, client_s
     )
     async with engine.connect() as conn:
         rows = (await conn.execute(query)).all()
-    return [_execution(row) for row in reversed(rows)]
+        chunks = await _chunks(conn, session_id, sorted({row.execution_id for row in rows}))
+    return [_execution(row, chunks) for row in reversed(rows)]
 
 
-def _execution(row: Any) -> ExecutionRecord:
+def _execution(row: Any, chunks: dict[CellKey, list[str]]) -> ExecutionRecord:
     return ExecutionRecord(
         session_id=row.session_id,
         position=row.position,
@@ -96,7 +133,7 @@ def _execution(row: Any) -> ExecutionRecord:
         duration_ms=row.duration_ms,
         reason=row.reason,
         state_lost=bool(row.state_lost),
-        events_json=row.events,
+        events_json=_events(row, chunks),
         kernel_id=row.kernel_id,
         replay_of=row.replay_of,
         replayable=not row.no_replay,
@@ -144,22 +181,31 @@ async def list_notes(engine: AsyncEngine, session_id: str) -> list[NoteRecord]:
 async def latest_events(engine: AsyncEngine, session_id: str, max_bytes: int) -> list[tuple[str, str]]:
     """(execution id, events JSON) of the session's latest executions, oldest
     first, as many as fit in ``max_bytes`` of events (a replay buffer's worth,
-    read newest first so a long history is not loaded)."""
-    t = schema.executions
+    read newest first so a long history is not loaded; output chunks are
+    counted by their stored size and loaded only for the cells taken)."""
+    t, c = schema.executions, schema.execution_chunks
     query = (
-        select(t.c.execution_id, t.c.events)
+        select(t.c.execution_id, t.c.position, t.c.events)
         .where(t.c.session_id == session_id)
         .order_by(t.c.position.desc(), t.c.id.desc())
     )
-    cells: list[tuple[str, str]] = []
+    sizes = (
+        select(c.c.execution_id, c.c.position, func.sum(c.c.bytes).label("bytes"))
+        .where(c.c.session_id == session_id)
+        .group_by(c.c.execution_id, c.c.position)
+    )
+    cells: list[Any] = []
     total = 0
     async with engine.connect() as conn:
+        chunked = {(row.execution_id, row.position): int(row.bytes) for row in (await conn.execute(sizes)).all()}
         result = await conn.stream(query.execution_options(yield_per=50))
         async for row in result:
-            total += len(row.events)
+            total += len(row.events) + chunked.get((row.execution_id, row.position), 0)
             if cells and total > max_bytes:
                 break
-            cells.append((row.execution_id, row.events))
+            cells.append(row)
         await result.close()
+        taken = sorted({row.execution_id for row in cells if (row.execution_id, row.position) in chunked})
+        chunks = await _chunks(conn, session_id, taken)
     cells.reverse()
-    return cells
+    return [(row.execution_id, _events(row, chunks)) for row in cells]

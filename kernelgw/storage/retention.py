@@ -23,8 +23,8 @@ PURGE_CHUNK = 500
 
 
 async def purge(engine: AsyncEngine, cutoff: datetime, audit_cutoff: datetime) -> int:
-    """Delete sessions that ended before ``cutoff``, with their executions and
-    notes, and audit rows before ``audit_cutoff``; returns how many sessions went."""
+    """Delete sessions that ended before ``cutoff``, with their executions (and
+    their output chunks) and notes, and audit rows before ``audit_cutoff``; returns how many sessions went."""
     s = schema.sessions
     purged = 0
     while True:
@@ -41,6 +41,7 @@ async def purge(engine: AsyncEngine, cutoff: datetime, audit_cutoff: datetime) -
             if not ids:
                 break
             await conn.execute(delete(schema.executions).where(schema.executions.c.session_id.in_(ids)))
+            await conn.execute(delete(schema.execution_chunks).where(schema.execution_chunks.c.session_id.in_(ids)))
             await conn.execute(delete(schema.notes).where(schema.notes.c.session_id.in_(ids)))
             await conn.execute(delete(s).where(s.c.id.in_(ids)))
         purged += len(ids)

@@ -77,6 +77,22 @@ executions = Table(
     Index("kgw_executions_session", "session_id", "position"),
 )
 
+execution_chunks = Table(
+    "kgw_execution_chunks",
+    metadata,
+    # a cell's output in the order it came, written as it came and never
+    # rewritten: the cell's events are its chunks by part, then its row's own
+    # ``events`` (the tail). A cell of small output has no chunks.
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("session_id", String(64), nullable=False),
+    Column("execution_id", String(128), nullable=False),
+    Column("position", Integer, nullable=False),  # the cell's row's position (ids may repeat)
+    Column("part", Integer, nullable=False),
+    Column("events", Text, nullable=False),  # JSON array of consecutive events of the cell
+    Column("bytes", Integer, nullable=False),  # len(events): a replay's worth is counted without loading them
+    Index("kgw_execution_chunks_cell", "session_id", "execution_id", "part"),
+)
+
 notes = Table(
     "kgw_notes",
     metadata,

@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from kernelgw import events as ev
 from kernelgw.errors import StorageUnavailable
 from kernelgw.events import EVENT_LIST_ADAPTER
-from kernelgw.runtime.recorder import StoredCell, StoredSession
+from kernelgw.runtime.recorder import TAIL_BYTES, StoredCell, StoredSession
 from kernelgw.storage import audit, queries, retention, schema
 from kernelgw.storage.database import Database
 from kernelgw.storage.engine import DB_FILE, async_database_url, database_url_for
@@ -123,17 +123,31 @@ _END_EXECUTION = (
 )
 
 
+_INSERT_CHUNK = insert(schema.execution_chunks)
+
+
 @dataclass
 class _StartRow:
     """A cell's ``running`` row: written by the writer unless its end came first."""
 
     position: int
+    seq: int
+    """The ``seq`` of the cell's ``queued`` event (its first: it may be released)."""
     superseded: bool = False
     """Set on the event loop when the end is queued."""
     inserted: bool = False
     """Set by the writer when the row was written (the end then updates it)."""
-    checkpoint_queued: bool = False
-    """A write of the output so far is queued: a later one would only repeat it."""
+    parts: int = 0
+    """Output chunks queued for the cell."""
+    uncommitted: int = 0
+    """Of them, those not committed yet: the cell's end is queued behind them."""
+    written: int = 0
+    """Of them, those the writer wrote (in its thread)."""
+    tail: tuple[int, list[Published]] = (0, [])
+    """The latest events after its chunks, for the row's next rewrite, with how
+    many chunks were queued before them (set at once: read in the writer's thread)."""
+    tail_queued: bool = False
+    """A rewrite of the row's tail is queued: a later one would only repeat it."""
 
 
 class Store:
@@ -241,10 +255,11 @@ class Store:
         *,
         deferrable: bool = False,
         size: int = 0,
+        committed: Callable[[], None] | None = None,
     ) -> None:
         """Queue a write for the writer task; never waits (a full queue drops it, loudly).
-        ``deferrable``, ``size``: see `Writer.enqueue`."""
-        self._writer.enqueue(what, write, future, deferrable=deferrable, size=size)
+        ``deferrable``, ``size``, ``committed``: see `Writer.enqueue`."""
+        self._writer.enqueue(what, write, future, deferrable=deferrable, size=size, committed=committed)
 
     async def flush(self) -> None:
         """Wait until every row queued so far is committed (or dropped)."""
@@ -292,14 +307,14 @@ class Store:
     def execution_started(self, session: RecordedSession, execution: RecordedExecution) -> None:
         """Queue a ``running`` row (not awaited). A cell that ends before the row
         is written skips it: its end writes the whole row in one statement."""
-        start = _StartRow(self._next_position(session.id))
-        self._started[(session.id, execution.execution_id)] = start
         published = execution.published
+        start = _StartRow(self._next_position(session.id), published[0].seq if published else 0)
+        self._started[(session.id, execution.execution_id)] = start
         values = {
             "session_id": session.id,
             "position": start.position,
             "execution_id": execution.execution_id,
-            "seq": published[0].seq if published else 0,
+            "seq": start.seq,
             "code": execution.code,
             "status": RUNNING,
             "execution_count": None,
@@ -321,30 +336,70 @@ class Store:
         self.enqueue(f"start of execution {execution.execution_id} of session {session.id}", write, deferrable=True)
 
     def execution_progress(self, session: RecordedSession, execution: RecordedExecution) -> None:
-        """Queue the running row's events so far (not awaited): what a cell cut
-        off by a gateway crash keeps. Skipped when its start row is not written."""
+        """Queue the running cell's events not yet stored (not awaited): what a
+        cell cut off by a gateway crash keeps. From `TAIL_BYTES` of them on they
+        go as the cell's next output chunk, appended, never rewritten; fewer
+        rewrite the running row's tail. Skipped when the cell has no start row."""
         start = self._started.get((session.id, execution.execution_id))
         if start is None:
             return
-        if start.checkpoint_queued:
+        tail = execution.published[execution.stored_events :]
+        if not tail:
             return
-        start.checkpoint_queued = True
-        published = execution.published
         keys = {"k_session": session.id, "k_position": start.position, "k_execution": execution.execution_id}
+        size = sum(len(p.json) for p in tail)
+        if size < TAIL_BYTES:
+            start.tail = (start.parts, list(tail))
+            if start.tail_queued:  # the queued rewrite writes this newer tail
+                return
+            start.tail_queued = True
 
-        async def write(conn: AsyncConnection) -> None:
-            # the events are joined when written, not when queued: one copy of a
-            # long cell's output at a time, however often it is checkpointed
-            start.checkpoint_queued = False
-            if start.inserted and not start.superseded:
-                events = ev.json_array([p.json for p in published[:]])
-                await conn.execute(_CHECKPOINT_EXECUTION, {**keys, "events": events})
+            async def rewrite(conn: AsyncConnection) -> None:
+                # the latest tail when written; one that follows a chunk not yet
+                # written is left to that chunk's write (no event twice, none out of order)
+                start.tail_queued = False
+                parts, events = start.tail
+                if start.inserted and not start.superseded and parts == start.written:
+                    text = ev.json_array([p.json for p in events])  # joined in the writer's thread
+                    await conn.execute(_CHECKPOINT_EXECUTION, {**keys, "events": text})
+
+            self.enqueue(
+                f"output so far of execution {execution.execution_id} of session {session.id}",
+                rewrite,
+                deferrable=True,
+                size=size,
+            )
+            return
+        first, chunk = execution.take_chunk()
+        part = start.parts
+        start.parts += 1
+        start.uncommitted += 1
+        values = {
+            "session_id": session.id,
+            "execution_id": execution.execution_id,
+            "position": start.position,
+            "part": part,
+        }
+
+        async def append(conn: AsyncConnection) -> None:
+            events = ev.json_array([p.json for p in chunk])
+            await conn.execute(_INSERT_CHUNK, {**values, "events": events, "bytes": len(events)})
+            start.written = part + 1
+            if start.inserted and not start.superseded:  # the row keeps only what follows its chunks
+                parts, after = start.tail
+                text = ev.json_array([p.json for p in after]) if parts == start.written else "[]"
+                await conn.execute(_CHECKPOINT_EXECUTION, {**keys, "events": text})
+
+        def committed() -> None:
+            start.uncommitted -= 1
+            execution.release(first, len(chunk))
 
         self.enqueue(
-            f"output so far of execution {execution.execution_id} of session {session.id}",
-            write,
+            f"output chunk {part} of execution {execution.execution_id} of session {session.id}",
+            append,
             deferrable=True,
-            size=execution.output_bytes,
+            size=size,
+            committed=committed,
         )
 
     async def execution_finished(
@@ -352,11 +407,12 @@ class Store:
     ) -> None:
         """Complete the execution's row and wait for the commit (batched with
         whatever else is queued); raises `StorageUnavailable` when it cannot be."""
+        # the events after its output chunks: the row's own
         if done is not None:
-            published = [*execution.published, done]
+            published = [*execution.published[execution.stored_events :], done]
             end = done.event
         elif execution.done.done() and not execution.done.cancelled():
-            published = list(execution.published)
+            published = list(execution.published[execution.stored_events :])
             end = execution.done.result()
         else:  # not finished: nothing the history could show
             return
@@ -379,7 +435,7 @@ class Store:
             "session_id": session.id,
             "position": position,
             "execution_id": execution.execution_id,
-            "seq": published[0].seq if published else 0,
+            "seq": start.seq if start is not None else published[0].seq if published else 0,
             "code": execution.code,
             "started_at": _now() - timedelta(milliseconds=duration),
             **_replay_values(execution),
@@ -406,12 +462,15 @@ class Store:
             f"execution {execution.execution_id} of session {session.id}",
             write,
             future,
+            # behind its output chunks still queued: committed after them, never before
+            deferrable=start is not None and start.uncommitted > 0,
             size=sum(len(p.json) for p in published),
         )
         try:
             await future
         finally:  # the audit row after: it is not part of what the answer waits for
-            error = next((p.event for p in published if isinstance(p.event, ev.Error)), None)
+            error = next((p.event for p in reversed(published) if isinstance(p.event, ev.Error)), None)
+            error = error or execution.last_error
             self._audit(
                 "execution",
                 session,

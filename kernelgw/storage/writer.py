@@ -38,6 +38,9 @@ BATCH = 200
 LARGE_BYTES = 256 << 10
 """A row this large (a cell's output) commits after the small awaited rows of
 its batch, not with them: other sessions' answers do not wait for its writing."""
+COMMIT_BYTES = 512 << 10
+"""About the most one transaction writes (two output chunks): the rows of a
+batch past it commit in further transactions, so a commit is never large."""
 LINGER_S = 0.02
 """Longest rows nobody waits on are held for one that somebody waits on: also how
 long a cell runs before its ``running`` row is committed (a gateway killed sooner
@@ -91,6 +94,8 @@ class _Op:
     """May commit after the other rows of its batch (see `Writer._write`)."""
     size: int = 0
     """About how many bytes it writes (`LARGE_BYTES`)."""
+    committed: Callable[[], None] | None = None
+    """Called on the event loop once it is committed (an output chunk: its events may go)."""
     queued_at: float = field(default_factory=time.perf_counter)
 
 
@@ -148,13 +153,17 @@ class Writer:
         *,
         deferrable: bool = False,
         size: int = 0,
+        committed: Callable[[], None] | None = None,
     ) -> None:
         """Queue a write for the writer task; never waits (a full queue drops it, loudly).
         ``deferrable``: nothing acknowledged depends on it (an audit row, a cell's
-        running row or its output so far), so it may commit after an answer's row.
-        ``size``: about how many bytes it writes (a large row commits on its own)."""
+        running row or its output so far), so it may commit after an answer's row;
+        deferrable rows keep their order among themselves, and so does an awaited
+        row queued deferrable (a cell's end behind its output chunks).
+        ``size``: about how many bytes it writes (a large row commits on its own).
+        ``committed``: called once it is committed."""
         try:
-            self._queue.put_nowait(_Op(what, write, future, deferrable, size))
+            self._queue.put_nowait(_Op(what, write, future, deferrable, size, committed))
             self._arrived.set()
         except asyncio.QueueFull:
             log.error("history storage is %d rows behind; dropped %s", self._queue.maxsize, what)
@@ -267,19 +276,28 @@ class Writer:
             # rows, and large ones: a flood's 16 MiB of output) at once, off the
             # other answers' path. Safe to reorder: a cell's running row is skipped
             # once its end row is queued, a checkpoint only updates a row still
-            # running, audit rows are read by time, not by position, and a large
-            # row is a cell's end, of a session that sends nothing else meanwhile.
+            # running, audit rows are read by time, not by position, a large
+            # row is a cell's end, of a session that sends nothing else meanwhile,
+            # and a cell's end behind output chunks not yet committed is queued
+            # deferrable, so it stays behind them.
             await self._write(first)
             rest = [op for op in batch if op not in first]
             await self._write([op for op in rest if not op.deferrable])
             await self._answers_out()
             await self._write([op for op in rest if op.deferrable])
             return
-        if any(op.future is not None for op in batch) and any(op.deferrable for op in batch):
+        if (
+            any(op.future is not None for op in batch)
+            and any(op.deferrable for op in batch)
+            and not all(op.deferrable for op in batch)
+        ):
             # large rows answers wait for, then the deferrable ones
             await self._write([op for op in batch if not op.deferrable])
             await self._answers_out()
             await self._write([op for op in batch if op.deferrable])
+            return
+        if len(batch) > 1 and sum(op.size for op in batch) > COMMIT_BYTES:
+            await self._write_in_parts(batch)
             return
         db = self.db
         if not await db.ensure_ready():
@@ -311,6 +329,30 @@ class Writer:
             else:
                 log.exception("history storage: releasing a connection after a commit failed")
 
+    async def _write_in_parts(self, batch: Sequence[_Op]) -> None:
+        """Commit ``batch`` in order, in transactions of about `COMMIT_BYTES` at
+        most; once one is held back by a fault, the rest is held behind it."""
+        parts: list[list[_Op]] = [[]]
+        for op in batch:
+            if parts[-1] and sum(o.size for o in parts[-1]) + op.size > COMMIT_BYTES:
+                parts.append([])
+            parts[-1].append(op)
+        for i, part in enumerate(parts):
+            held = len(self._held)
+            await self._write(part)
+            if len(self._held) > held:  # held back: the rest waits behind it, in order
+                self._hold_behind(part[-1], [op for later in parts[i + 1 :] for op in later])
+                return
+
+    def _hold_behind(self, last: _Op, rest: Sequence[_Op]) -> None:
+        """Hold ``rest`` right after ``last``, which a fault just held back (their
+        futures fail as its did: nobody is told a row is stored before it is)."""
+        for op in rest:
+            if op.future is not None and not op.future.done():
+                op.future.set_exception(StorageUnavailable("The history storage cannot write; retry later."))
+        at = next((i + 1 for i, op in enumerate(self._held) if op is last), len(self._held))
+        self._held[at:at] = rest
+
     async def _failed(self, batch: Sequence[_Op], exc: Exception) -> None:
         """Sort out a batch whose transaction raised ``exc``."""
         if isinstance(exc, IntegrityError | DataError):
@@ -336,6 +378,11 @@ class Writer:
                 self.write_latency_ms.append((done - op.queued_at) * 1000)
             if op.future is not None and not op.future.done():
                 op.future.set_result(result)
+            if op.committed is not None:
+                try:
+                    op.committed()
+                except Exception:
+                    log.exception("history storage: after committing %s", op.what)
 
     def _hold(self, batch: Sequence[_Op], why: str) -> None:
         """Keep ``batch`` for a retry (bounded: past ``max_pending`` the oldest go) and report the fault."""

@@ -14,6 +14,8 @@ Revisions (``versions/``):
 - ``0005``: the registry of gateways sharing one store (many gateways as one service).
 - ``0006``: each Jupyter client's cell keeps the client's session id, its request
   header and whether its answer was delivered (reconnect after a restart).
+- ``0007``: a cell's output is stored in chunks as it comes (``kgw_execution_chunks``),
+  so no write of it is large and the gateway need not hold it until the cell ends.
 
 To change the schema: change `kernelgw.storage.schema` and add a revision after
 the head here (copy the latest file; ``down_revision`` names the one before).
@@ -39,7 +41,9 @@ GATEWAYS = "0005"
 """The registry of gateways sharing the store (many gateways as one service)."""
 CHANNELS = "0006"
 """Executions name the Jupyter client that sent them (its return is sent what it missed)."""
-HEAD = CHANNELS
+OUTPUT_CHUNKS = "0007"
+"""A cell's output is stored in append-only chunks as it comes."""
+HEAD = OUTPUT_CHUNKS
 """The newest revision, what this release's databases are at. Named here so that a
 start on an up-to-date database need not import Alembic to know it; a new revision
 moves it (tests/unit/storage/test_migrations.py checks Alembic's scripts agree)."""

@@ -22,6 +22,7 @@ from kernelgw.storage.migrations import (
     CHANNELS,
     GATEWAYS,
     KERNEL_NAME,
+    OUTPUT_CHUNKS,
     REATTACH,
     REPLAY,
     VERSION_TABLE,
@@ -64,14 +65,17 @@ def test_the_comparison_sees_a_schema_that_differs(engine: Engine) -> None:
         ("kgw_executions", c) for c in ("client_session", "client_header", "client_answered")
     }
     tables = {d[1].name for d in found if isinstance(d, tuple) and d[0] == "remove_table"}
-    assert tables == {"kgw_gateways"}
-    assert len(found) == len(removed) + len(tables)
+    assert tables == {"kgw_gateways", "kgw_execution_chunks"}
+    indexes = {d[1].name for d in found if isinstance(d, tuple) and d[0] == "remove_index"}
+    assert indexes <= {"kgw_execution_chunks_cell"}
+    assert len(found) == len(removed) + len(tables) + len(indexes)
 
 
 def test_the_revisions_are_one_line_from_the_baseline() -> None:
     script = ScriptDirectory.from_config(migrate.alembic_config())
     assert script.get_heads() == [migrate.head()]
     assert [r.revision for r in script.walk_revisions()] == [
+        OUTPUT_CHUNKS,
         CHANNELS,
         GATEWAYS,
         KERNEL_NAME,
@@ -103,7 +107,7 @@ def test_downgrading_the_replay_revision_gives_the_reattach_schema_back(engine: 
         command.downgrade(migrate.alembic_config(conn), REATTACH)
         assert migrate.current_revision(conn) == REATTACH
     assert differences(engine, previous_schema.REATTACH_RELEASE) == []
-    assert upgrade(engine).after == migrate.head() == CHANNELS
+    assert upgrade(engine).after == migrate.head() == OUTPUT_CHUNKS
 
 
 def test_upgrading_from_the_reattach_revision_keeps_every_execution_replayable_in_no_lineage(
@@ -120,7 +124,7 @@ def test_upgrading_from_the_reattach_revision_keeps_every_execution_replayable_i
                 "VALUES ('s', 0, 'e0', 1, 'x = 1', 'ok', '2025-01-01 00:00:00', 1.0, 0, '[]')"
             )
         )
-    assert upgrade(engine).after == CHANNELS
+    assert upgrade(engine).after == OUTPUT_CHUNKS
     with engine.connect() as conn:
         row = conn.execute(text("SELECT kernel_id, replay_of, no_replay FROM kgw_executions")).one()
     assert tuple(row) == (None, None, None)
@@ -137,13 +141,13 @@ def test_sessions_stored_before_kernel_names_read_back_as_python(engine: Engine)
                 "VALUES ('s', 'g', 'kernelgw/python:latest', '2025-01-01 00:00:00', '{}')"
             )
         )
-    assert upgrade(engine).after == CHANNELS
+    assert upgrade(engine).after == OUTPUT_CHUNKS
     with engine.connect() as conn:
         assert conn.execute(text("SELECT kernel_name FROM kgw_sessions")).scalar() is None
     with engine.begin() as conn:
         command.downgrade(migrate.alembic_config(conn), REPLAY)
     assert "kernel_name" not in {c["name"] for c in inspect(engine).get_columns("kgw_sessions")}
-    assert upgrade(engine).after == CHANNELS
+    assert upgrade(engine).after == OUTPUT_CHUNKS
 
 
 def test_a_second_upgrade_changes_nothing(engine: Engine) -> None:
@@ -208,3 +212,17 @@ def test_a_failed_upgrade_leaves_the_old_schema_whole(engine: Engine) -> None:
 def test_the_migrations_refuse_to_run_without_the_stores_connection() -> None:
     with pytest.raises(MigrationsNeedAConnection):
         command.upgrade(migrate.alembic_config(), "head")
+
+
+def test_cells_stored_before_output_chunks_have_none_and_downgrading_drops_the_table(engine: Engine) -> None:
+    """0007 only adds a table: rows stored before it keep their whole output in ``events``."""
+    with engine.begin() as conn:
+        command.upgrade(migrate.alembic_config(conn), CHANNELS)
+    assert upgrade(engine).after == OUTPUT_CHUNKS
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM kgw_execution_chunks")).scalar() == 0
+    with engine.begin() as conn:
+        command.downgrade(migrate.alembic_config(conn), CHANNELS)
+    assert "kgw_execution_chunks" not in inspect(engine).get_table_names()
+    assert upgrade(engine).after == OUTPUT_CHUNKS
+    assert differences(engine) == []

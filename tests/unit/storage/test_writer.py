@@ -13,7 +13,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from kernelgw.storage.database import Database
-from kernelgw.storage.writer import LARGE_BYTES, Writer
+from kernelgw.storage.writer import COMMIT_BYTES, LARGE_BYTES, Writer
+
+CHUNK = 256 << 10
 
 
 @pytest.fixture
@@ -86,3 +88,40 @@ async def test_the_writer_does_not_checkpoint_in_its_commits_but_beside_them(wri
     assert wal.checkpoints >= 1
     with sqlite3.connect(path) as conn:  # everything is in the database file's view, whole
         assert conn.execute("SELECT count(*), sum(length(v)) FROM big").fetchone() == (6, 6 * len(big))
+
+
+async def test_a_cells_end_queued_deferrable_commits_after_its_chunks_and_answers_go_first(writer: Writer) -> None:
+    """A cell's output chunks are deferrable and its end, queued behind chunks
+    not yet committed, too: it stays behind them. Another session's small
+    awaited row still commits first; each chunk's callback runs once it is committed."""
+    loop, order, committed = asyncio.get_running_loop(), [], []
+    end, other = loop.create_future(), loop.create_future()
+    for part in range(5):  # 5 chunks: more than one transaction holds (COMMIT_BYTES)
+        name = f"chunk {part}"
+        writer.enqueue(
+            name, row(order, name), deferrable=True, size=CHUNK, committed=lambda name=name: committed.append(name)
+        )
+    writer.enqueue("end", row(order, "end"), end, deferrable=True, size=100)
+    writer.enqueue("other", row(order, "other"), other, size=100)
+    await asyncio.wait_for(asyncio.gather(end, other), 30)
+    assert order == ["other", *(f"chunk {p}" for p in range(5)), "end"]
+    assert committed == [f"chunk {p}" for p in range(5)]
+
+
+async def test_rows_past_the_commit_size_commit_in_several_transactions_in_order(writer: Writer) -> None:
+    loop, order = asyncio.get_running_loop(), []
+    transactions: list[list[str]] = []
+    commit = writer._commit_in_thread
+
+    def spy(engine: Any, batch: Any, loop: Any) -> Any:
+        transactions.append([op.what for op in batch])
+        return commit(engine, batch, loop)
+
+    writer._commit_in_thread = spy  # type: ignore[method-assign]
+    futures = [loop.create_future() for _ in range(6)]
+    for i, future in enumerate(futures):
+        writer.enqueue(f"row {i}", row(order, f"row {i}"), future, size=CHUNK)
+    await asyncio.wait_for(asyncio.gather(*futures), 30)
+    assert order == [f"row {i}" for i in range(6)]
+    assert [name for t in transactions for name in t] == order
+    assert max(len(t) for t in transactions) * CHUNK <= COMMIT_BYTES, transactions
