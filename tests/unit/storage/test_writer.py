@@ -125,3 +125,25 @@ async def test_rows_past_the_commit_size_commit_in_several_transactions_in_order
     assert order == [f"row {i}" for i in range(6)]
     assert [name for t in transactions for name in t] == order
     assert max(len(t) for t in transactions) * CHUNK <= COMMIT_BYTES, transactions
+
+
+async def test_an_answer_queued_while_a_floods_chunks_commit_goes_before_the_rest_of_them(writer: Writer) -> None:
+    loop, order = asyncio.get_running_loop(), []
+    transactions: list[list[str]] = []
+    commit = writer._commit_in_thread
+    answer = loop.create_future()
+
+    def spy(engine: Any, batch: Any, loop_: Any) -> Any:
+        transactions.append([op.what for op in batch])
+        if len(transactions) == 1:  # the answer comes while the first part commits
+            loop_.call_soon_threadsafe(lambda: writer.enqueue("answer", row(order, "answer"), answer, size=100))
+        return commit(engine, batch, loop_)
+
+    writer._commit_in_thread = spy  # type: ignore[method-assign]
+    for i in range(8):  # one batch: 2 MiB of chunks, four transactions
+        writer.enqueue(f"chunk {i}", row(order, f"chunk {i}"), deferrable=True, size=CHUNK)
+    await asyncio.wait_for(answer, 30)
+    await writer.flush()
+    assert order.index("answer") == 2, order  # after the first part (two chunks), before the other six
+    assert [name for name in order if name != "answer"] == [f"chunk {i}" for i in range(8)]
+    assert transactions[1] == ["answer"], transactions
