@@ -98,6 +98,8 @@ def flooder(ws_url: str, code: str, started: Any, stop: Any, out: Any) -> None:
                         stats["output_chars"] += len(event["text"])
                     elif event["type"] == "done":
                         stats["statuses"].append(event["status"])
+                        if event["status"] != "ok":  # why, in the results: a flood must not kill its kernel
+                            stats.setdefault("reasons", []).append(event.get("reason"))
                         break
                 stats["executions"] += 1
                 stats["seconds"].append(time.perf_counter() - t0)
@@ -238,6 +240,7 @@ def main() -> None:
                 "events": sum(f["events"] for f in out["floods"][kind]),
                 "output_chars": sum(f["output_chars"] for f in out["floods"][kind]),
                 "statuses": sorted({st for f in out["floods"][kind] for st in f["statuses"]}),
+                "reasons": sorted({str(r) for f in out["floods"][kind] for r in f.get("reasons", [])}),
             },
         }
     result = {
