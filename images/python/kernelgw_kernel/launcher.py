@@ -35,6 +35,7 @@ entry, :data:`MAX_TRACEBACK_CHARS` in all) and says what was left out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -328,8 +329,34 @@ def launch_app(after_init: Callable[[Any], None] | None = None, **launch: Any) -
     KernelApp.launch_instance(**launch)
 
 
+def forget_outputs(shell: Any) -> None:
+    """IPython 9 keeps a copy of every cell's output (``history_manager.outputs``:
+    each stdout and stderr write, every display with its PNG, every result) for
+    the kernel's whole life, for ``%notebook``: a kernel that had printed six
+    100 MB lines held 731 MB, and one that went on was killed at its memory
+    limit. The gateway keeps the outputs (its history); the kernel does not
+    copy its streams, and forgets the rest when each cell ends. ``%notebook``
+    then saves cells without their outputs. Once per shell."""
+    manager = getattr(shell, "history_manager", None)
+    if getattr(shell, "kernelgw_forgets_outputs", False) or not isinstance(getattr(manager, "outputs", None), dict):
+        return
+    shell.kernelgw_forgets_outputs = True
+    if hasattr(shell, "_tee"):  # IPython's per-write copy of stdout and stderr
+        shell._tee = _no_copy
+    shell.events.register("post_run_cell", lambda *_: shell.history_manager.outputs.clear())
+
+
+def _no_copy(channel: str) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+def _python_shell(app: Any) -> None:
+    install_traceback_limits(app.shell)
+    forget_outputs(app.shell)
+
+
 def main() -> None:
-    launch_app(lambda app: install_traceback_limits(app.shell))
+    launch_app(_python_shell)
 
 
 if __name__ == "__main__":
