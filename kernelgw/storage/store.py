@@ -469,8 +469,7 @@ class Store:
         try:
             await future
         finally:  # the audit row after: it is not part of what the answer waits for
-            error = next((p.event for p in reversed(published) if isinstance(p.event, ev.Error)), None)
-            error = error or execution.last_error
+            error = execution.last_error  # its latest, also one in a chunk already let go
             self._audit(
                 "execution",
                 session,

@@ -348,8 +348,10 @@ class Writer:
         try:
             while pending:
                 part = [pending.pop(0)]
-                while pending and sum(op.size for op in part) + pending[0].size <= COMMIT_BYTES:
+                size = part[0].size
+                while pending and size + pending[0].size <= COMMIT_BYTES:
                     part.append(pending.pop(0))
+                    size += part[-1].size
                 held = len(self._held)
                 await self._write(part)
                 if len(self._held) > held:  # held back: the rest waits behind it, in order
