@@ -645,11 +645,12 @@ def memory_section(d: Path, out: Path, memory: dict[str, Any] | None) -> list[st
         "over, and once more 3 s later, in a thread (`runtime/allocator.py`). An output event's model is let go "
         "once it is serialised (the text was held twice until the cell ended), and the Python kernel sends stream "
         "text in 256 Ki-character slices, so no single message is larger than that.\n",
-        "- What remains: the history keeps an execution's events as one row, so a cell's whole output (up to the "
-        "output cap) is held until its row is written, then joined and copied by SQLite once more: a cell's peak "
-        "is about 4x what it printed, up to the cap. That is the 100 MB stream's peak with the cap raised to "
-        "160 MiB; at the default cap it is bounded by 16 MiB. Bounding it further needs a history cap per "
-        "execution apart from the streaming cap, or rows per chunk of output.\n",
+        "- Since 2026-11-27 a cell's output is stored as it comes, in append-only chunks of about 256 KiB "
+        "(`kgw_execution_chunks`), and a chunk's events are let go once it is committed: 10 s after the outputs the "
+        "gateway is back within 10 MB of idle, with the cap at its default or raised. What remains of the 100 MB "
+        "stream's peak with the cap raised is the chunks the history's writer has not committed yet (it falls "
+        "behind a 50 MB/s stream on two cores) and the WebSocket's queues. A REST `/execute` keeps its cell's whole "
+        "output (up to the cap) until it answers: the answer carries it.\n",
     ]
     return lines
 
@@ -699,10 +700,11 @@ def isolation_section(d: Path, out: Path, iso: dict[str, Any] | None) -> list[st
         "- What the gateway does about a flood (2026-11-27): the Python kernel sends stream text in slices of at most "
         "256 Ki characters; the gateway reads 64 messages or 256 KiB at a time and gives one session's output at "
         "most a quarter of the event loop once a 25 ms burst is spent, while another session's output is being read "
-        "(`runtime/loop_share.py`); output past a cell's cap is checked but not decoded; the history's writer "
-        "commits the small rows answers wait for before a large one, checkpoints a running cell's output past "
-        "1 MiB only when it grew by half and at most every 5 s, and no longer checkpoints SQLite's WAL inside its "
-        "commits. Measured inside the gateway during a print flood before the writer changes (quick runs, "
+        "(`runtime/loop_share.py`; a Jupyter client's connection is charged to its session's share too); output past "
+        "a cell's cap is checked but not decoded; the history's writer commits the small rows answers wait for "
+        "before the rest of their batch, stores a cell's output in chunks of about 256 KiB as it comes (no "
+        "transaction over about 512 KiB, and the answers queued meanwhile commit between two), and no longer "
+        "checkpoints SQLite's WAL inside its commits. Measured inside the gateway during a print flood before the writer changes (quick runs, "
         "4 bystanders): the event loop's lag stayed at p95 1.0 ms, p99 4.7 ms, while a bystander's wait for its "
         "history commit reached p95 121 ms; after them, p95 17 ms.\n",
         "- Why the goal is still missed here: the machine has two cores, and the flooding kernel alone takes most "
