@@ -108,9 +108,12 @@ def test_stdout_and_stderr_stream_apart_as_they_come(kernel: Kernel) -> None:
     # the first lines came as they were written, not with the cell's end
     first = {text: t for t, _, text in came}
     assert first["out-2\n"] - first["out-1\n"] > 1.0 and first["err-2\n"] - first["err-1\n"] > 1.0, came
-    # a line written in pieces comes as one message; a partial line comes too
+    # a partial line comes too. (That a line written in pieces is one message
+    # is tested in tests/unit/test_bash_stderr.py: here a pause of more than
+    # HOLD_S between two writes, which a loaded machine makes, cuts it.)
     pieces = kernel.arrivals("printf 'one ' >&2; printf 'line' >&2; echo ' of stderr' >&2; printf 'no newline' >&2")
-    assert [text for _, name, text in pieces if name == "stderr"] == ["one line of stderr\n", "no newline"]
+    stderr = [text for _, name, text in pieces if name == "stderr"]
+    assert "".join(stderr) == "one line of stderr\nno newline" and stderr[-1].endswith("no newline"), stderr
 
 
 def test_many_lines_of_output_come_whole_and_in_batches(kernel: Kernel) -> None:
