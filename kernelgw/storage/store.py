@@ -3,8 +3,9 @@
 The recorder methods queue rows for the writer (`kernelgw.storage.writer`),
 which commits them in order, in batches, off the event loop. Only a cell's end
 is waited for (acknowledged means stored: its ``done`` is published after the
-commit). Queries first wait for the queue to drain (`flush`), so a client
-reads its own writes.
+commit, or, for a small cell on SQLite, after its row is in the answer journal,
+`kernelgw.storage.journal`). Queries first wait for the queue to drain
+(`flush`), so a client reads its own writes.
 
 A database that fails or is down never breaks a session: the failed rows are
 held back and retried, the store sets the database up again later
@@ -21,9 +22,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, insert, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -35,6 +37,8 @@ from kernelgw.storage import audit, queries, retention, schema
 from kernelgw.storage.database import Database
 from kernelgw.storage.engine import DB_FILE, async_database_url, database_url_for
 from kernelgw.storage.health import WriteHealth
+from kernelgw.storage.journal import DIRECTORY as JOURNAL_DIRECTORY
+from kernelgw.storage.journal import Journal, JournalRecord, read_segments
 from kernelgw.storage.kernels import CRASHED_REASON, kernel_values, open_session_rows, stored_session
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
 from kernelgw.storage.retention import CUT_OFF_REASON, RUNNING
@@ -83,6 +87,29 @@ def _replay_values(execution: RecordedExecution) -> dict[str, Any]:
         "replay_of": execution.replay_of,
         "no_replay": True if not execution.replayable else None,
     }
+
+
+async def _replay_row(conn: AsyncConnection, record: JournalRecord) -> bool:
+    """Write a journalled end row unless it is stored already; whether it was written."""
+    row = dict(record.row)
+    row["started_at"] = datetime.fromisoformat(row["started_at"])
+    table = schema.executions
+    where = (
+        (table.c.session_id == row["session_id"])
+        & (table.c.position == row["position"])
+        & (table.c.execution_id == row["execution_id"])
+    )
+    found = (await conn.execute(select(table.c.status).where(where))).first()
+    if found is not None and found.status != RUNNING:
+        return False
+    if found is not None:  # its running row was committed, its end was not
+        keys = ("session_id", "position", "execution_id")
+        await conn.execute(
+            update(table).where(where).values(events=record.events, **{k: v for k, v in row.items() if k not in keys})
+        )
+    else:
+        await conn.execute(insert(table).values(events=record.events, **row))
+    return True
 
 
 # Constant statements (parameters passed apart) are compiled once: building and
@@ -188,6 +215,8 @@ class Store:
         self._db = Database(self.url, durability)
         self._writer = Writer(self._db, max_pending)
         self._purger: asyncio.Task[None] | None = None
+        self._journal: Journal | None = None
+        """Small cells' end rows answered before their commit (`kernelgw.storage.journal`)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Store:
@@ -233,16 +262,22 @@ class Store:
             return
         if await self._db.ensure_ready(force=True):
             try:
+                await self._replay_journal()
                 await self._end_cut_off_executions()
                 await self.purge()
             except Exception:
                 log.exception("history storage: start-up clean-up failed")
+        if (directory := self._journal_directory()) is not None:
+            self._journal = Journal(directory, self.gateway_name)
         self._writer.start()
         if self.purge_interval_s > 0:
             self._purger = asyncio.create_task(self._purge_loop(), name="history-purge")
 
     async def close(self) -> None:
         await self._writer.close()
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
         await cancel_and_wait(self._purger)
         self._purger = None
         await self._db.close()
@@ -443,10 +478,18 @@ class Store:
             **final,
         }
 
+        size = sum(len(p.json) for p in published)
+        deferrable = start is not None and start.uncommitted > 0
+        # behind output chunks still queued, it is committed after them, and not
+        # answered before (the journal holds the row, not the chunks)
+        journal = self._journal if not deferrable and self._writer.answers_may_journal else None
+        spliced = ev.json_array(p.json for p in published) if journal is not None else None
+        release = journal.append(values, spliced) if journal is not None and spliced is not None else None
+
         async def write(conn: AsyncConnection) -> None:
             # already serialised when published: spliced (in the writer's thread,
             # not on the event loop), not re-encoded
-            events = ev.json_array(p.json for p in published)
+            events = spliced if spliced is not None else ev.json_array(p.json for p in published)
             if start is not None and start.inserted:
                 keys = {"k_session": session.id, "k_position": position, "k_execution": values["execution_id"]}
                 result = await conn.execute(_END_EXECUTION, {**final, "events": events, **keys})
@@ -457,17 +500,16 @@ class Store:
 
         if not self._writer.running:
             raise StorageUnavailable("The history storage is not running.")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.enqueue(
-            f"execution {execution.execution_id} of session {session.id}",
-            write,
-            future,
-            # behind its output chunks still queued: committed after them, never before
-            deferrable=start is not None and start.uncommitted > 0,
-            size=sum(len(p.json) for p in published),
-        )
+        what = f"execution {execution.execution_id} of session {session.id}"
+        if release is not None:  # in the journal: stored; committed with the writer's next batch
+            self.enqueue(what, write, size=size, committed=release)
+            future: asyncio.Future[None] | None = None
+        else:
+            future = asyncio.get_running_loop().create_future()
+            self.enqueue(what, write, future, deferrable=deferrable, size=size)
         try:
-            await future
+            if future is not None:
+                await future
         finally:  # the audit row after: it is not part of what the answer waits for
             error = execution.last_error  # its latest, also one in a chunk already let go
             self._audit(
@@ -629,6 +671,33 @@ class Store:
         if purged:
             log.info("history storage: purged %d sessions older than %g days", purged, self.retention_days)
         return purged
+
+    def _journal_directory(self) -> Path | None:
+        """Where this gateway's answer journal lives, if it keeps one: beside a
+        SQLite file, with the default durability (see `kernelgw.storage.journal`)."""
+        path = self._db.sqlite_file
+        if path is None or self.durability != "process":
+            return None
+        return path.parent / JOURNAL_DIRECTORY
+
+    async def _replay_journal(self) -> None:
+        """Write into the database the end rows a previous gateway of this name
+        answered and did not commit (it was killed), then remove its journal."""
+        if (directory := self._journal_directory()) is None:
+            return
+        records, paths = await asyncio.to_thread(read_segments, directory, self.gateway_name)
+        if records:
+            assert self._db.engine is not None
+            async with self._db.engine.begin() as conn:
+                written = [await _replay_row(conn, record) for record in records]
+            log.warning(
+                "history storage: %d cells answered before a gateway stop were written from its journal "
+                "(%d were already stored)",
+                written.count(True),
+                written.count(False),
+            )
+        for path in paths:
+            await asyncio.to_thread(path.unlink, missing_ok=True)
 
     async def _end_cut_off_executions(self) -> None:
         assert self._db.engine is not None

@@ -135,6 +135,12 @@ class Writer:
         """Rows are held back by a storage fault (readers would not see them)."""
         return bool(self._held)
 
+    @property
+    def answers_may_journal(self) -> bool:
+        """An answer may go out before its row's commit (`kernelgw.storage.journal`):
+        not while a fault holds rows back, when the answer must say it was not stored."""
+        return self.running and not self._held and self.health.ok
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._write_loop(), name="history-writer")
 

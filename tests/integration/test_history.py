@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import docker
@@ -31,17 +30,16 @@ from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from websockets.sync.client import connect
 
-from kernelgw import events as ev
 from kernelgw.cli.main import main as cli
 from kernelgw.client import AsyncClient, Client
 from kernelgw.config import Settings
-from kernelgw.runtime.session import Published, QueuedExecution
 from kernelgw.server.state import gateway_state
 from kernelgw.storage import Store
 from kernelgw.storage.store import CRASHED_REASON
 from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway
 from tests.support.http import http_fixture
 from tests.support.postgres import postgres_url
+from tests.support.stand_ins import finished_execution, stand_in_session
 
 pytestmark = pytest.mark.integration
 
@@ -468,44 +466,14 @@ def test_storing_an_execution_is_quick(
 # ------------------------------------------------ the store itself, same databases
 
 
-def _stand_in_session(session_id: str) -> Any:
-    """What the store reads of a KernelSession (no kernel needed to record one)."""
-    return SimpleNamespace(
-        id=session_id,
-        spec=SimpleNamespace(image="img:test", memory_mb=512, cpus=1.0, runtime="runc", kernel="python3"),
-        owner=None,
-        created_at=datetime.now(UTC),
-        kernel_info={"language_info": {"name": "python", "version": "3.11"}},
-        handle=None,  # no kernel to reattach: a restart of the store's gateway ends it
-        paused_from=None,
-        lineage_kernels=(),
-    )
-
-
-def _finished_execution(execution_id: str, code: str) -> QueuedExecution:
-    rec = QueuedExecution(execution_id=execution_id, code=code, timeout=10)
-    for seq, event in enumerate(
-        [
-            ev.Queued(execution_id=execution_id, code=code),
-            ev.Stream(execution_id=execution_id, name="stdout", text="ünïcode ✓\n"),
-            ev.Done(execution_id=execution_id, status="ok", execution_count=1, duration_ms=4.5),
-        ],
-        start=1,
-    ):
-        event = event.model_copy(update={"seq": seq})
-        rec.published.append(Published(seq, event, event.model_dump_json()))
-    rec.done.set_result(rec.published[-1].event)  # type: ignore[arg-type]
-    return rec
-
-
 async def test_store_closes_what_a_crashed_gateway_left_open(database_url: str) -> None:
     name = f"crash{uuid.uuid4().hex[:8]}"
     sid = uuid.uuid4().hex
     first = Store(database_url, gateway_name=name)
     await first.start()
-    session = _stand_in_session(sid)
+    session = stand_in_session(sid)
     await first.session_started(session)
-    await first.execution_finished(session, _finished_execution("e1", "print('ünïcode ✓')"))
+    await first.execution_finished(session, finished_execution("e1", "print('ünïcode ✓')"))
     await first.flush()
     assert (await first.get_session(sid)).ended_at is None  # type: ignore[union-attr]
     await first.close()  # as if the gateway died: session_ended never came
@@ -537,10 +505,10 @@ async def test_store_purges_only_what_the_retention_lets_go(database_url: str) -
     store = Store(database_url, gateway_name=f"purge{uuid.uuid4().hex[:8]}", retention_days=1, purge_interval_s=0)
     await store.start()
     try:
-        ended, live = _stand_in_session(uuid.uuid4().hex), _stand_in_session(uuid.uuid4().hex)
+        ended, live = stand_in_session(uuid.uuid4().hex), stand_in_session(uuid.uuid4().hex)
         for session in (ended, live):
             await store.session_started(session)
-            await store.execution_finished(session, _finished_execution("e1", "1"))
+            await store.execution_finished(session, finished_execution("e1", "1"))
         await store.add_note(ended.id, 3, "note")
         await store.session_ended(ended, "deleted")
         now = datetime.now(UTC)

@@ -31,12 +31,9 @@ from kernelgw.storage import Store, audit, migrate
 from kernelgw.storage.keys import KeyStore
 from kernelgw.storage.migrations import REATTACH, VERSION_TABLE
 from kernelgw.storage.store import CRASHED_REASON, async_database_url
-from tests.integration.test_history import (  # the sqlite/postgres fixture, and stand-ins the store records
-    _finished_execution,
-    _stand_in_session,
-    database_url,  # noqa: F401
-)
+from tests.integration.test_history import database_url  # noqa: F401  (the sqlite/postgres fixture)
 from tests.support import previous_schema
+from tests.support.stand_ins import finished_execution, stand_in_session
 
 pytestmark = pytest.mark.integration
 
@@ -190,9 +187,9 @@ async def test_a_previous_release_database_is_upgraded_and_reads_as_before(
         lost = await store.get_session(OPEN_SESSION)
         assert lost is not None and lost.end_reason == CRASHED_REASON
         # and the store writes into the upgraded tables
-        new = _stand_in_session(uuid.uuid4().hex)
+        new = stand_in_session(uuid.uuid4().hex)
         await store.session_started(new)
-        await store.execution_finished(new, _finished_execution("e9", "print(1)"))
+        await store.execution_finished(new, finished_execution("e9", "print(1)"))
         await store.add_note(SESSION, 9, "after the upgrade")
         assert [e.code for e in await store.list_executions(new.id)] == ["print(1)"]
         assert [n.markdown for n in await store.list_notes(SESSION)] == ["# ünïcode ✓", "after the upgrade"]
