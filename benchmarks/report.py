@@ -316,7 +316,13 @@ def durability(d: Path, out: Path, reattach: Any, ack: Any, crash: Any) -> list[
             f"unmarked, 0 containers leaked | "
             + "; ".join(
                 f"`{v['cell']}`: {v['totals']['rounds']} rounds, {v['totals']['acknowledged']} acknowledged, "
-                f"{v['totals']['lost']} lost, {v['totals']['cut_off']} cut off and {v['totals']['unmarked']} left "
+                f"{v['totals']['lost']} lost"
+                + (
+                    f" ({v['totals']['from_journal']} written from the answer journal at a restart)"
+                    if v["totals"].get("from_journal")
+                    else ""
+                )
+                + f", {v['totals']['cut_off']} cut off and {v['totals']['unmarked']} left "
                 f"unmarked, {v['totals']['leaked']} leaked"
                 for v in variants
             )

@@ -15,6 +15,7 @@ left ``running`` is *unmarked*. That gateway is stopped with
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -49,6 +50,12 @@ class CrashCounts:
     """Rows still ``running`` after a restart."""
     leaked: list[str] = field(default_factory=list)
     """Containers of the gateway name left after the last gateway stopped."""
+    from_journal: int = 0
+    """Answered cells a restart wrote into the database from the answer journal
+    (kernelgw.storage.journal): the kill came before their commit."""
+
+
+_FROM_JOURNAL = re.compile(rb"(\d+) cells answered before a gateway stop were written from its journal")
 
 
 @contextmanager
@@ -167,6 +174,7 @@ def crash_rounds(
                             counts.cut_off += 1
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=120)
+        counts.from_journal = sum(int(m[1]) for m in _FROM_JOURNAL.finditer(log.read_bytes()))
         counts.leaked = [
             str(c.name) for c in client.containers.list(all=True, filters={"label": f"{LABEL_GATEWAY}={name}"})
         ]
