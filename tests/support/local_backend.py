@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import os
 import secrets
@@ -26,9 +27,11 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from signal import SIGKILL
+from types import ModuleType
 
 from kernelgw.errors import BackendError, KernelDied, KernelStartFailed
 from kernelgw.runtime.backends.base import (
@@ -43,6 +46,18 @@ from kernelgw.runtime.backends.base import (
 
 IMAGE_HELPERS = Path(__file__).resolve().parents[2] / "images" / "python"
 """Holds ``kernelgw_kernel``, the package the image installs next to the kernel."""
+
+
+@contextlib.contextmanager
+def image_helper(name: str) -> Iterator[ModuleType]:
+    """``kernelgw_kernel.<name>``, the image's helper module, imported from
+    images/python for a unit test of its logic (for a module-scoped fixture)."""
+    sys.path.insert(0, str(IMAGE_HELPERS))
+    try:
+        yield importlib.import_module(f"kernelgw_kernel.{name}")
+    finally:
+        sys.path.remove(str(IMAGE_HELPERS))
+
 
 # kernelgw_kernel hard-codes /workspace; point it (and snapshot's default) at ours.
 _USE_WORKSPACE = (

@@ -7,9 +7,7 @@ where a pause of more than HOLD_S between two writes may cut a line)."""
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,16 +16,13 @@ from types import ModuleType
 
 import pytest
 
-from tests.support.local_backend import IMAGE_HELPERS
+from tests.support.local_backend import image_helper
 
 
 @pytest.fixture(scope="module")
 def launcher() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(IMAGE_HELPERS))
-    try:
-        yield importlib.import_module("kernelgw_kernel.bash_launcher")
-    finally:
-        sys.path.remove(str(IMAGE_HELPERS))
+    with image_helper("bash_launcher") as module:
+        yield module
 
 
 class Recorder:

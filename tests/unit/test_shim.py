@@ -4,10 +4,8 @@ itself runs in tests/integration/languages/test_shim.py."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -15,7 +13,7 @@ from typing import Any
 import pytest
 from jupyter_client.session import Session
 
-from tests.support.local_backend import IMAGE_HELPERS
+from tests.support.local_backend import image_helper
 
 KEY = b"0123456789abcdef"
 ARTIFACTS = "__import__('kernelgw_kernel').artifacts()"
@@ -23,11 +21,8 @@ ARTIFACTS = "__import__('kernelgw_kernel').artifacts()"
 
 @pytest.fixture(scope="module")
 def shim() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(IMAGE_HELPERS))
-    try:
-        yield importlib.import_module("kernelgw_kernel.shim")
-    finally:
-        sys.path.remove(str(IMAGE_HELPERS))
+    with image_helper("shim") as module:
+        yield module
 
 
 def frames_of(

@@ -6,7 +6,6 @@ Real ``InteractiveShell`` instances run the cells, as in a kernel; no Docker.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import stat
@@ -20,7 +19,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from tests.support.local_backend import IMAGE_HELPERS
+from tests.support.local_backend import image_helper
 
 ShellFactory = Callable[[], InteractiveShell]
 
@@ -39,11 +38,8 @@ CELLS = [
 
 @pytest.fixture(scope="module")
 def namespace() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(IMAGE_HELPERS))
-    try:
-        yield importlib.import_module("kernelgw_kernel.namespace")
-    finally:
-        sys.path.remove(str(IMAGE_HELPERS))
+    with image_helper("namespace") as module:
+        yield module
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ running, as the integration suite checks that no container is left.
 
 from __future__ import annotations
 
-import importlib
-import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -19,7 +17,7 @@ import pytest
 from kernelgw.runtime.backends.base import KernelSpec
 from kernelgw.runtime.session import KernelSession, SessionConfig
 from kernelgw.storage.store import Store
-from tests.support.local_backend import IMAGE_HELPERS, LocalBackend
+from tests.support.local_backend import LocalBackend, image_helper
 
 SessionFactory = Callable[..., Awaitable[KernelSession]]
 
@@ -27,11 +25,8 @@ SessionFactory = Callable[..., Awaitable[KernelSession]]
 @pytest.fixture(scope="module")
 def launcher() -> Iterator[ModuleType]:
     """The kernel image's ``kernelgw_kernel.launcher``, imported from images/python."""
-    sys.path.insert(0, str(IMAGE_HELPERS))
-    try:
-        yield importlib.import_module("kernelgw_kernel.launcher")
-    finally:
-        sys.path.remove(str(IMAGE_HELPERS))
+    with image_helper("launcher") as module:
+        yield module
 
 
 def spec(session_id: str = "s", **overrides: Any) -> KernelSpec:
