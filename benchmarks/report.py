@@ -474,9 +474,10 @@ def durability(d: Path, out: Path, reattach: Any, ack: Any, crash: Any) -> list[
             waited = next((r for r in store if r.get("waited") and r.get("kind") == "execution of session"), None)
             w(
                 "History rows, time from queued to committed, as each gateway's store counted them (a `-c` wrapper "
-                "around the CLI writes them out when the store closes; warm-up rounds included). In this tree an "
-                "execution's end row is what the answer waits for; rows nobody waits on linger up to 20 ms to share "
-                "a commit. In the tree before, nothing waited for any row.\n"
+                "around the CLI writes them out when the store closes; warm-up rounds included). A small cell's end "
+                "row is answered once it is in the answer journal (`kernelgw.storage.journal`), so nobody waits for "
+                "its commit; rows nobody waits on linger up to 20 ms to share a commit. Where an answer waits for a "
+                "commit it is listed as such.\n"
             )
             w(table(store, None))
             if waited and waited.get("n"):
@@ -510,16 +511,20 @@ def durability(d: Path, out: Path, reattach: Any, ack: Any, crash: Any) -> list[
             )
             + "\n"
         )
+        journal = any("from_journal" in v["totals"] for v in variants)
         w(
-            "| cell | kill after the send | rounds | requests sent | acknowledged | lost | cut off (marked dead) | "
-            "left running | containers leaked |"
+            "| cell | kill after the send | rounds | requests sent | acknowledged | lost | "
+            + ("written in from the journal | " if journal else "")
+            + "cut off (marked dead) | left running | containers leaked |"
         )
-        w("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        w("|---|---|---:|---:|---:|---:|" + ("---:|" if journal else "") + "---:|---:|---:|")
         for v in variants:
             vt, k = v["totals"], v.get("kill_after_send_s") or [0.0, 0.02]
             w(
                 f"| `{v['cell']}` | {k[0] * 1000:.0f}-{k[1] * 1000:.0f} ms | {vt['rounds']} | {vt['sent']} | "
-                f"{vt['acknowledged']} | {vt['lost']} | {vt['cut_off']} | {vt['unmarked']} | {vt['leaked']} |"
+                f"{vt['acknowledged']} | {vt['lost']} | "
+                + (f"{vt.get('from_journal', 0)} | " if journal else "")
+                + f"{vt['cut_off']} | {vt['unmarked']} | {vt['leaked']} |"
             )
         w(
             f"\nThe goal's rounds are the loop's own (`{loop_cell}`). Such a cell usually ends before its `running` "
@@ -530,7 +535,14 @@ def durability(d: Path, out: Path, reattach: Any, ack: Any, crash: Any) -> list[
             "loop is told of a request only some time after it was sent, so the kill lands inside a cell whose "
             "`running` row is stored; 'cut off' counts rows a later gateway stored `dead` with the reason 'the "
             "gateway stopped while this cell ran'. A request sent but not acknowledged (the kill came first) may or "
-            "may not be in the history; only acknowledged ones count.\n"
+            "may not be in the history; only acknowledged ones count."
+            + (
+                " 'Written in from the journal' counts acknowledged cells whose row was not committed when the kill "
+                "came: the next gateway wrote them in from the answer journal at its start."
+                if journal
+                else ""
+            )
+            + "\n"
         )
     return md
 
