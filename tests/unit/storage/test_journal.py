@@ -19,6 +19,7 @@ import pytest
 
 from kernelgw.storage.journal import DIRECTORY, MAX_RECORD_BYTES, ROTATE_BYTES, Journal, read_segments, segments
 from kernelgw.storage.store import DB_FILE, Store
+from tests.support.stand_ins import finished_execution, stand_in_session
 
 ROW = {"session_id": "s", "position": 1, "execution_id": "e", "code": "print('ü')"}
 EVENTS = '[{"type":"stream","text":"ünïcode ✓\\n"},{"type":"done","status":"ok"}]'
@@ -164,3 +165,21 @@ async def test_answers_given_before_their_commit_survive_a_kill(tmp_path: Path) 
         assert len(await again.list_executions("s1")) == 3
     finally:
         await again.close()
+
+
+async def test_with_fsync_durability_an_answer_waits_for_its_commit(tmp_path: Path) -> None:
+    """An fsync on the event loop would hold it up: ``durability=fsync`` keeps no
+    journal, so the row is in the database file once the answer may go."""
+    store = Store(
+        f"sqlite+aiosqlite:///{tmp_path / DB_FILE}", gateway_name="gw", purge_interval_s=0, durability="fsync"
+    )
+    await store.start()
+    try:
+        session = stand_in_session("s1")
+        await store.session_started(session)
+        await store.execution_finished(session, finished_execution("e1", "1 + 1"))
+        with sqlite3.connect(tmp_path / DB_FILE) as conn:  # another reader, no flush
+            assert conn.execute("SELECT execution_id, status FROM kgw_executions").fetchall() == [("e1", "ok")]
+        assert not (tmp_path / DIRECTORY).exists()
+    finally:
+        await store.close()
