@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 log = logging.getLogger(__name__)
 
 MAX_RECORD_BYTES = 64 << 10
@@ -142,15 +144,9 @@ class Journal:
 
 
 def _record(row: dict[str, Any], events: str) -> bytes:
-    """One line: compact JSON holds no raw newline, so a line is a record."""
-    head = json.dumps(row, default=_encode, separators=(",", ":"), ensure_ascii=False)
-    return f'{{"row":{head},"events":{events}}}\n'.encode()
-
-
-def _encode(value: Any) -> Any:
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    raise TypeError(f"cannot journal a {type(value).__name__}")
+    """One line: compact JSON holds no raw newline, so a line is a record.
+    orjson: the standard encoder took a third of the append (datetimes by ``default``)."""
+    return b'{"row":' + orjson.dumps(row) + b',"events":' + events.encode() + b"}\n"
 
 
 _NAME = re.compile(r"^(?P<name>.+)\.(?P<n>\d+)\.jsonl$")
