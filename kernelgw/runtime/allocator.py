@@ -8,12 +8,6 @@ found 90 MB of Python objects in all, most of it imported modules), and
 ``malloc_trim(0)`` gave it back (286 -> 161 MB). So after a burst of output is
 over the gateway trims once, in a thread: the event loop never waits on it.
 
-A long burst is trimmed while it lasts too (`DURING_BURST_BYTES`): a 100 MB
-stream grew the gateway's RSS by 1.3 bytes per byte read, live objects
-bounded at a few MiB (the reader waits for the store, `OutputBacklog`),
-the rest freed memory glibc had not reused; trims every 16 MiB held the growth
-to about half.
-
 Only glibc has ``malloc_trim``; elsewhere this does nothing.
 """
 
@@ -37,18 +31,10 @@ SETTLE_POLLS = 3
 written (and its copies freed) just after its output ends."""
 
 
-DURING_BURST_BYTES = 16 << 20
-"""Kernel output read since the last trim during a burst that starts one at once."""
-
-
 class _Received:
     """Bytes read from all kernels' sockets: a counter, not a lock (one event loop)."""
 
     total = 0
-    trimmed_at = 0
-    """``total`` at the latest trim, during a burst or after one."""
-    during_burst: Callable[[], None] | None = None
-    """Starts a trim in a thread (set by the running `AllocatorTrimmer`)."""
 
 
 received = _Received()
@@ -56,33 +42,6 @@ received = _Received()
 
 def note_received(size: int) -> None:
     received.total += size
-    if received.total - received.trimmed_at >= DURING_BURST_BYTES and received.during_burst is not None:
-        received.trimmed_at = received.total
-        received.during_burst()
-
-
-MMAP_THRESHOLD = 128 << 10
-"""Allocations from this size on get their own mapping, unmapped when freed
-(glibc's initial threshold, kept fixed: glibc raises it to the size of each
-mapped block freed, after which a stream's 256 KiB strings came from heaps that
-grew with the stream)."""
-_M_MMAP_THRESHOLD = -3
-"""glibc's ``mallopt`` parameter number (malloc.h)."""
-
-
-def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Keep large allocations in their own mappings (`MMAP_THRESHOLD`); False
-    where there is no glibc."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:
@@ -106,40 +65,14 @@ class AllocatorTrimmer:
         self._poll_s = poll_s
         self._trimmed_at = self._seen = received.total
         self._settle_in = 0
-        self._busy = False
-        """A trim during a burst runs."""
-        self._tasks: set[asyncio.Task[None]] = set()
         self.trims = 0
 
     async def run(self) -> None:
         if self._trim is None:
             return
-        fix_mmap_threshold()
-        received.during_burst = self._trim_during_burst
-        try:
-            while True:
-                await asyncio.sleep(self._poll_s)
-                await self.check()
-        finally:
-            if received.during_burst == self._trim_during_burst:
-                received.during_burst = None
-
-    def _trim_during_burst(self) -> None:
-        """Start a trim in a thread unless one runs (on the event loop, never waits)."""
-        if self._trim is None or self._busy:
-            return
-        self._busy = True
-        task = asyncio.get_running_loop().create_task(self._trim_in_thread())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _trim_in_thread(self) -> None:
-        assert self._trim is not None
-        try:
-            await asyncio.to_thread(self._trim, 0)
-            self.trims += 1
-        finally:
-            self._busy = False
+        while True:
+            await asyncio.sleep(self._poll_s)
+            await self.check()
 
     async def check(self) -> bool:
         """One poll: trim if a burst worth it is over; True when it trimmed."""
@@ -156,7 +89,7 @@ class AllocatorTrimmer:
             self._settle_in = SETTLE_POLLS
         elif not settle:
             return False
-        self._trimmed_at = received.trimmed_at = now
+        self._trimmed_at = now
         # ctypes lets go of the GIL for the call: the loop runs meanwhile
         await asyncio.to_thread(self._trim, 0)
         self.trims += 1
