@@ -56,9 +56,10 @@ class OutputBacklog:
     """The reader is waiting: its kernel's iopub is not quiet, only unread."""
     _chunks: dict[int, int] = field(default_factory=dict)
     """Chunk bytes by the number of the chunk's first event."""
+    unbounded: str | None = None
+    """Why the running cell's output is no longer held back (the store stalled, an
+    interrupt, a timeout), None while it is."""
     _execution: str | None = None
-    _unbounded: bool = False
-    """The store stalled, or the cell is being interrupted: no more waits for it."""
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
 
     def begin(self, execution_id: str) -> None:
@@ -66,7 +67,7 @@ class OutputBacklog:
         self._execution = execution_id
         self._chunks.clear()
         self.uncommitted = self.peak = self.waits = 0
-        self._unbounded = False
+        self.unbounded = None
         self._progress.set()
 
     def end(self) -> None:
@@ -78,9 +79,9 @@ class OutputBacklog:
 
     def unbound(self, why: str) -> None:
         """Stop holding the running cell's output back (an interrupt, a timeout, a stalled store)."""
-        if not self._unbounded and self._execution is not None:
+        if self.unbounded is None and self._execution is not None:
             log.info("execution %s: its output is no longer held back for the store (%s)", self._execution, why)
-        self._unbounded = True
+            self.unbounded = why
         self._progress.set()
 
     def taken(self, execution_id: str, first: int, events: Sequence[Published]) -> None:
@@ -102,7 +103,7 @@ class OutputBacklog:
 
     @property
     def over(self) -> bool:
-        return self.uncommitted > self.limit and not self._unbounded and self._execution is not None
+        return self.uncommitted > self.limit and self.unbounded is None and self._execution is not None
 
     async def room(self) -> None:
         """Return once the reader may read on: the backlog is under the limit, the
