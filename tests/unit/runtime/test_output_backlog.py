@@ -88,7 +88,8 @@ class SlowChunks:
                 await asyncio.sleep(self.delay_s)
                 await self._loop_gate.wait()
             else:
-                time.sleep(self.delay_s)
+                # the SQLite writer's thread, not the event loop: a write there cannot await
+                time.sleep(self.delay_s)  # noqa: ASYNC251
                 self._thread_gate.wait(60)
             self.written += 1
             return await write(conn)
@@ -108,9 +109,11 @@ def backlog_of(session: KernelSession) -> OutputBacklog:
 
 
 async def eventually(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.005)
+    """Poll ``check`` (the state it reads sets no event) until it holds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout:g}s: {what}"
+        await asyncio.sleep(0.005)
 
 
 def stream_text(events: list[dict[str, Any]]) -> str:
