@@ -2,21 +2,23 @@
 
 A cell's output is stored in chunks (`kernelgw.runtime.recorder.CHUNK_BYTES`)
 by the history writer, and its events stay in the gateway's memory until their
-chunk commits. On two cores the writer commits more slowly than a kernel can
-print (about 40 MB/s against 100 MB/s): a 100 MB print left 60 MB of events
-waiting for the writer, most of the gateway's peak. The session's iopub reader
-waits (`OutputBacklog.room`) while more than `BACKLOG_BYTES` are uncommitted,
-which gives the writer the event loop's turns the reader took.
+chunk commits. A kernel can print faster than the writer commits (a 50 MB line
+arrives at about 100 MB/s), so the session's iopub reader waits
+(`OutputBacklog.room`) while more than `BACKLOG_BYTES` of the running cell's
+chunks are uncommitted; the wait also gives the writer the loop's turns.
 
-What the reader leaves unread waits in ZMQ: the kernel's PUB socket sends on
-(it never blocks; it drops past its high-water mark), and the gateway's SUB
-socket takes it into its receive queue (`kernel_link.RECEIVE_HWM` messages).
-So the wait moves the backlog out of Python's objects into ZMQ's queue of raw
-frames; it does not stop the kernel.
+What the reader leaves unread waits in ZMQ: in our receive queue up to its
+HWM, then in the kernel's send queue. The Python kernel's iopub is read with a
+small receive HWM (`kernel_link.IOPUB_RECEIVE_HWM`), so the backlog waits in
+the kernel's memory, under its container's limit; it sends with a 100,000
+message HWM, so nothing is dropped. The kernel itself does not block (PUB
+never does): a cell that printed 100 MB ends in the kernel before the gateway
+has read it all.
 
 The wait never outlasts a writer that makes no progress: after `STALL_S`
 without a commit (a store that cannot write holds rows back and retries) the
-cell's output is no longer held back, as before the bound existed.
+cell's output is no longer held back, as before the bound existed; nor an
+interrupt or a timeout, whose answer comes behind the output (`unbound`).
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ log = logging.getLogger(__name__)
 
 BACKLOG_BYTES = 4 << 20
 """Event JSON handed to the store and not yet committed past which the reader
-waits: 16 chunks, a few transactions of the writer (`COMMIT_BYTES` each), so
-the writer never runs dry while the reader waits and the gateway holds little."""
+waits: 16 chunks, eight of the writer's transactions (`COMMIT_BYTES`), so the
+writer never runs dry while the reader waits, and the gateway holds little."""
 STALL_S = 2.0
 """A wait with no commit for this long means the store is not writing (a fault
 it retries every second): the rest of the cell's output is no longer held back."""
