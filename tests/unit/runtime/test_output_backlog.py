@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
+from kernelgw.runtime.kernel_link import IOPUB_RECEIVE_HWM
 from kernelgw.runtime.output_backlog import BACKLOG_BYTES, OutputBacklog
 from kernelgw.runtime.session import KernelSession
 from kernelgw.storage.store import Store
@@ -155,6 +157,9 @@ async def test_a_flood_waits_for_a_slow_store_and_ends_ok_with_everything_in_ord
     [row] = [h for h in await store.list_executions(flooding.id) if h.execution_id == rec.execution_id]
     assert json.loads(row.events_json) == events
     assert slow.written >= FLOOD_MIB * MIB // LINE - 2
+    # what the reader left unread waited in the kernel: our receive queue is short
+    assert flooding._link._kc is not None
+    assert flooding._link._kc.iopub_channel.socket.getsockopt(zmq.RCVHWM) == IOPUB_RECEIVE_HWM
 
 
 async def test_a_stalled_store_does_not_hold_the_cell(
