@@ -186,6 +186,24 @@ async def test_a_stalled_store_does_not_hold_the_cell(
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_subscriber_that_stops_reading_holds_up_neither_the_cell_nor_the_store(
+    new_session: SessionFactory, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader waits for the store only: a WebSocket client that reads nothing
+    is dropped past its queue's bound, as before, and the cell goes on."""
+    session = await recording(new_session, store, max_output_bytes=64 * MIB, subscriber_max_bytes=4 * MIB)
+    SlowChunks(store, monkeypatch, CHUNK_DELAY_S)
+    stuck = session.subscribe(session.last_seq)  # never read while the cell runs
+    reading = session.subscribe(session.last_seq)
+    rec = session.submit(FLOOD)
+    events = [e for e in await until(reading, done_of(rec.execution_id)) if e["execution_id"] == rec.execution_id]
+    assert events[-1]["status"] == "ok" and events[-1]["reason"] is None, events[-1]
+    assert stream_text(events) == ("y" * (LINE - 1) + "\n") * (FLOOD_MIB * MIB // LINE)
+    assert stuck.overflowed and stuck.queued_bytes <= 4 * MIB
+    assert backlog_of(session).waits > 0
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 async def test_an_interrupt_reaches_a_cell_whose_reader_waits(
     new_session: SessionFactory, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
