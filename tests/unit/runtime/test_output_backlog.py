@@ -12,10 +12,12 @@ interrupt and a timeout never leave a cell waiting behind the store.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from typing import Any
 import pytest
 import zmq
 
+from kernelgw.runtime.fanout import Published
 from kernelgw.runtime.kernel_link import IOPUB_RECEIVE_HWM
 from kernelgw.runtime.output_backlog import BACKLOG_BYTES, OutputBacklog
 from kernelgw.runtime.session import KernelSession
@@ -110,6 +113,21 @@ def backlog_of(session: KernelSession) -> OutputBacklog:
     return session._executions.backlog
 
 
+def track_events(session: KernelSession, monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
+    """How many of the session's published events are still alive (weak references)."""
+    fanout = session._executions._fanout
+    publish = fanout.publish
+    refs: list[weakref.ref[Published]] = []
+
+    def tracked(event: Any) -> Published:
+        pub = publish(event)
+        refs.append(weakref.ref(pub))
+        return pub
+
+    monkeypatch.setattr(fanout, "publish", tracked)
+    return lambda: sum(1 for ref in refs if ref() is not None)
+
+
 async def eventually(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
     """Poll ``check`` (the state it reads sets no event) until it holds."""
     deadline = time.monotonic() + timeout
@@ -129,6 +147,7 @@ async def test_a_flood_waits_for_a_slow_store_and_ends_ok_with_everything_in_ord
     bystander = await recording(new_session, store)
     slow = SlowChunks(store, monkeypatch, CHUNK_DELAY_S)
     backlog = backlog_of(flooding)
+    alive = track_events(flooding, monkeypatch)
     sub = flooding.subscribe(flooding.last_seq)
     started = time.perf_counter()
     rec = flooding.submit(FLOOD)
@@ -140,6 +159,14 @@ async def test_a_flood_waits_for_a_slow_store_and_ends_ok_with_everything_in_ord
     other_ms = (time.perf_counter() - t0) * 1000
     assert other[-1]["status"] == "ok" and any(e.get("data", {}).get("text/plain") == "2" for e in other)
     assert not rec.done.done(), "the flood ended before the other session's cell: nothing was shown"
+    # late in the flood, the events of the chunks committed are gone from memory
+    # (the writer's rows let go once written), not only from the cell's list
+    lines = FLOOD_MIB * MIB // LINE
+    await eventually(lambda: slow.written >= lines * 3 // 4 or rec.done.done(), "most chunks are written")
+    gc.collect()
+    held = alive()
+    print(f"{slow.written} of {lines} chunks written: {held} of the cell's events still in memory")
+    assert not rec.done.done() and held * LINE <= 3 * BACKLOG_BYTES
     events = [e for e in await reading if e["execution_id"] == rec.execution_id]
     elapsed = time.perf_counter() - started
     print(
@@ -244,8 +271,6 @@ async def test_a_timeout_reaches_a_cell_whose_reader_waits(
 
 
 def published(*sizes: int) -> list[Any]:
-    from kernelgw.runtime.fanout import Published
-
     return [Published(i, None, "x" * size) for i, size in enumerate(sizes)]
 
 
