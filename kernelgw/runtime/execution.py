@@ -9,6 +9,7 @@ import asyncio
 import json
 import secrets
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -105,6 +106,8 @@ class QueuedExecution:
     """Keep every event in ``published`` (a caller answers with the whole output at the end)."""
     last_error: ev.Error | None = None
     """The latest ``error`` event published (kept when its chunk is released)."""
+    chunk_committed: Callable[[int], None] | None = None
+    """Told the number of a chunk's first event once the chunk is committed (`release`)."""
     ending: ev.Done | None = None
     """The ``done`` built when the cell ended, published once its record is stored."""
     client: ClientRequest | None = None
@@ -167,6 +170,8 @@ class QueuedExecution:
         """The chunk of events ``first`` to ``first + count`` is committed: drop them
         from memory (the store's readers have them). Only when every event before
         them went the same way (a chunk the store dropped keeps all after it)."""
+        if self.chunk_committed is not None:
+            self.chunk_committed(first)
         if self.retain_output or first != self.released or count > self.stored_events:
             return
         del self.published[:count]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 import uuid
@@ -56,6 +57,7 @@ from kernelgw.runtime.lineage import (
     ReplayReport,
 )
 from kernelgw.runtime.metrics import Metrics
+from kernelgw.runtime.output_backlog import OutputBacklog
 from kernelgw.runtime.recorder import CHUNK_BYTES
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.runtime.session_state import SessionStatus
@@ -140,6 +142,8 @@ class ExecutionQueue:
         self._queued_reason = "the session was deleted before this execution ran"
         """Why a cell that never ran ended (set by `stop`)."""
         self._output = CellOutput(config, self.publish)
+        self.backlog = OutputBacklog()
+        """The running cell's output chunks not yet committed: its iopub reader waits past a bound."""
         self._config = config
         self._cells: collections.deque[QueuedExecution] = collections.deque()
         self._replays: collections.deque[ReplayJob] = collections.deque()
@@ -158,6 +162,7 @@ class ExecutionQueue:
         self._held: list[tuple[ev.Event, QueuedExecution | None]] | None = None
         """Events published while a ``done`` waits for its commit; sent after it."""
         link.attach(self)
+        link.backlog = self.backlog
 
     @property
     def config(self) -> SessionConfig:
@@ -185,9 +190,13 @@ class ExecutionQueue:
                 self._store_progress(rec)  # the next chunk of its output, now: memory and writes stay small
 
     def _store_progress(self, rec: QueuedExecution) -> None:
-        """Hand the store a running cell's events not yet stored (`Recorder.execution_progress`)."""
+        """Hand the store a running cell's events not yet stored (`Recorder.execution_progress`);
+        a chunk it takes counts in the backlog until committed."""
         rec.checkpointed, rec.unstored_bytes = rec.event_count, 0
+        before, first = rec.stored_events, rec.released + rec.stored_events
         self._hooks.execution_progress(rec)
+        if rec.stored_events > before:
+            self.backlog.taken(rec.execution_id, first, rec.published[before : rec.stored_events])
 
     # ------------------------------------------------------------- LinkListener
     def current_execution(self) -> QueuedExecution | None:
@@ -282,6 +291,7 @@ class ExecutionQueue:
         if rec is None or self._link.handle is None or rec.finished.is_set():
             return False
         rec.interrupted = True
+        self.backlog.unbound("interrupted")  # the reader catches up with what the kernel sent
         await self._link.interrupt()
         return True
 
@@ -488,6 +498,9 @@ class ExecutionQueue:
         await self._link.resync_if_stale()
         status.state = "busy"
         rec.kernel_id = self._link.handle.kernel_id if self._link.handle is not None else None
+        backlog = self.backlog
+        backlog.begin(rec.execution_id)
+        rec.chunk_committed = functools.partial(backlog.committed, rec.execution_id)
         try:
             if not self._link.send(rec):
                 self._finish(rec, "dead", status.dead_reason or "the kernel is not running; restart the session")
@@ -503,6 +516,7 @@ class ExecutionQueue:
                 await self._collect_artifacts(rec)
                 self._finish_from_reply(rec)
         finally:
+            backlog.end()
             self._link.forget(rec)
             if status.state == "busy":
                 status.state = "idle"
@@ -530,6 +544,7 @@ class ExecutionQueue:
                 and (rec.reply_verified or rec.end_replied)
                 and time.monotonic() - self._link.last_iopub > IOPUB_QUIET_S
                 and not self._link.disconnect_pending
+                and not self.backlog.waiting  # unread, not quiet
             ):
                 # the reply is in and iopub has gone quiet without our idle: it was
                 # dropped somewhere; everything before it has been read
@@ -545,6 +560,7 @@ class ExecutionQueue:
                 return state
 
     async def _on_timeout(self, rec: QueuedExecution) -> None:
+        self.backlog.unbound("timed out")  # the interrupt's answer must not wait behind the store
         await self._link.interrupt()
         outcome = await self._wait(rec, self._config.interrupt_grace_s)
         if outcome == "finished" and rec.abort_reason is None:

@@ -66,6 +66,7 @@ from kernelgw.runtime.execution import (
 )
 from kernelgw.runtime.kernel_messages import InvalidKernelMessage, KernelMessageReader, coalesce_streams
 from kernelgw.runtime.loop_share import LoopShare
+from kernelgw.runtime.output_backlog import OutputBacklog
 from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.tasks import cancel_and_wait
@@ -94,6 +95,23 @@ plus the kernel's 1000 send HWM) let a burst of small flushed prints overflow
 while the event loop was busy elsewhere: PUB/SUB then drops silently, output
 was lost and, when the dropped message was ``status: idle``, the execution
 never finished."""
+IOPUB_RECEIVE_HWM = 64
+"""Messages ZMQ queues on our side of the iopub socket of a kernel that sends with
+a deep queue of its own (`DEEP_SEND_QUEUE`). Past it ZMQ stops reading the
+socket, and what the kernel sends on waits in the kernel's send queue, in the
+kernel's memory (counted against its container's limit), instead of ours: a
+reader that waits (`OutputBacklog`, `LoopShare`) then holds back the kernel, not
+the gateway's memory. The Python kernel sends stream text in slices of 256 KiB,
+so this holds about 16 MiB of a flood at most; 64 is also `MAX_BATCH`, what one
+read takes."""
+DEEP_SEND_QUEUE = frozenset({"python3"})
+"""Kernels whose image's launcher (``kernelgw_kernel.launcher``) sends with a
+100,000 message HWM and slices its streams: their iopub is read with
+`IOPUB_RECEIVE_HWM`. The others keep `RECEIVE_HWM`: IRkernel, Deno and JJava
+send with ZMQ's 1000, which a small receive queue would turn into lost output,
+and the compiled languages' kernels do not slice what their programs print.
+(A Python image not built on the project's runs plain ipykernel, with 1000:
+it then has 1,064 messages of slack instead of 101,000.)"""
 
 
 class LinkListener(Protocol):
@@ -132,6 +150,9 @@ class KernelLink:
         self.output_share: LoopShare | None = None
         """The share of the event loop its kernel's output may take, while read
         (`_read_iopub`); a Jupyter connection forwarding that output is charged to it too."""
+        self.backlog: OutputBacklog | None = None
+        """The running cell's output not yet committed by the store: past its bound
+        the iopub reader waits (`_read_iopub`); set by the execution queue."""
         self.iopub_stale = False
         """ZMQ dropped the iopub connection (an oversized message): resubscribe
         before the next execution, or its output would go nowhere."""
@@ -191,6 +212,13 @@ class KernelLink:
             context.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
             kc = AsyncKernelClient(context=context)
             kc.load_connection_info(cast(KernelConnectionInfo, handle.connection))
+            if self.spec.kernel in DEEP_SEND_QUEUE:
+                # made (and connected) before the others, with its own receive HWM
+                context.setsockopt(zmq.RCVHWM, IOPUB_RECEIVE_HWM)
+                try:
+                    kc.iopub_channel  # noqa: B018 (the property connects the socket)
+                finally:
+                    context.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
             # stdin: a Jupyter client's cell may call input() (see `send_stdin`)
             kc.start_channels(shell=True, iopub=True, stdin=True, hb=False, control=True)
             self._kc = kc
@@ -448,6 +476,9 @@ class KernelLink:
         budget = self.output_share = LoopShare(FLOOD_SHARE, FLOOD_BURST_S)
         try:
             while True:
+                if (backlog := self.backlog) is not None and backlog.over:
+                    await backlog.room()
+                    self.last_iopub = time.monotonic()  # it was unread, not quiet
                 batch = await reader.batch()
                 self._note_orders(batch)
                 for msg in coalesce_streams(batch):

@@ -349,8 +349,10 @@ class Writer:
         100 MB line flood, against 3x with one large row). Once a part is held
         back by a fault, the rest is held behind it."""
         pending = list(batch)
-        taken: list[_Op] = []
-        """Rows taken from the queue here: done (`task_done`) once written."""
+        taken = 0
+        """Rows taken from the queue here: done (`task_done`) once written. A count,
+        not the rows: a flood's chunks, committed, stayed alive in such a list
+        until the flood ended (60 MB of a 100 MB stream)."""
         try:
             while pending:
                 part = [pending.pop(0)]
@@ -367,7 +369,7 @@ class Writer:
                     return
                 fresh: list[_Op] = []
                 self._take_queued(fresh)
-                taken.extend(fresh)
+                taken += len(fresh)
                 answers = [op for op in fresh if _answer(op)]
                 pending.extend(op for op in fresh if not _answer(op))
                 if answers:
@@ -377,7 +379,7 @@ class Writer:
                         self._hold_behind(answers[-1], pending)
                         return
         finally:
-            for _ in taken:
+            for _ in range(taken):
                 self._queue.task_done()
 
     def _hold_behind(self, last: _Op, rest: Sequence[_Op]) -> None:
