@@ -17,7 +17,10 @@ reap_except, uvicorn bind, the first cell sent). Nothing in kernelgw/ changes;
 the probed restarts show where the time goes and, next to the plain ones, that
 the probe costs little. Also in the same run: ``python -c pass`` and the bare
 imports of ``serve`` as floors, and one ``python -X importtime`` of those
-imports, summed by top-level package.
+imports, summed by top-level package. kernelgw's own .pyc files are written
+before timing (``--bytecode compile``, the default), as any install has them: a
+checkout run with PYTHONDONTWRITEBYTECODE=1 would compile ~100 modules from
+source at every start (``--bytecode as-is`` times that).
 
     .venv/bin/python benchmarks/bench_reattach.py [--sessions 20] [--rounds 2]
 """
@@ -392,6 +395,39 @@ def importtime_by_package(top: int = 14) -> list[dict[str, Any]]:
     return [*rows[:top], {"package": "(all, under -X importtime)", "self_ms": round(total / 1000, 1)}]
 
 
+def kernelgw_bytecode(compile_first: bool) -> dict[str, Any]:
+    """How many of the tree's kernelgw modules lack current bytecode, and whether they
+    were compiled before timing. A checkout run with PYTHONDONTWRITEBYTECODE=1 (this
+    machine's default) compiles each from source at every start: 0.1-0.2 s of a
+    restart that no install pays (pip and the gateway image write the .pyc files)."""
+    import importlib.util
+
+    def stale() -> int:
+        n = 0
+        for source in (REPO / "kernelgw").rglob("*.py"):
+            cached = Path(importlib.util.cache_from_source(str(source)))
+            try:
+                header = cached.read_bytes()[8:16]
+            except OSError:
+                n += 1
+                continue
+            st = source.stat()
+            if header != (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (st.st_size & 0xFFFFFFFF).to_bytes(
+                4, "little"
+            ):
+                n += 1
+        return n
+
+    before = stale()
+    if compile_first and before:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "kernelgw")], check=True)
+    return {
+        "modules": sum(1 for _ in (REPO / "kernelgw").rglob("*.py")),
+        "stale_or_missing": before,
+        "compiled_first": compile_first,
+    }
+
+
 # ------------------------------------------------------------------ the run
 
 
@@ -508,6 +544,11 @@ def summarize(out: dict[str, Any]) -> dict[str, Any]:
 def print_report(result: dict[str, Any]) -> None:
     s = result["summary"]
     print(f"\n{result['sessions']} sessions; seconds from the new process's spawn (includes Python start-up)")
+    bc = result["bytecode"]
+    print(
+        f"kernelgw bytecode: {bc['stale_or_missing']} of {bc['modules']} modules stale or missing, "
+        + ("compiled before timing" if bc["compiled_first"] else "timed as is")
+    )
     print(f"{'restart':<10} {'probe':<6} {'listed':>6} {'stop':>6} {'healthy':>8} {'first':>7} {'all':>7}  load")
     for r in result["restarts"]:
         print(
@@ -595,12 +636,20 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of SIGTERM/SIGKILL x plain/probed restarts")
     parser.add_argument("--quick", action="store_true", help="--rounds 1 (still 20 sessions: the goal's number)")
     parser.add_argument("--image", default=DEFAULT_IMAGE)
+    parser.add_argument(
+        "--bytecode",
+        choices=["compile", "as-is"],
+        default="compile",
+        help="compile kernelgw's missing or stale .pyc files before timing, as an install has them "
+        "(default), or time the tree as it is (with PYTHONDONTWRITEBYTECODE=1, from source at every start)",
+    )
     parser.add_argument("--json", type=Path, default=DOCS_BENCH / "reattach.json")
     parser.add_argument("--chart", type=Path, default=DOCS_BENCH / "reattach.png")
     args = parser.parse_args()
     if args.quick:
         args.rounds = 1
     machine = machine_info(args.image)
+    bytecode = kernelgw_bytecode(args.bytecode == "compile")
     date = now_iso()
     out = run(args)
     result = {
@@ -608,6 +657,7 @@ def main() -> int:
         "date": date,
         "machine": machine,
         "args": vars(args) | {"json": str(args.json), "chart": str(args.chart)},
+        "bytecode": bytecode,
         **out,
         "importtime": importtime_by_package(),
         "route_imports_s": route_imports(),
