@@ -23,7 +23,7 @@ import pytest
 LAZY = {
     "packaging": "the package routes and a non-empty package_allowlist (kernelgw.allowlist)",
     "websockets.asyncio.client": "a WebSocket forwarded to another gateway (kernelgw.server.forward)",
-    "nbformat": "notebook export/import, warmed in a thread once the sessions are back",
+    "nbformat": "notebook export/import (warmed in a thread NBFORMAT_WARM_UP_DELAY_S after start)",
     "jsonschema": "nbformat's validation",
     "httpx": "a cluster's peers (kernelgw.cluster.node), the client SDK",
     "kernelgw.cluster.node": "cluster_secret set",
