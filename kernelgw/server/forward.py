@@ -45,7 +45,7 @@ from kernelgw.server.state import GatewayState, find_gateway_state
 from kernelgw.tasks import cancel_and_wait
 
 if TYPE_CHECKING:  # httpx (60 ms of a restart's import time) is imported when a cluster forwards,
-    # websockets' client (10 ms) when it forwards a WebSocket
+    # websockets' client (~5 ms) when it forwards a WebSocket
     from websockets.asyncio.client import ClientConnection
 
     from kernelgw.cluster.node import Cluster

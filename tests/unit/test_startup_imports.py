@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-# Not needed before a restarted gateway answers, and each costs a start 10-100 ms
+# Not needed before a restarted gateway answers; each costs a start 5-100 ms of CPU
 # (or more): where each is imported instead.
 LAZY = {
     "packaging": "the package routes and a non-empty package_allowlist (kernelgw.allowlist)",
