@@ -17,7 +17,10 @@ reap_except, uvicorn bind, the first cell sent). Nothing in kernelgw/ changes;
 the probed restarts show where the time goes and, next to the plain ones, that
 the probe costs little. Also in the same run: ``python -c pass`` and the bare
 imports of ``serve`` as floors, and one ``python -X importtime`` of those
-imports, summed by top-level package.
+imports, summed by top-level package. kernelgw's own .pyc files are written
+before timing (``--bytecode compile``, the default), as any install has them: a
+checkout run with PYTHONDONTWRITEBYTECODE=1 would compile ~100 modules from
+source at every start (``--bytecode as-is`` times that).
 
     .venv/bin/python benchmarks/bench_reattach.py [--sessions 20] [--rounds 2]
 """
@@ -223,6 +226,13 @@ class Restarter:
             time.sleep(0.01)
         raise TimeoutError("the gateway did not start")
 
+    def cpu_s(self) -> float:
+        """The gateway's CPU seconds so far (user + system, all threads): beside the
+        wall times, a measure a busy machine inflates far less."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 3)
+
     def stop(self, how: str) -> float:
         """SIGTERM or SIGKILL; returns seconds until the process was gone."""
         assert self.proc is not None
@@ -392,6 +402,39 @@ def importtime_by_package(top: int = 14) -> list[dict[str, Any]]:
     return [*rows[:top], {"package": "(all, under -X importtime)", "self_ms": round(total / 1000, 1)}]
 
 
+def kernelgw_bytecode(compile_first: bool) -> dict[str, Any]:
+    """How many of the tree's kernelgw modules lack current bytecode, and whether they
+    were compiled before timing. A checkout run with PYTHONDONTWRITEBYTECODE=1 (this
+    machine's default) compiles each from source at every start: 0.1-0.2 s of a
+    restart that no install pays (pip and the gateway image write the .pyc files)."""
+    import importlib.util
+
+    def stale() -> int:
+        n = 0
+        for source in (REPO / "kernelgw").rglob("*.py"):
+            cached = Path(importlib.util.cache_from_source(str(source)))
+            try:
+                header = cached.read_bytes()[8:16]
+            except OSError:
+                n += 1
+                continue
+            st = source.stat()
+            if header != (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (st.st_size & 0xFFFFFFFF).to_bytes(
+                4, "little"
+            ):
+                n += 1
+        return n
+
+    before = stale()
+    if compile_first and before:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "kernelgw")], check=True)
+    return {
+        "modules": sum(1 for _ in (REPO / "kernelgw").rglob("*.py")),
+        "stale_or_missing": before,
+        "compiled_first": compile_first,
+    }
+
+
 # ------------------------------------------------------------------ the run
 
 
@@ -430,6 +473,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 spawn = gw.spawn(trace_path)
                 healthy = gw.wait_healthy()
                 first = gw.print_x(sids[0])
+                cpu_first = gw.cpu_s()
                 rest = list(pool.map(gw.print_x, sids[1:]))
                 all_ = max([first, *rest])
                 warm = gw.print_x(sids[0]) - all_  # an execute on a settled gateway, for comparison
@@ -444,6 +488,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "all_s": round(all_ - spawn, 3),
                     "first_execute_s": round(first - healthy, 3),
                     "later_execute_s": round(warm, 4),
+                    "cpu_to_first_s": cpu_first,
                     "loadavg": load,
                 }
                 if trace_path is not None:
@@ -453,7 +498,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(
                     f"{how:<8} {'probed' if probed else 'plain':<7} listed {listed:>3}  stop {stop_s:5.2f} s  "
                     f"healthy {row['healthy_s']:6.2f}  first {row['first_s']:6.2f}  all {row['all_s']:6.2f} s  "
-                    f"load {load[0]:.2f}",
+                    f"cpu {cpu_first:5.2f} s  load {load[0]:.2f}",
                     flush=True,
                 )
         gw.stop("SIGTERM")
@@ -477,7 +522,7 @@ def summarize(out: dict[str, Any]) -> dict[str, Any]:
         if not rs:
             continue
         kinds[kind] = {"n": len(rs)}
-        for f in ("stop_s", "healthy_s", "first_s", "all_s", "first_execute_s", "later_execute_s"):
+        for f in ("stop_s", "healthy_s", "first_s", "all_s", "first_execute_s", "later_execute_s", "cpu_to_first_s"):
             vals = [r[f] for r in rs]
             kinds[kind][f] = {"p50": round(statistics.median(vals), 3), "max": round(max(vals), 3)}
         kinds[kind]["all_listed"] = all(r["sessions_listed"] == out["sessions"] for r in rs)
@@ -508,6 +553,11 @@ def summarize(out: dict[str, Any]) -> dict[str, Any]:
 def print_report(result: dict[str, Any]) -> None:
     s = result["summary"]
     print(f"\n{result['sessions']} sessions; seconds from the new process's spawn (includes Python start-up)")
+    bc = result["bytecode"]
+    print(
+        f"kernelgw bytecode: {bc['stale_or_missing']} of {bc['modules']} modules stale or missing, "
+        + ("compiled before timing" if bc["compiled_first"] else "timed as is")
+    )
     print(f"{'restart':<10} {'probe':<6} {'listed':>6} {'stop':>6} {'healthy':>8} {'first':>7} {'all':>7}  load")
     for r in result["restarts"]:
         print(
@@ -595,12 +645,20 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of SIGTERM/SIGKILL x plain/probed restarts")
     parser.add_argument("--quick", action="store_true", help="--rounds 1 (still 20 sessions: the goal's number)")
     parser.add_argument("--image", default=DEFAULT_IMAGE)
+    parser.add_argument(
+        "--bytecode",
+        choices=["compile", "as-is"],
+        default="compile",
+        help="compile kernelgw's missing or stale .pyc files before timing, as an install has them "
+        "(default), or time the tree as it is (with PYTHONDONTWRITEBYTECODE=1, from source at every start)",
+    )
     parser.add_argument("--json", type=Path, default=DOCS_BENCH / "reattach.json")
     parser.add_argument("--chart", type=Path, default=DOCS_BENCH / "reattach.png")
     args = parser.parse_args()
     if args.quick:
         args.rounds = 1
     machine = machine_info(args.image)
+    bytecode = kernelgw_bytecode(args.bytecode == "compile")
     date = now_iso()
     out = run(args)
     result = {
@@ -608,6 +666,7 @@ def main() -> int:
         "date": date,
         "machine": machine,
         "args": vars(args) | {"json": str(args.json), "chart": str(args.chart)},
+        "bytecode": bytecode,
         **out,
         "importtime": importtime_by_package(),
         "route_imports_s": route_imports(),

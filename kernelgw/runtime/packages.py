@@ -36,9 +36,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from packaging.requirements import InvalidRequirement, Requirement
+from typing import TYPE_CHECKING, Any
 
 from kernelgw.allowlist import normalize_name, parse_allowlist
 from kernelgw.errors import (
@@ -53,6 +51,9 @@ from kernelgw.models import InstallResult, PackageInfo, PresentPackage
 from kernelgw.runtime.backends.base import Backend, KernelHandle
 from kernelgw.runtime.workspace import PYTHON, HelperAnswer
 
+if TYPE_CHECKING:  # imported where used: a start need not pay for packaging (see kernelgw.allowlist)
+    from packaging.requirements import Requirement
+
 log = logging.getLogger(__name__)
 
 PKG_HELPER = [PYTHON, "-I", "-m", "kernelgw_kernel.pkg"]
@@ -65,6 +66,8 @@ _FRAME = 1 << 20
 
 def check_request(requested: Sequence[str], allowlist: dict[str, Requirement]) -> list[Requirement]:
     """The requested requirements, or why they are refused (400)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     if not requested:
         raise BadRequest('Name at least one package, e.g. {"packages": ["sympy"]}.')
     if len(requested) > MAX_PACKAGES_PER_REQUEST:

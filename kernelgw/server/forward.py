@@ -32,10 +32,8 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import orjson
-import websockets
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from websockets.asyncio.client import ClientConnection, connect
 
 from kernelgw.cluster.errors import OwnerGone
 from kernelgw.cluster.registry import Gateway
@@ -46,7 +44,10 @@ from kernelgw.server.jupyter.errors import reason
 from kernelgw.server.state import GatewayState, find_gateway_state
 from kernelgw.tasks import cancel_and_wait
 
-if TYPE_CHECKING:  # httpx (60 ms of a restart's import time) is imported when a cluster forwards
+if TYPE_CHECKING:  # httpx (60 ms of a restart's import time) is imported when a cluster forwards,
+    # websockets' client (~5 ms) when it forwards a WebSocket
+    from websockets.asyncio.client import ClientConnection
+
     from kernelgw.cluster.node import Cluster
 
 log = logging.getLogger(__name__)
@@ -352,6 +353,9 @@ async def relay_websocket(cluster: Cluster, gateway: Gateway, scope: Scope, rece
     first = await receive()
     if first["type"] != "websocket.connect":
         return
+    from websockets import InvalidHandshake
+    from websockets.asyncio.client import connect
+
     from kernelgw.cluster.node import CONNECT_TIMEOUT_S
 
     headers = _forward_headers(cluster, scope, "GET", _NOT_RELAYED_WS)
@@ -366,7 +370,7 @@ async def relay_websocket(cluster: Cluster, gateway: Gateway, scope: Scope, rece
             proxy=None,
             user_agent_header=None,
         )
-    except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
+    except (OSError, TimeoutError, InvalidHandshake) as exc:
         await send({"type": "websocket.accept"})
         gone = _unreachable(gateway, exc)
         await send({"type": "websocket.close", "code": CLOSE_TRY_AGAIN, "reason": _close_reason(gone.message)})
@@ -397,7 +401,9 @@ async def _client_to_owner(receive: Receive, upstream: ClientConnection) -> None
 
 
 async def _owner_to_client(gateway: Gateway, upstream: ClientConnection, send: Send) -> None:
-    with contextlib.suppress(websockets.ConnectionClosed):
+    from websockets import ConnectionClosed
+
+    with contextlib.suppress(ConnectionClosed):
         async for data in upstream:
             if isinstance(data, str):
                 await send({"type": "websocket.send", "text": data})
