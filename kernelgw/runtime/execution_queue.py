@@ -472,16 +472,18 @@ class ExecutionQueue:
         assert rec.ending is not None
         seq = self._fanout.seq + 1  # nothing reaches the fan-out until the done does
         preview = rec.ending.model_copy(update={"seq": seq})
+        prepared = Published(seq, preview, preview.model_dump_json())
         self._held = []
         try:
-            stored = await self._hooks.record_execution(rec, Published(seq, preview, preview.model_dump_json()))
+            stored = await self._hooks.record_execution(rec, prepared)
         except asyncio.CancelledError:
             self._announce(rec)
             raise
         except Exception:
             log.exception("recording execution %s failed", rec.execution_id)
             stored = False
-        self._announce(rec, None if stored else NOT_STORED)
+        # the done stored is the done sent, byte for byte
+        self._announce(rec, None if stored else NOT_STORED, prepared if stored else None)
 
     async def _execute(self, rec: QueuedExecution) -> None:
         rec.started = time.monotonic()
@@ -707,15 +709,16 @@ class ExecutionQueue:
             artifacts=rec.artifacts,
         )
 
-    def _announce(self, rec: QueuedExecution, note: str | None = None) -> None:
-        """Publish the ``done`` `_finish` built (``note`` appended to its reason),
-        resolve the execution, then send the events held meanwhile."""
+    def _announce(self, rec: QueuedExecution, note: str | None = None, prepared: Published | None = None) -> None:
+        """Publish the ``done`` `_finish` built (``note`` appended to its reason;
+        ``prepared``: it numbered and serialised already), resolve the execution,
+        then send the events held meanwhile."""
         held, self._held = self._held or [], None
         done = rec.ending
         if done is not None and not rec.done.done():
             if note is not None:
                 done = done.model_copy(update={"reason": f"{done.reason}; {note}" if done.reason else note})
-            pub = self._fanout.publish(done)
+            pub = self._fanout.publish(done, prepared if note is None else None)
             rec.published.append(pub)
             assert isinstance(pub.event, ev.Done)
             rec.done.set_result(pub.event)

@@ -97,14 +97,20 @@ class EventFanout:
         self.replay_bytes = 0
         self._subscribers: set[Subscription] = set()
 
-    def publish(self, event: ev.Event) -> Published:
+    def publish(self, event: ev.Event, prepared: Published | None = None) -> Published:
+        """Number ``event`` and send it; ``prepared``: the same event already
+        numbered and serialised as the next one (a cell's ``done``, stored before
+        it is sent), sent as it is rather than copied and serialised again."""
         self.seq += 1
         if self.seq > self.reserved - SEQ_BLOCK // 2:
             self.reserved = self.seq + SEQ_BLOCK
             if self.on_reserve is not None:
                 self.on_reserve()
-        event = event.model_copy(update={"seq": self.seq})
-        pub = Published(self.seq, event if isinstance(event, KEPT_MODELS) else None, event.model_dump_json())
+        if prepared is not None and prepared.seq == self.seq and prepared.event is not None:
+            pub = prepared
+        else:
+            event = event.model_copy(update={"seq": self.seq})
+            pub = Published(self.seq, event if isinstance(event, KEPT_MODELS) else None, event.model_dump_json())
         self.replay.append((pub.seq, pub.json))
         self.replay_bytes += len(pub.json)
         self._trim()

@@ -119,8 +119,8 @@ def track_events(session: KernelSession, monkeypatch: pytest.MonkeyPatch) -> Cal
     publish = fanout.publish
     refs: list[weakref.ref[Published]] = []
 
-    def tracked(event: Any) -> Published:
-        pub = publish(event)
+    def tracked(event: Any, prepared: Published | None = None) -> Published:
+        pub = publish(event, prepared)
         refs.append(weakref.ref(pub))
         return pub
 
