@@ -17,6 +17,7 @@ import gc
 import logging
 import signal
 import socket
+import sys
 from types import FrameType
 from typing import Any
 
@@ -29,6 +30,11 @@ from kernelgw.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
+SWITCH_INTERVAL_S = 0.0005
+"""How long another thread (the history writer's, the WAL checkpoint's) may hold
+the GIL while the event loop waits for it (CPython's default: 5 ms). The loop
+is what answers; those threads give the GIL back at their next blocking call
+anyway, so a shorter interval only bounds the time between."""
 CLOSE_WAIT_S = 10
 """After the drain, how long connections have to finish (uvicorn's ``timeout_graceful_shutdown``)."""
 
@@ -126,6 +132,7 @@ class DrainingServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         if not gc.isenabled():  # `kernelgw serve` paused it for its start-up
             gc.freeze()  # what start-up made lives as long as the process: never scan it again
             gc.enable()
