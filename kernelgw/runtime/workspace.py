@@ -45,6 +45,9 @@ from kernelgw.runtime.backends.base import SESSION_DIRS, Backend, ExecProcess, K
 
 log = logging.getLogger(__name__)
 
+LIST_ATTEMPTS = 2
+"""A listing changes nothing: one whose answer was lost (`HelperOutputLost`) is asked again once."""
+
 PYTHON = "/opt/kernel/bin/python"
 FS_HELPER = [PYTHON, "-I", "-m", "kernelgw_kernel.fs"]
 """``-I``: neither the working directory nor PYTHON* variables can substitute it."""
@@ -118,6 +121,12 @@ def _entry(data: dict[str, Any], cls: type[FileEntry] = FileEntry, **extra: Any)
 # ------------------------------------------------------------------ helper I/O
 
 
+class HelperOutputLost(BackendError):
+    """A helper exited 0 and none of its output reached the gateway: it always
+    answers, so the engine's stream lost it (seen once under gVisor, for a
+    ``list``). A helper that only reads may be run again."""
+
+
 class HelperAnswer:
     """Reads a helper's stdout: JSON lines, then (for ``get``) raw bytes."""
 
@@ -157,7 +166,10 @@ class HelperAnswer:
         )
         if code in (137, -9):
             detail = "killed (out of memory?)"
-        return BackendError(f"A helper in the kernel container ended without an answer (exit {code}: {detail}).")
+        message = f"A helper in the kernel container ended without an answer (exit {code}: {detail})."
+        if code == 0 and not lines and not self.buffer:
+            return HelperOutputLost(message)
+        return BackendError(message)
 
 
 def raise_for_answer(answer: dict[str, Any]) -> dict[str, Any]:
@@ -341,11 +353,17 @@ class WorkspaceFiles:
         args = ["list", "--max-entries", str(MAX_LIST_ENTRIES)]
         if recursive:
             args.append("--recursive")
-        proc = await self._exec(handle, [*args, "--", rel])
-        try:
-            data = raise_for_answer(await HelperAnswer(proc).line())
-        finally:
-            await proc.close()
+        for attempt in range(LIST_ATTEMPTS):
+            proc = await self._exec(handle, [*args, "--", rel])
+            try:
+                data = raise_for_answer(await HelperAnswer(proc).line())
+                break
+            except HelperOutputLost:
+                if attempt + 1 == LIST_ATTEMPTS:
+                    raise
+                log.warning("workspace: a file listing's answer was lost on its way out of the container; asking again")
+            finally:
+                await proc.close()
         return FileList(
             path=str(data.get("path", rel)),
             entries=[_entry(e) for e in data.get("entries", [])],

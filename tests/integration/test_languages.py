@@ -318,7 +318,14 @@ def test_an_interrupt_on_request_ends_the_cell_as_interrupted(
     while lang_http.get(f"/v1/sessions/{sid}").json()["state"] != "busy" and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)  # into the loop
-    assert lang_http.post(f"/v1/sessions/{sid}/interrupt").status_code in (200, 202, 204)
+    # as a user presses stop again: an interrupt that lands while the kernel is
+    # still compiling the cell (JShell under gVisor took longer than the 0.5 s
+    # above) stops nothing, and the loop that starts after it runs on
+    for _ in range(20):
+        assert lang_http.post(f"/v1/sessions/{sid}/interrupt").status_code in (200, 202, 204)
+        worker.join(3)
+        if not worker.is_alive():
+            break
     worker.join(60)
     end = done(result["r"])
     assert end["status"] == "interrupted" and end["state_lost"] is False, end

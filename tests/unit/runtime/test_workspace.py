@@ -320,3 +320,57 @@ def test_a_path_user_code_made_unreadable_is_a_400_not_a_500() -> None:
     with pytest.raises(KernelGWError) as other:
         raise_for_answer({"ok": False, "error": "io_error", "message": "Input/output error (EIO)"})
     assert other.value.status_code == 500
+
+
+# ------------------------------------------------------------------ lost answers
+
+
+class _SilentThenAnswering:
+    """Stands in for the engine (pure logic of `WorkspaceFiles`): each exec's
+    process prints the next of ``outputs`` and exits 0; ``b""`` is an answer the
+    engine's stream lost."""
+
+    def __init__(self, *outputs: bytes) -> None:
+        self.outputs = list(outputs)
+        self.execs: list[list[str]] = []
+
+    async def exec(self, handle: object, args: list[str], stdin: bool = False, timeout: float = 0) -> object:
+        self.execs.append(args)
+        backend = self
+
+        class Process:
+            stderr = b""
+            pending = backend.outputs.pop(0)
+
+            async def read(self) -> bytes:
+                data, self.pending = self.pending, b""
+                return data
+
+            async def exit_code(self) -> int:
+                return 0
+
+            async def close(self) -> None:
+                pass
+
+        return Process()
+
+
+LISTING = b'{"ok": true, "path": "", "entries": [], "truncated": false}\n'
+
+
+async def test_a_listing_whose_answer_was_lost_is_asked_again_once() -> None:
+    from kernelgw.runtime.workspace import HelperOutputLost, WorkspaceFiles
+
+    backend = _SilentThenAnswering(b"", LISTING)
+    files = WorkspaceFiles(backend, max_upload_bytes=1, timeout=5)  # type: ignore[arg-type]
+    assert (await files.list(object(), "")).entries == []  # type: ignore[arg-type]
+    assert len(backend.execs) == 2
+    # twice lost: the error says so
+    backend = _SilentThenAnswering(b"", b"")
+    with pytest.raises(HelperOutputLost, match="ended without an answer"):
+        await WorkspaceFiles(backend, max_upload_bytes=1, timeout=5).list(object(), "")  # type: ignore[arg-type]
+    # a delete is not run twice: its first run may have deleted
+    backend = _SilentThenAnswering(b"", b'{"ok": true, "type": "file"}\n')
+    with pytest.raises(HelperOutputLost):
+        await WorkspaceFiles(backend, max_upload_bytes=1, timeout=5).delete(object(), "a.txt")  # type: ignore[arg-type]
+    assert len(backend.execs) == 1
