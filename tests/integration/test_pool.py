@@ -173,6 +173,6 @@ def test_oom_kill_is_counted(phttp: httpx.Client) -> None:
         before = metric(phttp, "kernelgw_oom_kills_total")
         result = run(phttp, sid, "x = []\nwhile True:\n    x.append(bytearray(50 * 1024 * 1024))")
         assert result["status"] == "dead"
-        assert metric(phttp, "kernelgw_oom_kills_total") == before + 1
+        assert metric(phttp, "kernelgw_oom_kills_total") == before + 1, result["events"][-1]
     finally:
         phttp.delete(f"/v1/sessions/{sid}")
