@@ -47,7 +47,6 @@ DIRECTORY = "journal"
 
 @dataclass
 class _Segment:
-    number: int
     path: Path
     fd: int
     size: int = 0
@@ -64,8 +63,6 @@ class Journal:
         self._current: _Segment | None = None
         self._next = max((n for n, _ in segments(directory, name)), default=0) + 1
         """Numbers past the segments on disk: those are replayed and removed at start."""
-        self.appended = 0
-        self.refused = 0
 
     def append(self, row: dict[str, Any], events: str) -> Callable[[], None] | None:
         """Write a row (its ``events`` JSON apart, spliced in as is); the function
@@ -76,7 +73,6 @@ class Journal:
             return None
         segment = self._segment()
         if segment is None:
-            self.refused += 1
             return None
         try:
             written = os.write(segment.fd, record)
@@ -88,11 +84,9 @@ class Journal:
         except OSError as exc:
             log.warning("history journal: cannot append to %s (%s); answers wait for commits", segment.path, exc)
             self._close(segment)
-            self.refused += 1
             return None
         segment.size += written
         segment.pending += 1
-        self.appended += 1
         return lambda: self._release(segment)
 
     def close(self) -> None:
@@ -114,7 +108,7 @@ class Journal:
             except OSError as exc:
                 log.warning("history journal: cannot open %s (%s); answers wait for commits", path, exc)
                 return None
-            self._current = segment = _Segment(self._next, path, fd)
+            self._current = segment = _Segment(path, fd)
             self._next += 1
         return segment
 

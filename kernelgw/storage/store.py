@@ -38,7 +38,7 @@ from kernelgw.storage.database import Database
 from kernelgw.storage.engine import DB_FILE, async_database_url, database_url_for
 from kernelgw.storage.health import WriteHealth
 from kernelgw.storage.journal import DIRECTORY as JOURNAL_DIRECTORY
-from kernelgw.storage.journal import Journal, JournalRecord, read_segments
+from kernelgw.storage.journal import MAX_RECORD_BYTES, Journal, JournalRecord, read_segments
 from kernelgw.storage.kernels import CRASHED_REASON, kernel_values, open_session_rows, stored_session
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
 from kernelgw.storage.retention import CUT_OFF_REASON, RUNNING
@@ -483,8 +483,11 @@ class Store:
         # behind output chunks still queued, it is committed after them, and not
         # answered before (the journal holds the row, not the chunks)
         journal = self._journal if not deferrable and self._writer.answers_may_journal else None
-        spliced = ev.json_array(p.json for p in published) if journal is not None else None
-        release = journal.append(values, spliced) if journal is not None and spliced is not None else None
+        spliced: str | None = None
+        release: Callable[[], None] | None = None
+        if journal is not None and size < MAX_RECORD_BYTES:  # a larger row is not spliced on the loop for nothing
+            spliced = ev.json_array(p.json for p in published)
+            release = journal.append(values, spliced)
 
         async def write(conn: AsyncConnection) -> None:
             # already serialised when published: spliced (in the writer's thread,
