@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up (engine, gVisor, venv, image) when needed, run the static checks (ruff,
 # mypy --strict, import contracts: scripts/lint.sh), then every test in three
-# passes side by side: unit tests and integration tests against the real engine
-# with runc; the core integration suite and the adversarial suite again with
-# gVisor (runsc); and the other languages' kernels, after their images are built.
+# passes side by side: the integration tests against the real engine with runc;
+# the core integration suite and the adversarial suite again with gVisor (runsc),
+# then the unit tests; and the other languages' kernels, after their images are
+# built.
 # Extra arguments go to every pytest run. The exit status is non-zero when the
 # static checks fail, or any pass fails or collects no tests.
 set -euo pipefail
@@ -72,9 +73,18 @@ runsc_tests=(
 mkdir -p test-output/runsc
 runsc_log=test-output/runsc/pytest.log
 run_runsc_pass() {
+  local status=0
   # its artefacts (notebooks, screenshots) go next to pass 1's, not over them
   KERNELGW_TEST_RUNTIME=runsc KERNELGW_TEST_OUTPUT=test-output/runsc \
-    run_pytest -p no:cacheprovider --durations=15 "${runsc_tests[@]}" "$@"
+    run_pytest -p no:cacheprovider --durations=15 "${runsc_tests[@]}" "$@" || status=$?
+  # The unit tests need no engine and no runtime. They ran at the end of pass 1,
+  # its long pole (about 4 of its 25 minutes in CI); here they start when the
+  # gVisor suites end, around the time the languages pass ends too, so they
+  # never make a fourth process on two cores.
+  echo "==> the unit tests (no engine), after the gVisor suites"
+  KERNELGW_TEST_OUTPUT=test-output/unit run_pytest -p no:cacheprovider --durations=5 tests/unit "$@" ||
+    status=$?
+  return "$status"
 }
 # Pass 3: the other languages' kernels, then the deployment check. Their images are built first (on the
 # Python image, no network inside; a no-op when up to date: minutes on a fresh
@@ -105,7 +115,7 @@ run_languages_pass() {
 languages_status=0
 runsc_status=0
 if [ "${KERNELGW_TEST_SERIAL:-0}" = 1 ]; then
-  echo "==> pytest, pass 1 of 2: every test, kernels on runc"
+  echo "==> pytest, pass 1 of 3: every test but the unit and language tests, kernels on runc"
 else
   echo "==> pytest, pass 2 of 3 started in the background (kernels on gVisor, runsc; log: $runsc_log)"
   run_runsc_pass "$@" >"$runsc_log" 2>&1 &
@@ -113,15 +123,16 @@ else
   echo "==> pass 3 of 3 started in the background (language images, then their kernels; log: $languages_log)"
   run_languages_pass "$@" >"$languages_log" 2>&1 &
   languages_pid=$!
-  echo "==> pytest, pass 1 of 3: every other test, kernels on runc (passes 2 and 3 run beside it)"
+  echo "==> pytest, pass 1 of 3: every test but the unit and language tests, kernels on runc (passes 2 and 3 run beside it)"
 fi
 runc_status=0
-ignore_languages=()
-for t in "${language_tests[@]}"; do ignore_languages+=("--ignore=$t"); done
-KERNELGW_TEST_RUNTIME=runc run_pytest --durations=15 tests "${ignore_languages[@]}" "$@" || runc_status=$?
+ignored=()
+for t in "${language_tests[@]}"; do ignored+=("--ignore=$t"); done
+ignored+=(--ignore=tests/unit)  # they run in pass 2 (run_runsc_pass)
+KERNELGW_TEST_RUNTIME=runc run_pytest --durations=15 tests "${ignored[@]}" "$@" || runc_status=$?
 
 if [ "${KERNELGW_TEST_SERIAL:-0}" = 1 ]; then
-  echo "==> pytest, pass 2 of 3: core integration and adversarial suites, kernels on gVisor (runsc)"
+  echo "==> pytest, pass 2 of 3: core integration and adversarial suites, kernels on gVisor (runsc), then the unit tests"
   run_runsc_pass "$@" || runsc_status=$?
   echo "==> pass 3 of 3: the other languages' kernels"
   run_languages_pass "$@" || languages_status=$?
