@@ -66,6 +66,7 @@ from kernelgw.runtime.execution import (
 )
 from kernelgw.runtime.kernel_messages import InvalidKernelMessage, KernelMessageReader, coalesce_streams
 from kernelgw.runtime.loop_share import LoopShare
+from kernelgw.runtime.output_rate import OutputRate
 from kernelgw.runtime.output_backlog import OutputBacklog
 from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session_config import SessionConfig
@@ -88,6 +89,24 @@ gateway still reads about 80 MB/s of stream text for one session."""
 FLOOD_BURST_S = 0.025
 """Loop time a session's iopub may take at once before `FLOOD_SHARE` applies:
 a cell's ordinary output (a 1 MB print, a chart) is never held back."""
+
+FLOOD_BYTES_PER_S = 4 << 20
+"""Output bytes per second one session's kernel may send while other sessions
+have output too (`OutputRate`): about 40,000 lines of 100 characters a second,
+more than anyone reads, and at this pace a print loop's kernel takes a small
+part of a core instead of a whole one."""
+FLOOD_MESSAGES_PER_S = 1_000
+"""Output messages per second, the same way: displays cost the kernel and the
+gateway per message, whatever their size."""
+FLOOD_OUTPUT_BURST_S = 1.0
+"""A second's worth of output at those rates may come at once (4 MiB or 1,000
+messages): a cell's ordinary output is never held back."""
+IOPUB_WAITS_FEATURE = "kernelgw: iopub waits for its reader"
+"""What our kernels' launcher adds to kernel_info's ``supported_features``
+(``kernelgw_kernel.backpressure.FEATURE``): their output waits while unread."""
+MAX_RATE_WAIT_S = 0.25
+"""Longest sleep of one output-rate wait before it looks again (another session
+may have gone quiet, or an interrupt come)."""
 
 RECEIVE_HWM = 100_000
 """Messages ZMQ may queue on our side of a kernel's sockets. The default (1000,
@@ -474,6 +493,7 @@ class KernelLink:
     async def _read_iopub(self, kc: AsyncKernelClient, listener: LinkListener) -> None:
         reader = self._reader(kc.iopub_channel.socket, kc, "iopub")
         budget = self.output_share = LoopShare(FLOOD_SHARE, FLOOD_BURST_S)
+        rate = OutputRate(FLOOD_BYTES_PER_S, FLOOD_MESSAGES_PER_S, FLOOD_OUTPUT_BURST_S)
         try:
             while True:
                 if (backlog := self.backlog) is not None and backlog.over:
@@ -486,10 +506,33 @@ class KernelLink:
                 # a flood's next slice waits its turn behind other sessions, and
                 # once it has spent its share of the loop, until that refills
                 await asyncio.sleep(budget.spent(time.thread_time() - reader.busy_since, time.perf_counter()))
+                owed = rate.spent(reader.last_bytes, len(batch), time.perf_counter())
+                while owed > 0 and self._paced() and not self._output_unbounded():
+                    # and its kernel waits while the reader does (`OutputRate`)
+                    await asyncio.sleep(min(owed, MAX_RATE_WAIT_S))
+                    self.last_iopub = time.monotonic()  # unread, not quiet
+                    owed = rate.owed(time.perf_counter())
         finally:
             budget.close()
+            rate.close()
             if self.output_share is budget:
                 self.output_share = None
+
+    def _paced(self) -> bool:
+        """Only a kernel that waits for its reader is slowed by reading slower:
+        from any other, unread output would pile up (ours or its ZMQ queue) and
+        be dropped. Ours says so in its kernel_info; what a kernel says only
+        decides how its own output is read."""
+        features = self.kernel_info.get("supported_features")
+        return (
+            self.spec.kernel in DEEP_SEND_QUEUE
+            and isinstance(features, list)
+            and IOPUB_WAITS_FEATURE in features
+        )
+
+    def _output_unbounded(self) -> bool:
+        """An interrupt or a timeout is waiting behind the output: read it all now."""
+        return (backlog := self.backlog) is not None and backlog.unbounded is not None
 
     def _note_orders(self, batch: list[dict[str, Any]]) -> None:
         """Where each message of a Jupyter client's cell sits (`QueuedExecution.seen_orders`);

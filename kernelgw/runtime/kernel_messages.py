@@ -193,6 +193,8 @@ class KernelMessageReader:
         self._max_batch = max_batch
         self._max_batch_bytes = max_batch_bytes
         self._skip_content = skip_content
+        self.last_bytes = 0
+        """Bytes of the frames of the latest batch (as received, valid or not)."""
         self.busy_since = 0.0
         """The thread's CPU time (`time.thread_time`) when the latest batch arrived:
         its reading and decoding, and what the caller does with it, took the event
@@ -215,6 +217,7 @@ class KernelMessageReader:
                     break
                 size += sum(map(len, received[-1]))
             allocator.note_received(size)
+            self.last_bytes = size
             messages = []
             for frames in received:
                 try:

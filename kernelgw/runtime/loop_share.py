@@ -29,8 +29,8 @@ class Readers:
     def __init__(self) -> None:
         self.last_read: dict[int, float] = {}
 
-    def others_active(self, me: int, now: float) -> bool:
-        return any(at >= now - ACTIVE_S for key, at in self.last_read.items() if key != me)
+    def others_active(self, me: int, now: float, within_s: float = ACTIVE_S) -> bool:
+        return any(at >= now - within_s for key, at in self.last_read.items() if key != me)
 
 
 READERS = Readers()

@@ -3,9 +3,10 @@ message packer that cannot fail on a lone surrogate, and bounded tracebacks.
 
 ZMQ's default send HWM (1000 messages per peer) makes the kernel's PUB socket
 drop output silently when a cell prints or displays faster than the gateway
-reads for a moment (10,000 displays lost about 5% of them). The gateway
-receives with a 100,000 HWM; the kernel now sends with the same. Memory for a
-queue this long counts against the container's own limit.
+reads for a moment (10,000 displays lost about 5% of them). The kernel's
+sockets send with a 100,000 HWM, except iopub, which now never drops and
+blocks instead past a small HWM: a flood waits for the gateway's reading
+(:mod:`kernelgw_kernel.backpressure`).
 
 A Python string may hold a lone surrogate (``'\\ud800'``), which UTF-8 cannot
 encode. jupyter_client's packer then raises (``UnicodeEncodeError``, also from
@@ -312,17 +313,25 @@ def launch_app(after_init: Callable[[Any], None] | None = None, **launch: Any) -
     import zmq
     from ipykernel.kernelapp import IPKernelApp
 
+    from kernelgw_kernel.backpressure import advertising, bound_iopub_socket, bound_outputs
+
     class KernelApp(IPKernelApp):  # type: ignore[misc]
+        def init_kernel(self) -> None:
+            self.kernel_class = advertising(self.kernel_class)  # its output waits: say so
+            super().init_kernel()
+
         def _bind_socket(self, s: Any, port: int) -> Any:
             # before bind: HWMs apply to the pipes created after they are set
             s.setsockopt(zmq.SNDHWM, SEND_HWM)
             s.setsockopt(zmq.RCVHWM, SEND_HWM)
+            bound_iopub_socket(s)  # iopub: blocks past a small HWM instead
             return super()._bind_socket(s, port)
 
         def initialize(self, argv: Any = None) -> None:
             super().initialize(argv)
             self.session.pack = guarded(self.session.pack)
             slice_streams()
+            bound_outputs(getattr(self, "iopub_thread", None), (sys.stdout, sys.stderr))
             if after_init is not None:
                 after_init(self)
 

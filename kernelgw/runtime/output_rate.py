@@ -1,0 +1,78 @@
+"""How much output one session's kernel may produce per second while others run.
+
+`LoopShare` bounds what a flood costs the gateway's event loop. It does not
+bound what it costs the machine: on a host of two cores, a print loop's
+kernel takes a whole core, and its bystanders' `1+1` waited for the CPU even
+when the gateway had them ready (their p95 doubled with the gateway bypassed
+altogether). The kernel's own work is bounded only if it waits for its
+reader: our Python kernel blocks once the gateway leaves its output unread
+(``kernelgw_kernel.backpressure``: a small XPUB_NODROP queue, and print and
+display wait for it), so reading slower is what slows it.
+
+`OutputRate` is a token bucket of output bytes and messages: a session may take
+`OutputRate.burst_s` worth at once (a 1 MB print, a chart or two are never held
+back), then `bytes_per_s` and `messages_per_s` on average while another session
+has had output within `SHARING_S`. Alone, it reads at full speed (nobody to
+share the machine with). Its reader waits while the bucket refills; what it
+leaves unread waits in the kernel, which waits too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kernelgw.runtime.loop_share import Readers
+
+SHARING_S = 5.0
+"""Another session whose output was read this recently is one to share with:
+longer than `loop_share.ACTIVE_S`, since an agent's next cell comes seconds
+after its last, and a flood running at full speed in between would meet it."""
+
+OUTPUTS = Readers()
+"""The gateway process's sessions (when each one's output was last read)."""
+
+
+@dataclass(eq=False)
+class OutputRate:
+    bytes_per_s: float
+    messages_per_s: float
+    burst_s: float
+    """Seconds of output at the rates above that may be taken at once (the bucket's depth)."""
+    readers: Readers = field(default=OUTPUTS)
+    """The sessions to share with (the process's; a test gives its own)."""
+    tokens: float = field(init=False)
+    """Seconds of output allowed now; negative: owed."""
+    refilled: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.bytes_per_s <= 0 or self.messages_per_s <= 0 or self.burst_s <= 0:
+            raise ValueError("output rates and burst must be positive")
+        self.tokens = self.burst_s
+
+    def _refill(self, now: float) -> None:
+        if self.refilled is not None:
+            self.tokens = min(self.burst_s, self.tokens + (now - self.refilled))
+        self.refilled = now
+
+    def spent(self, size: int, messages: int, now: float) -> float:
+        """The session's reader took ``messages`` messages of ``size`` bytes at
+        ``now`` (monotonic seconds): how long it should wait before reading more."""
+        self._refill(now)
+        self.tokens -= max(size / self.bytes_per_s, messages / self.messages_per_s)
+        self.readers.last_read[id(self)] = now
+        return self.owed(now)
+
+    def owed(self, now: float) -> float:
+        """How long the reader should still wait (0: read on). Nothing is owed
+        once nobody else has output: the debt is forgiven, not paid later."""
+        self._refill(now)
+        if self.tokens >= 0:
+            return 0.0
+        if not self.readers.others_active(id(self), now, SHARING_S):
+            self.tokens = 0.0
+            return 0.0
+        return -self.tokens
+
+    def close(self) -> None:
+        """Its session's reader ended."""
+        self.readers.last_read.pop(id(self), None)
