@@ -95,11 +95,13 @@ FLOOD_BYTES_PER_S = 4 << 20
 have output too (`OutputRate`): about 40,000 lines of 100 characters a second,
 more than anyone reads, and at this pace a print loop's kernel takes a small
 part of a core instead of a whole one."""
-FLOOD_MESSAGES_PER_S = 1_000
+FLOOD_MESSAGES_PER_S = 200
 """Output messages per second, the same way: displays cost the kernel and the
-gateway per message, whatever their size."""
+gateway per message, whatever their size (IPython's ``display`` takes about a
+millisecond of the kernel's CPU: a loop of them at 1,000 a second took 0.74 of
+a core)."""
 FLOOD_OUTPUT_BURST_S = 1.0
-"""A second's worth of output at those rates may come at once (4 MiB or 1,000
+"""A second's worth of output at those rates may come at once (4 MiB or 200
 messages): a cell's ordinary output is never held back."""
 IOPUB_WAITS_FEATURE = "kernelgw: iopub waits for its reader"
 """What our kernels' launcher adds to kernel_info's ``supported_features``
@@ -124,9 +126,9 @@ the gateway's memory. The Python kernel sends stream text in slices of 256 KiB,
 so this holds about 16 MiB of a flood at most; 64 is also `MAX_BATCH`, what one
 read takes."""
 DEEP_SEND_QUEUE = frozenset({"python3"})
-"""Kernels whose image's launcher (``kernelgw_kernel.launcher``) sends with a
-100,000 message HWM and slices its streams: their iopub is read with
-`IOPUB_RECEIVE_HWM`. The others keep `RECEIVE_HWM`: IRkernel, Deno and JJava
+"""Kernels whose image's launcher (``kernelgw_kernel.launcher``) never drops
+iopub (a send waits past its queue) and slices its streams: their iopub is read
+with `IOPUB_RECEIVE_HWM`. The others keep `RECEIVE_HWM`: IRkernel, Deno and JJava
 send with ZMQ's 1000, which a small receive queue would turn into lost output,
 and the compiled languages' kernels do not slice what their programs print.
 (A Python image not built on the project's runs plain ipykernel, with 1000:
@@ -167,6 +169,8 @@ class KernelLink:
         self.kernel_info: dict[str, Any] = {}
         self.last_iopub = time.monotonic()
         self.output_share: LoopShare | None = None
+        self.output_rate: OutputRate | None = None
+        """The pace of the running reader's output (`OutputRate`)."""
         """The share of the event loop its kernel's output may take, while read
         (`_read_iopub`); a Jupyter connection forwarding that output is charged to it too."""
         self.backlog: OutputBacklog | None = None
@@ -493,7 +497,7 @@ class KernelLink:
     async def _read_iopub(self, kc: AsyncKernelClient, listener: LinkListener) -> None:
         reader = self._reader(kc.iopub_channel.socket, kc, "iopub")
         budget = self.output_share = LoopShare(FLOOD_SHARE, FLOOD_BURST_S)
-        rate = OutputRate(FLOOD_BYTES_PER_S, FLOOD_MESSAGES_PER_S, FLOOD_OUTPUT_BURST_S)
+        rate = self.output_rate = OutputRate(FLOOD_BYTES_PER_S, FLOOD_MESSAGES_PER_S, FLOOD_OUTPUT_BURST_S)
         try:
             while True:
                 if (backlog := self.backlog) is not None and backlog.over:
@@ -509,7 +513,8 @@ class KernelLink:
                 owed = rate.spent(reader.last_bytes, len(batch), time.perf_counter())
                 while owed > 0 and self._paced() and not self._output_unbounded():
                     # and its kernel waits while the reader does (`OutputRate`)
-                    await asyncio.sleep(min(owed, MAX_RATE_WAIT_S))
+                    await asyncio.sleep(wait := min(owed, MAX_RATE_WAIT_S))
+                    rate.waited(wait)
                     self.last_iopub = time.monotonic()  # unread, not quiet
                     owed = rate.owed(time.perf_counter())
         finally:

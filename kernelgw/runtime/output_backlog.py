@@ -10,10 +10,8 @@ chunks are uncommitted; the wait also gives the writer the loop's turns.
 What the reader leaves unread waits in ZMQ: in our receive queue up to its
 HWM, then in the kernel's send queue. The Python kernel's iopub is read with a
 small receive HWM (`kernel_link.IOPUB_RECEIVE_HWM`), so the backlog waits in
-the kernel's memory, under its container's limit; it sends with a 100,000
-message HWM, so nothing is dropped. The kernel itself does not block (PUB
-never does): a cell that printed 100 MB ends in the kernel before the gateway
-has read it all.
+the kernel: its iopub never drops, and past a small queue the cell's print or
+display waits for the gateway (``kernelgw_kernel.backpressure``).
 
 The wait never outlasts a writer that makes no progress: after `STALL_S`
 without a commit (a store that cannot write holds rows back and retries) the

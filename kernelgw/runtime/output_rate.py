@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 
 from kernelgw.runtime.loop_share import Readers
 
-SHARING_S = 5.0
-"""Another session whose output was read this recently is one to share with:
-longer than `loop_share.ACTIVE_S`, since an agent's next cell comes seconds
-after its last, and a flood running at full speed in between would meet it."""
+SHARING_S = 1.0
+"""Another session whose output was read this recently is one to share with
+(longer than `loop_share.ACTIVE_S`: the kernel's work outlasts a slice of the
+loop). Longer would pace a flood more often with nobody left to protect: a
+session's 10,000 displays take 50 s at the shared pace and under 10 s alone."""
 
 OUTPUTS = Readers()
 """The gateway process's sessions (when each one's output was last read)."""
@@ -43,6 +44,10 @@ class OutputRate:
     tokens: float = field(init=False)
     """Seconds of output allowed now; negative: owed."""
     refilled: float | None = field(default=None, init=False)
+    waits: int = field(default=0, init=False)
+    """Times the reader waited (measurements and tests)."""
+    waited_s: float = field(default=0.0, init=False)
+    """Seconds it waited in all."""
 
     def __post_init__(self) -> None:
         if self.bytes_per_s <= 0 or self.messages_per_s <= 0 or self.burst_s <= 0:
@@ -72,6 +77,10 @@ class OutputRate:
             self.tokens = 0.0
             return 0.0
         return -self.tokens
+
+    def waited(self, seconds: float) -> None:
+        self.waits += 1
+        self.waited_s += seconds
 
     def close(self) -> None:
         """Its session's reader ended."""

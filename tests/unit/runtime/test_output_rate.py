@@ -1,0 +1,108 @@
+"""A flooding session's output pace while others run (`OutputRate`).
+
+The arithmetic is pure; the sessions run real ipykernels with the image's
+launcher (tests/support/local_backend.py), whose output waits while unread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+
+from kernelgw.runtime.kernel_link import FLOOD_MESSAGES_PER_S, FLOOD_OUTPUT_BURST_S
+from kernelgw.runtime.loop_share import Readers
+from kernelgw.runtime.output_rate import SHARING_S, OutputRate
+from tests.unit.runtime.conftest import SessionFactory
+from tests.unit.runtime.test_session import run
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def rates() -> Iterator[list[OutputRate]]:
+    """Rates sharing one set of readers of their own (not the process's)."""
+    made: list[OutputRate] = []
+    yield made
+    for rate in made:
+        rate.close()
+
+
+def make(rates: list[OutputRate]) -> OutputRate:
+    readers = rates[0].readers if rates else Readers()
+    rates.append(OutputRate(bytes_per_s=4 * MiB, messages_per_s=1000, burst_s=1.0, readers=readers))
+    return rates[-1]
+
+
+def test_a_burst_never_waits(rates: list[OutputRate]) -> None:
+    flood, other = make(rates), make(rates)
+    other.spent(10, 1, 0.0)
+    assert flood.spent(3 * MiB, 10, 0.1) == 0  # a 3 MiB print
+    assert flood.spent(1000, 300, 0.2) == 0  # then 300 small displays: still within a second's worth
+
+
+def test_a_flood_is_held_to_the_rate_while_another_session_has_output(rates: list[OutputRate]) -> None:
+    flood, other = make(rates), make(rates)
+    t, sent = 0.0, 0
+    while t < 60:
+        other.spent(10, 1, t)  # the other session's 1+1 keeps coming
+        owed = flood.spent(256 * 1024, 1, t)  # slices of 256 KiB, each as soon as allowed
+        sent += 256 * 1024
+        t += max(owed, 0.001)
+    assert sent / t == pytest.approx(4 * MiB, rel=0.05)
+
+
+def test_messages_count_as_well_as_bytes(rates: list[OutputRate]) -> None:
+    flood, other = make(rates), make(rates)
+    other.spent(10, 1, 0.0)
+    owed = flood.spent(64 * 100, 64 * 40, 0.0)  # 2,560 tiny displays at once
+    assert owed == pytest.approx(2.56 - 1.0)
+
+
+def test_alone_nothing_is_owed_and_no_debt_is_kept(rates: list[OutputRate]) -> None:
+    flood, other = make(rates), make(rates)
+    assert flood.spent(100 * MiB, 1, 0.0) == 0  # nobody to share with
+    other.spent(10, 1, 0.5)
+    assert flood.spent(1, 1, 0.5) == 0  # the debt was forgiven, not paid later
+    other.readers.last_read[id(other)] = -SHARING_S  # the other went quiet long ago
+    assert flood.spent(100 * MiB, 1, 1.0) == 0
+
+
+async def test_a_display_flood_is_paced_while_another_session_runs_and_loses_nothing(
+    new_session: SessionFactory,
+) -> None:
+    flood, bystander = await new_session(), await new_session()
+    await run(flood, "1")  # the kernel has answered kernel_info: its reader knows it waits
+
+    async def keep_running() -> None:
+        while True:
+            await run(bystander, "1+1")
+            await asyncio.sleep(0.05)
+
+    n = int(FLOOD_MESSAGES_PER_S * (FLOOD_OUTPUT_BURST_S + 2))
+    other = asyncio.create_task(keep_running())
+    try:
+        events = await run(flood, f"for i in range({n}):\n    display(i)")
+    finally:
+        other.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await other
+    shown = [e["data"]["text/plain"] for e in events if e["type"] == "display"]
+    assert shown == [str(i) for i in range(n)]
+    assert events[-1]["type"] == "done" and events[-1]["status"] == "ok"
+    rate = flood._link.output_rate
+    assert rate is not None
+    print(f"{n} displays: the reader waited {rate.waits} times, {rate.waited_s:.2f}s in all")
+    # two seconds' worth over the burst: most of it waited out (the rest was the bystander's quiet moments)
+    assert rate.waited_s > 1.0
+
+
+async def test_a_display_flood_alone_is_not_paced(new_session: SessionFactory) -> None:
+    flood = await new_session()
+    n = int(FLOOD_MESSAGES_PER_S * (FLOOD_OUTPUT_BURST_S + 2))
+    events = await run(flood, f"for i in range({n}):\n    display(i)")
+    assert sum(e["type"] == "display" for e in events) == n
+    rate = flood._link.output_rate
+    assert rate is not None and rate.waits == 0
