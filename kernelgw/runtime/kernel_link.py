@@ -45,6 +45,7 @@ import logging
 import queue
 import signal
 import time
+from collections.abc import Callable
 from typing import Any, Literal, Protocol, cast
 
 import zmq
@@ -66,8 +67,8 @@ from kernelgw.runtime.execution import (
 )
 from kernelgw.runtime.kernel_messages import InvalidKernelMessage, KernelMessageReader, coalesce_streams
 from kernelgw.runtime.loop_share import LoopShare
-from kernelgw.runtime.output_rate import OutputRate
 from kernelgw.runtime.output_backlog import OutputBacklog
+from kernelgw.runtime.output_rate import OutputRate
 from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.tasks import cancel_and_wait
@@ -171,6 +172,8 @@ class KernelLink:
         self.output_share: LoopShare | None = None
         self.output_rate: OutputRate | None = None
         """The pace of the running reader's output (`OutputRate`)."""
+        self.on_paced: Callable[[float], None] | None = None
+        """Told the seconds of each wait that paced the output (a metric)."""
         """The share of the event loop its kernel's output may take, while read
         (`_read_iopub`); a Jupyter connection forwarding that output is charged to it too."""
         self.backlog: OutputBacklog | None = None
@@ -515,6 +518,8 @@ class KernelLink:
                     # and its kernel waits while the reader does (`OutputRate`)
                     await asyncio.sleep(wait := min(owed, MAX_RATE_WAIT_S))
                     rate.waited(wait)
+                    if self.on_paced is not None:
+                        self.on_paced(wait)
                     self.last_iopub = time.monotonic()  # unread, not quiet
                     owed = rate.owed(time.perf_counter())
         finally:
@@ -529,11 +534,7 @@ class KernelLink:
         be dropped. Ours says so in its kernel_info; what a kernel says only
         decides how its own output is read."""
         features = self.kernel_info.get("supported_features")
-        return (
-            self.spec.kernel in DEEP_SEND_QUEUE
-            and isinstance(features, list)
-            and IOPUB_WAITS_FEATURE in features
-        )
+        return self.spec.kernel in DEEP_SEND_QUEUE and isinstance(features, list) and IOPUB_WAITS_FEATURE in features
 
     def _output_unbounded(self) -> bool:
         """An interrupt or a timeout is waiting behind the output: read it all now."""

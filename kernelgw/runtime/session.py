@@ -120,6 +120,8 @@ class KernelSession:
         self._status = SessionStatus()
         self._lifecycle = asyncio.Lock()
         self._link = KernelLink(session_id, spec, backend, config)
+        if metrics is not None:
+            self._link.on_paced = metrics.output_paced.inc
         self._fanout = EventFanout(config)
         self._fanout.on_reserve = self.kernel_changed
         self._executions = ExecutionQueue(session_id, self._link, self._fanout, self._status, config, self, metrics)

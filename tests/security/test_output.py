@@ -27,6 +27,7 @@ from tests.security.conftest import (
     stdout,
     wait_for_state,
 )
+from tests.support.metrics import metric
 
 pytestmark = pytest.mark.integration
 
@@ -106,6 +107,38 @@ def test_ten_thousand_display_messages(http: httpx.Client, session_id: str) -> N
     # all of them, in order, unless the cap cut them (then it says so)
     assert shown == [str(i) for i in range(len(shown))]
     assert len(shown) == 10000 or "truncated" in kinds
+    assert_output_still_flows(http, session_id)
+
+
+def test_a_display_flood_is_paced_while_another_session_runs_and_loses_nothing(
+    http: httpx.Client, session_id: str, bystander: Bystander
+) -> None:
+    """The kernel waits for the gateway's reading (kernelgw_kernel.backpressure)
+    and the gateway reads a flood at a bounded pace while another session has
+    output (runtime/output_rate.py): every display arrives, in order."""
+    n = 1200  # six seconds' worth at the shared pace of 200 a second, one of them the burst
+    paced_before = metric(http, "kernelgw_output_paced_seconds_total")
+    stop = threading.Event()
+
+    def keep_running() -> None:
+        while not stop.is_set():
+            assert run(http, bystander.session_id, "1 + 1")["status"] == "ok"
+            time.sleep(0.05)
+
+    other = threading.Thread(target=keep_running)
+    other.start()
+    try:
+        code = f"from IPython.display import display\nfor i in range({n}):\n    display({{'text/plain': str(i)}}, raw=True)"
+        result = run(http, session_id, code, timeout=60)
+    finally:
+        stop.set()
+        other.join(timeout=60)
+    assert result["status"] == "ok", done_event(result)
+    shown = [e["data"]["text/plain"] for e in result["events"] if e["type"] == "display"]
+    assert shown == [str(i) for i in range(n)]
+    paced = metric(http, "kernelgw_output_paced_seconds_total") - paced_before
+    print(f"{n} displays beside a running session: paced {paced:.2f}s")
+    assert paced > 1.0
     assert_output_still_flows(http, session_id)
 
 
