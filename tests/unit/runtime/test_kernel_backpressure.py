@@ -121,6 +121,21 @@ async def drain(client: AsyncKernelClient, seconds: float) -> int:
     return got
 
 
+async def reply_to(client: AsyncKernelClient, msg_id: str, reading: bool, limit_s: float = 60) -> Any:
+    """The execute_reply to ``msg_id`` (None after ``limit_s``), reading iopub meanwhile if ``reading``."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if reading:
+            await drain(client, 0.2)
+        try:
+            msg = await client.get_shell_msg(timeout=0.1 if reading else 0.5)
+        except Exception:  # queue.Empty
+            continue
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg
+    return None
+
+
 @pytest.mark.parametrize("kind", sorted(FLOODS))
 async def test_a_flood_waits_while_its_reader_does_not_read(kernel: Kernel, kind: str) -> None:
     await wait_ready(kernel)
@@ -141,16 +156,7 @@ async def test_a_flood_waits_while_its_reader_does_not_read(kernel: Kernel, kind
     # an interrupt ends it while it waits (we read on, as the gateway does)
     held = await stalled(kernel)
     await kernel.backend.signal(kernel.handle, signal.SIGINT)
-    deadline = time.monotonic() + 60
-    reply = None
-    while reply is None and time.monotonic() < deadline:
-        await drain(kernel.client, 0.2)
-        try:
-            msg = await kernel.client.get_shell_msg(timeout=0.1)
-        except Exception:
-            continue
-        if msg["parent_header"].get("msg_id") == msg_id:
-            reply = msg
+    reply = await reply_to(kernel.client, msg_id, reading=True)
     assert reply is not None, "no execute_reply after the interrupt"
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "KeyboardInterrupt"
@@ -159,16 +165,8 @@ async def test_a_flood_waits_while_its_reader_does_not_read(kernel: Kernel, kind
 async def test_with_nobody_subscribed_nothing_waits(kernel: Kernel) -> None:
     client = kernel.client
     client.shell_channel.start()  # no iopub subscriber at all
-    deadline = time.monotonic() + 60
-    reply = None
     msg_id = client.execute("for i in range(30_000):\n    print('x' * 99)\n    display(i) if i % 10 == 0 else None")
-    while reply is None and time.monotonic() < deadline:
-        try:
-            msg = await client.get_shell_msg(timeout=0.5)
-        except Exception:
-            continue
-        if msg["parent_header"].get("msg_id") == msg_id:
-            reply = msg
+    reply = await reply_to(client, msg_id, reading=False)
     assert reply is not None, "the cell waited for a reader that does not exist"
     assert reply["content"]["status"] == "ok"
 
