@@ -16,10 +16,8 @@ import gc
 import json
 import threading
 import time
-import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -30,7 +28,6 @@ from kernelgw.runtime.kernel_link import IOPUB_RECEIVE_HWM
 from kernelgw.runtime.output_backlog import BACKLOG_BYTES, OutputBacklog
 from kernelgw.runtime.session import KernelSession
 from kernelgw.storage.store import Store
-from tests.support.postgres import postgres_url
 from tests.unit.runtime.conftest import SessionFactory
 from tests.unit.runtime.test_session import done_of, run, until
 
@@ -46,21 +43,10 @@ CHUNK_DELAY_S = 0.025
 """How long each output chunk's write waits: the store writes about 10 MB/s."""
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'history.db'}"
-    return postgres_url()
-
-
 @pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    store = Store(database_url, gateway_name=f"backlog{uuid.uuid4().hex[:8]}", purge_interval_s=0)
-    await store.start()
-    try:
-        yield store
-    finally:
-        await store.close()
+def store(dialect_store: Store) -> Store:
+    """Each test runs on SQLite and on PostgreSQL (tests/unit/conftest.py)."""
+    return dialect_store
 
 
 class SlowChunks:

@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,24 +28,12 @@ from kernelgw.runtime.recorder import CHUNK_BYTES, TAIL_BYTES
 from kernelgw.server.notebook import build_notebook
 from kernelgw.storage import queries, schema
 from kernelgw.storage.store import CUT_OFF_REASON, Store
-from tests.support.postgres import postgres_url
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'history.db'}"
-    return postgres_url()
 
 
 @pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    store = Store(database_url, gateway_name=f"chunks{uuid.uuid4().hex[:8]}", purge_interval_s=0)
-    await store.start()
-    try:
-        yield store
-    finally:
-        await store.close()
+def store(dialect_store: Store) -> Store:
+    """Each test runs on SQLite and on PostgreSQL (tests/unit/conftest.py)."""
+    return dialect_store
 
 
 def stand_in_session() -> Any:
