@@ -161,6 +161,8 @@ class KernelLink:
         the running execution must not be finished as "idle lost" meanwhile."""
         self._kc: AsyncKernelClient | None = None
         self._readers: list[asyncio.Task[None]] = []
+        self._message_readers: dict[str, KernelMessageReader] = {}
+        """Each channel's reader, closed once its task is (`stop`)."""
         self._pending: dict[str, QueuedExecution] = {}
         self._iopub_probes: dict[str, asyncio.Event] = {}
         self._shell_probes: dict[str, asyncio.Event] = {}
@@ -307,6 +309,9 @@ class KernelLink:
                     channel.socket.disable_monitor()
         await cancel_and_wait(*self._readers)
         self._readers = []
+        for reader in self._message_readers.values():
+            reader.close()
+        self._message_readers.clear()
         self._end_probes.clear()
         self._ended.clear()
         if self._kc is not None:
@@ -354,6 +359,7 @@ class KernelLink:
             )
         execution.msg_id = msg_id
         self._pending[msg_id] = execution
+        self._sent("shell")
         return True
 
     def send_stdin(self, msg: dict[str, Any]) -> bool:
@@ -362,6 +368,7 @@ class KernelLink:
         if self._kc is None:
             return False
         self._kc.stdin_channel.send(msg)
+        self._sent("stdin")
         return True
 
     def forget(self, execution: QueuedExecution) -> None:
@@ -390,6 +397,7 @@ class KernelLink:
         )
         execution.end_probe = probe
         self._end_probes[probe] = execution
+        self._sent("shell")
 
     async def silent_request(
         self, code: str, user_expressions: dict[str, str] | None = None, timeout: float = 5.0
@@ -434,6 +442,7 @@ class KernelLink:
             while time.monotonic() < deadline:
                 # one probe at a time, the next only after the reply (see the module's docstring)
                 msg_id = kc.kernel_info()
+                self._sent("shell")
                 ids.append(msg_id)
                 replied, seen = asyncio.Event(), asyncio.Event()
                 self._shell_probes[msg_id] = replied
@@ -462,7 +471,14 @@ class KernelLink:
             log.warning("session %s: dropped an invalid %s message (%s)", self.session_id, channel, exc)
 
         skip = self._content_unread if channel == "iopub" else None
-        return KernelMessageReader(socket, kc.session, dropped, skip_content=skip)
+        reader = self._message_readers[channel] = KernelMessageReader(socket, kc.session, dropped, skip_content=skip)
+        return reader
+
+    def _sent(self, channel: str) -> None:
+        """A message went out on ``channel``'s socket: a send can take the signal of a
+        message that arrived meanwhile, so its reader looks again (`KernelMessageReader`)."""
+        if (reader := self._message_readers.get(channel)) is not None:
+            reader.wake()
 
     def _content_unread(self, msg_type: str, parent: str | None) -> bool:
         """Output of a /v1 cell past its cap: dropped by `CellOutput` whatever it holds."""
