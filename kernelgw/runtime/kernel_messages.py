@@ -253,9 +253,9 @@ class KernelMessageReader:
     def _recv(self) -> list[bytes]:
         """One multipart message, with plain int flags (``recv_multipart`` makes an enum per frame)."""
         sock = self._now
-        frames = [cast(bytes, sock.recv(NOBLOCK))]
+        frames = [sock.recv(NOBLOCK)]
         while sock.getsockopt(RCVMORE):
-            frames.append(cast(bytes, sock.recv(NOBLOCK)))
+            frames.append(sock.recv(NOBLOCK))
         return frames
 
     async def batch(self) -> list[dict[str, Any]]:

@@ -55,7 +55,9 @@ async def test_a_fault_while_the_done_is_numbered_is_answered_in_the_done_and_la
     go.touch()
     done = (await until(sub, done_of(rec.execution_id)))[-1]
     assert done["status"] == "ok"
-    assert ANNOUNCE_FAILED in done["reason"] and "ReservationFailed: the reservation could not be queued" in done["reason"]
+    assert (
+        ANNOUNCE_FAILED in done["reason"] and "ReservationFailed: the reservation could not be queued" in done["reason"]
+    )
     assert rec.done.done() and rec.done.result().reason == done["reason"]
     async with asyncio.timeout(10):  # without the guard the worker is gone and this waits forever
         later = await until(sub, done_of(behind.execution_id))
