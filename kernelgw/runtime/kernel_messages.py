@@ -75,9 +75,17 @@ class SignatureHistory:
         return True
 
 
-def _object(part: bytes, what: str) -> dict[str, Any]:
+TEXT_CHECKED = "text_checked"
+"""Set (True) in a decoded message whose metadata and content orjson parsed: then
+no string in them holds a surrogate (orjson refuses JSON with a lone one), and
+events made of them skip that check (`kernelgw.events.TEXT_CHECKED`)."""
+
+
+def _parsed(part: bytes, what: str) -> tuple[dict[str, Any], bool]:
+    """The JSON object, and whether orjson parsed it (see `TEXT_CHECKED`)."""
     try:
         value = orjson.loads(part)
+        checked = True
     except orjson.JSONDecodeError:
         # JSON with an escaped lone surrogate, which orjson refuses: parsed as
         # jupyter_client does, and cleaned where events are made
@@ -85,9 +93,14 @@ def _object(part: bytes, what: str) -> dict[str, Any]:
             value = json.loads(part.decode("utf-8", "replace"))
         except ValueError as exc:
             raise InvalidKernelMessage(f"{what} is not JSON ({exc})") from None
+        checked = False
     if not isinstance(value, dict):
         raise InvalidKernelMessage(f"{what} is not an object")
-    return value
+    return value, checked
+
+
+def _object(part: bytes, what: str) -> dict[str, Any]:
+    return _parsed(part, what)[0]
 
 
 SkipContent = Callable[[str, str | None], bool]
@@ -138,14 +151,17 @@ def decode(
             "buffers": [],
             "content_skipped": True,
         }
+    metadata, metadata_checked = _parsed(parts[3], "metadata")
+    content, content_checked = _parsed(parts[4], "content")
     return {
         "header": header,
         "msg_id": msg_id,
         "msg_type": msg_type,
         "parent_header": parent_header,
-        "metadata": _object(parts[3], "metadata"),
-        "content": _object(parts[4], "content"),
+        "metadata": metadata,
+        "content": content,
         "buffers": [memoryview(b) for b in parts[5:]],
+        TEXT_CHECKED: metadata_checked and content_checked,
     }
 
 
@@ -171,6 +187,8 @@ def coalesce_streams(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 and sum(map(len, run)) + len(text) <= COALESCE_MAX_CHARS
             ):
                 run.append(text)
+                if not msg.get(TEXT_CHECKED):
+                    head[TEXT_CHECKED] = False  # the joined text is as checked as its least checked part
                 continue
         if len(run) > 1:
             out[-1]["content"]["text"] = "".join(run)

@@ -11,8 +11,11 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import DELIM, Session
 
+from kernelgw import events as ev
+from kernelgw.runtime.iopub import to_event
 from kernelgw.runtime.kernel_messages import (
     COALESCE_MAX_CHARS,
+    TEXT_CHECKED,
     InvalidKernelMessage,
     KernelMessageReader,
     KernelMessageSender,
@@ -255,3 +258,22 @@ async def test_the_sender_sends_what_jupyter_clients_session_would_signed_by_the
     }
     assert len(ours) == len(theirs) and ours.index(DELIM) == theirs.index(DELIM)
     assert set(msg["header"]) == set(receiver.deserialize(receiver.feed_identities(theirs)[1])["header"])
+
+
+def test_only_text_orjson_parsed_skips_the_surrogate_check_even_once_merged() -> None:
+    """orjson refuses a lone surrogate, so what it parsed is marked checked; a
+    message parsed the other way (an escaped ``\\ud800``) is not, and a stream run
+    it joins is not either: its event still gets U+FFFD."""
+    session = Session(key=KEY)
+    clean = decode(frames(session, content={"name": "stdout", "text": "a"}), session.auth, SignatureHistory())
+    assert clean[TEXT_CHECKED] is True
+    raw = frames(session, content={"name": "stdout", "text": "b"})
+    raw[-1] = raw[-1].replace(b'"b', b'"\\ud800')
+    raw[raw.index(DELIM) + 1] = session.sign(raw[raw.index(DELIM) + 2 :])  # signed again, as a kernel would
+    escaped = decode(raw, session.auth, SignatureHistory())
+    assert escaped[TEXT_CHECKED] is False and escaped["content"]["text"] == "\ud800"
+    assert to_event(clean, "e1") == ev.Stream(execution_id="e1", name="stdout", text="a")
+    assert to_event(escaped, "e1") == ev.Stream(execution_id="e1", name="stdout", text="\ufffd")
+    (merged,) = coalesce_streams([clean, escaped])
+    assert merged[TEXT_CHECKED] is False
+    assert to_event(merged, "e1") == ev.Stream(execution_id="e1", name="stdout", text="a\ufffd")
