@@ -7,7 +7,8 @@ Both gateways run as ``python -m kernelgw serve`` with the working directory at
 their tree (so that tree's package is the one imported), SQLite history in a
 throwaway data directory, one session each. Each round takes one sample of each
 row in a shuffled order, so load drift hits all alike; the load average is
-stored next to the table. Goal: this tree's WebSocket `1+1` within 1 ms of raw
+stored next to the table, and each gateway's CPU time per cell (user + system,
+all its threads, over the measured rounds: less sensitive to load than latency). Goal: this tree's WebSocket `1+1` within 1 ms of raw
 jupyter_client at p50.
 
 Run:  git archive d7b8a43 | tar -x -C /tmp/kgw_before
@@ -124,6 +125,12 @@ def imported_from(tree: Path) -> str:
     ).stdout.strip()
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def measure(before: Gateway, after: Gateway, rounds: int, warmup: int) -> dict[str, Any]:
     sids = {}
     for label, gw in (("before", before), ("after", after)):
@@ -137,7 +144,10 @@ async def measure(before: Gateway, after: Gateway, rounds: int, warmup: int) -> 
         raw = RawKernel(session_container(sids["after"])[1])
         async with raw:
             rows = {FLOOR: raw.execute, BEFORE: ws_b.execute, AFTER: ws_a.execute}
+            cpu: dict[str, float] = {}
             for i in range(warmup + rounds):
+                if i == warmup:
+                    cpu = {label: process_cpu_s(gw.pid) for label, gw in (("before", before), ("after", after))}
                 order = list(rows)
                 random.shuffle(order)
                 for name in order:
@@ -146,7 +156,12 @@ async def measure(before: Gateway, after: Gateway, rounds: int, warmup: int) -> 
                         samples[name].append(ms)
                 if i % 50 == 0:
                     loads.append(os.getloadavg()[0])
-    return {"samples": samples, "loadavg_1min_during": [round(x, 2) for x in loads]}
+    # each gateway served `rounds` cells meanwhile (and sat idle while the others ran)
+    cpu_us = {
+        label: round((process_cpu_s(gw.pid) - cpu[label]) / rounds * 1e6)
+        for label, gw in (("before", before), ("after", after))
+    }
+    return {"samples": samples, "loadavg_1min_during": [round(x, 2) for x in loads], "gateway_cpu_us_per_cell": cpu_us}
 
 
 def main() -> int:
@@ -200,6 +215,7 @@ def main() -> int:
         "rounds": args.rounds,
         "warmup": args.warmup,
         "loadavg_1min_during": out["loadavg_1min_during"],
+        "gateway_cpu_us_per_cell": out["gateway_cpu_us_per_cell"],
         "store_write_latency": store_rows,
         "goal_ms": GOAL_MS,
         "after_over_floor_p50_ms": over,
@@ -215,6 +231,11 @@ def main() -> int:
         f"{'MET' if result['met'] else 'MISSED'}); before's: {result['before_over_floor_p50_ms']:+.2f} ms; "
         f"this tree - before: p50 {result['after_over_before_p50_ms']:+.2f} ms, "
         f"p95 {result['after_over_before_p95_ms']:+.2f} ms"
+    )
+    cpu_us = out["gateway_cpu_us_per_cell"]
+    print(
+        f"gateway CPU per cell (process, all threads): before {cpu_us['before']} us, "
+        f"this tree {cpu_us['after']} us ({cpu_us['after'] - cpu_us['before']:+d} us)"
     )
     print_table("history rows, queue -> commit (ms; every row the gateways wrote, warm-up included)", store_rows)
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, cores {os.cpu_count()}")
