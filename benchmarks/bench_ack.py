@@ -7,7 +7,10 @@ Both gateways run as ``python -m kernelgw serve`` with the working directory at
 their tree (so that tree's package is the one imported), SQLite history in a
 throwaway data directory, one session each. Each round takes one sample of each
 row in a shuffled order, so load drift hits all alike; the load average is
-stored next to the table. Goal: this tree's WebSocket `1+1` within 1 ms of raw
+stored next to the table, and each gateway's CPU time per cell (all its threads,
+from the send of its cell to its done, and over the whole measured run, which
+for this tree includes reading the floor's iopub: less sensitive to load than
+latency). Goal: this tree's WebSocket `1+1` within 1 ms of raw
 jupyter_client at p50.
 
 Run:  git archive d7b8a43 | tar -x -C /tmp/kgw_before
@@ -124,6 +127,18 @@ def imported_from(tree: Path) -> str:
     ).stdout.strip()
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds a process ran, all its threads, to the nanosecond (Linux
+    ``/proc/PID/task/*/schedstat``; threads that ended are not counted)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return total / 1e9
+
+
 async def measure(before: Gateway, after: Gateway, rounds: int, warmup: int) -> dict[str, Any]:
     sids = {}
     for label, gw in (("before", before), ("after", after)):
@@ -137,16 +152,35 @@ async def measure(before: Gateway, after: Gateway, rounds: int, warmup: int) -> 
         raw = RawKernel(session_container(sids["after"])[1])
         async with raw:
             rows = {FLOOR: raw.execute, BEFORE: ws_b.execute, AFTER: ws_a.execute}
+            pids = {BEFORE: before.pid, AFTER: after.pid}
+            cpu: dict[str, float] = {}
+            own = dict.fromkeys(pids, 0.0)
             for i in range(warmup + rounds):
+                if i == warmup:
+                    cpu = {name: process_cpu_s(pid) for name, pid in pids.items()}
                 order = list(rows)
                 random.shuffle(order)
                 for name in order:
+                    pid = pids.get(name)
+                    start = process_cpu_s(pid) if pid is not None and i >= warmup else 0.0
                     ms, _ = await rows[name]("1+1")
                     if i >= warmup:
                         samples[name].append(ms)
+                        if pid is not None:
+                            own[name] += process_cpu_s(pid) - start
                 if i % 50 == 0:
                     loads.append(os.getloadavg()[0])
-    return {"samples": samples, "loadavg_1min_during": [round(x, 2) for x in loads]}
+    # each gateway served `rounds` cells meanwhile; "during" counts only the time from
+    # sending its cell to its done (this tree's gateway also reads the floor's iopub:
+    # the raw client shares its session's kernel)
+    cpu_us = {
+        label: {
+            "whole_run": round((process_cpu_s(pids[name]) - cpu[name]) / rounds * 1e6),
+            "during_its_cells": round(own[name] / rounds * 1e6),
+        }
+        for label, name in (("before", BEFORE), ("after", AFTER))
+    }
+    return {"samples": samples, "loadavg_1min_during": [round(x, 2) for x in loads], "gateway_cpu_us_per_cell": cpu_us}
 
 
 def main() -> int:
@@ -200,6 +234,7 @@ def main() -> int:
         "rounds": args.rounds,
         "warmup": args.warmup,
         "loadavg_1min_during": out["loadavg_1min_during"],
+        "gateway_cpu_us_per_cell": out["gateway_cpu_us_per_cell"],
         "store_write_latency": store_rows,
         "goal_ms": GOAL_MS,
         "after_over_floor_p50_ms": over,
@@ -216,6 +251,10 @@ def main() -> int:
         f"this tree - before: p50 {result['after_over_before_p50_ms']:+.2f} ms, "
         f"p95 {result['after_over_before_p95_ms']:+.2f} ms"
     )
+    cpu_us = out["gateway_cpu_us_per_cell"]
+    for kind in ("during_its_cells", "whole_run"):
+        b, a = cpu_us["before"][kind], cpu_us["after"][kind]
+        print(f"gateway CPU per cell ({kind.replace('_', ' ')}): before {b} us, this tree {a} us ({a - b:+d} us)")
     print_table("history rows, queue -> commit (ms; every row the gateways wrote, warm-up included)", store_rows)
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, cores {os.cpu_count()}")
     if args.json:

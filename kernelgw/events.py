@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, model_validator
 
 MimeBundle = dict[str, Any]
 """MIME type -> data, exactly as the kernel sent it (``image/png`` stays base64)."""
@@ -94,6 +94,13 @@ def without_surrogates(value: Any) -> Any:
     return root
 
 
+TEXT_CHECKED: dict[str, Any] = {"text_checked": True}
+"""The validation context (``Model.model_validate(data, context=TEXT_CHECKED)``,
+this very object) of data known to hold no surrogate: decoded by orjson, which
+refuses JSON with a lone surrogate, and only cut or joined since. Models skip
+their walk of every string then (a few us an event, on every kernel message)."""
+
+
 class _Text(BaseModel):
     """Every string a model holds is valid Unicode text (encodable as UTF-8)."""
 
@@ -101,7 +108,9 @@ class _Text(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_surrogates(cls, data: Any) -> Any:
+    def _no_surrogates(cls, data: Any, info: ValidationInfo) -> Any:
+        if info.context is TEXT_CHECKED:
+            return data
         return without_surrogates(data)
 
 

@@ -72,6 +72,7 @@ request means the idle was lost: finish anyway instead of hanging."""
 RECENT_IDS = 10000
 """How many execution ids a session remembers to refuse reuse."""
 NOT_STORED = "the history storage failed, so this execution's record was not stored"
+ANNOUNCE_FAILED = "gateway error: announcing the end of this execution failed, so its record may not match"
 ABORTED = "aborted: an earlier cell from the same Jupyter client failed and asked to stop on error"
 
 
@@ -466,7 +467,19 @@ class ExecutionQueue:
         return ReplayReport(trigger=job.trigger, cells=[*outcomes, *rest], duration_ms=duration)
 
     async def _store_then_announce(self, rec: QueuedExecution) -> None:
-        """Commit the end of the cell, then publish its ``done`` (acknowledged means stored)."""
+        """Commit the end of the cell, then publish its ``done`` (acknowledged means
+        stored). A fault of the gateway's own on the way is logged and answered in
+        the ``done`` (`_announce_despite`): it must not end the worker, or every
+        later cell of the session would wait forever."""
+        try:
+            await self._store_then_announce_unguarded(rec)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("announcing the end of execution %s failed", rec.execution_id)
+            self._announce_despite(rec, exc)
+
+    async def _store_then_announce_unguarded(self, rec: QueuedExecution) -> None:
         if rec.ending is None:  # every path through _execute ends the cell; be sure anyway
             self._finish(rec, "dead", "gateway error: the execution ended without a status")
         assert rec.ending is not None
@@ -709,25 +722,64 @@ class ExecutionQueue:
             artifacts=rec.artifacts,
         )
 
+    def _announce_despite(self, rec: QueuedExecution, exc: Exception) -> None:
+        """End ``rec`` after `_announce` (or what came before it) raised: its ``done``
+        goes out with a reason naming the fault, unless it went out already; the
+        events held meanwhile are sent (`_announce` sent them if it got so far);
+        a Jupyter client is told."""
+        held, self._held = self._held or [], None
+        if not rec.done.done():
+            if rec.ending is None:
+                self._finish(rec, "dead", None)
+            assert rec.ending is not None
+            note = f"{ANNOUNCE_FAILED} ({type(exc).__name__}: {exc})"
+            done = rec.ending.model_copy(
+                update={"reason": f"{rec.ending.reason}; {note}" if rec.ending.reason else note}
+            )
+            try:
+                pub = self._fanout.publish(done)
+                rec.published.append(pub)
+                assert isinstance(pub.event, ev.Done)
+                done = pub.event
+            except Exception:
+                log.exception("publishing the done of execution %s failed", rec.execution_id)
+            rec.done.set_result(done)  # REST and the Jupyter client are answered whatever happened
+        for event, owner in held:
+            try:
+                self.publish(event, owner)
+            except Exception:
+                log.exception("publishing an event held for execution %s failed", rec.execution_id)
+        if rec.client is not None:
+            try:
+                rec.client.ended(rec)
+            except Exception:
+                log.exception("answering the Jupyter client of execution %s failed", rec.execution_id)
+
     def _announce(self, rec: QueuedExecution, note: str | None = None, prepared: Published | None = None) -> None:
         """Publish the ``done`` `_finish` built (``note`` appended to its reason;
         ``prepared``: it numbered and serialised already), resolve the execution,
         then send the events held meanwhile."""
         held, self._held = self._held or [], None
         done = rec.ending
-        if done is not None and not rec.done.done():
-            if note is not None:
-                done = done.model_copy(update={"reason": f"{done.reason}; {note}" if done.reason else note})
-            pub = self._fanout.publish(done, prepared if note is None else None)
-            rec.published.append(pub)
-            assert isinstance(pub.event, ev.Done)
-            rec.done.set_result(pub.event)
-            if self.metrics is not None and not rec.silent:
-                death = rec.death or self._status.dead_reason or ""
-                oom = done.status == "dead" and death.startswith("out-of-memory")
-                self.metrics.execution_done(pub.event, rec.output_bytes, oom_killed=oom)
-        for event, owner in held:
-            self.publish(event, owner)
+        try:
+            if done is not None and not rec.done.done():
+                if note is not None:
+                    done = done.model_copy(update={"reason": f"{done.reason}; {note}" if done.reason else note})
+                pub = self._fanout.publish(done, prepared if note is None else None)
+                rec.published.append(pub)
+                assert isinstance(pub.event, ev.Done)
+                rec.done.set_result(pub.event)
+                if self.metrics is not None and not rec.silent:
+                    death = rec.death or self._status.dead_reason or ""
+                    oom = done.status == "dead" and death.startswith("out-of-memory")
+                    try:
+                        self.metrics.execution_done(pub.event, rec.output_bytes, oom_killed=oom)
+                    except Exception:
+                        log.exception("counting execution %s in the metrics failed", rec.execution_id)
+        finally:
+            # whatever failed above (`_announce_despite` ends the cell then)
+            for event, owner in held:
+                self.publish(event, owner)
         if rec.client is not None:
             try:
                 rec.client.ended(rec)

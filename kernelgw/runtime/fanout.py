@@ -33,6 +33,20 @@ KEPT_MODELS = (ev.Done, ev.Error)
 audit record and the history's summary read them)."""
 
 
+_UNNUMBERED = '{"seq":null'
+
+
+def numbered_json(event: ev.Event, seq: int) -> str:
+    """``event`` (not numbered yet) as JSON numbered ``seq``: the very text of
+    ``event.model_copy(update={"seq": seq}).model_dump_json()`` (``seq`` is every
+    event's first field), without copying the model for an event whose model is
+    let go (a few us an event)."""
+    text = event.model_dump_json()
+    if not text.startswith(_UNNUMBERED):
+        return event.model_copy(update={"seq": seq}).model_dump_json()
+    return f'{{"seq":{seq}{text[len(_UNNUMBERED) :]}'
+
+
 class Subscription:
     """A bounded queue of JSON texts for one WebSocket client.
 
@@ -108,6 +122,8 @@ class EventFanout:
                 self.on_reserve()
         if prepared is not None and prepared.seq == self.seq and prepared.event is not None:
             pub = prepared
+        elif event.seq is None and not isinstance(event, KEPT_MODELS):
+            pub = Published(self.seq, None, numbered_json(event, self.seq))
         else:
             event = event.model_copy(update={"seq": self.seq})
             pub = Published(self.seq, event if isinstance(event, KEPT_MODELS) else None, event.model_dump_json())

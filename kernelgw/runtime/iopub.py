@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from kernelgw import events as ev
+from kernelgw.runtime.kernel_messages import TEXT_CHECKED
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
@@ -22,54 +23,71 @@ def strip_ansi(text: str) -> str:
 
 
 def to_event(msg: dict[str, Any], execution_id: str) -> ev.Event | None:
-    """One iopub message (as jupyter_client deserialises it) -> one event or None."""
+    """One iopub message (as jupyter_client deserialises it) -> one event or None.
+    A message whose text orjson decoded (`kernel_messages.TEXT_CHECKED`) is not
+    walked again for surrogates."""
+    context = ev.TEXT_CHECKED if msg.get(TEXT_CHECKED) is True else None
     msg_type = msg["header"]["msg_type"]
     content: dict[str, Any] = msg.get("content") or {}
     if msg_type == "stream":
         name = content.get("name")
         if name not in ("stdout", "stderr"):
             return None
-        return ev.Stream(execution_id=execution_id, name=name, text=str(content.get("text", "")))
+        return ev.Stream.model_validate(
+            {"execution_id": execution_id, "name": name, "text": str(content.get("text", ""))}, context=context
+        )
     if msg_type == "display_data":
         transient = content.get("transient") or {}
-        return ev.Display(
-            execution_id=execution_id,
-            data=content.get("data") or {},
-            metadata=content.get("metadata") or {},
-            display_id=transient.get("display_id"),
+        return ev.Display.model_validate(
+            {
+                "execution_id": execution_id,
+                "data": content.get("data") or {},
+                "metadata": content.get("metadata") or {},
+                "display_id": transient.get("display_id"),
+            },
+            context=context,
         )
     if msg_type == "update_display_data":
         display_id = (content.get("transient") or {}).get("display_id")
         if not display_id:
             return None
-        return ev.UpdateDisplay(
-            execution_id=execution_id,
-            data=content.get("data") or {},
-            metadata=content.get("metadata") or {},
-            display_id=display_id,
+        return ev.UpdateDisplay.model_validate(
+            {
+                "execution_id": execution_id,
+                "data": content.get("data") or {},
+                "metadata": content.get("metadata") or {},
+                "display_id": display_id,
+            },
+            context=context,
         )
     if msg_type == "execute_result":
-        return ev.Result(
-            execution_id=execution_id,
-            execution_count=content.get("execution_count"),
-            data=content.get("data") or {},
-            metadata=content.get("metadata") or {},
+        return ev.Result.model_validate(
+            {
+                "execution_id": execution_id,
+                "execution_count": content.get("execution_count"),
+                "data": content.get("data") or {},
+                "metadata": content.get("metadata") or {},
+            },
+            context=context,
         )
     if msg_type == "clear_output":
         return ev.ClearOutput(execution_id=execution_id, wait=bool(content.get("wait", False)))
     if msg_type == "error":
         traceback = [str(line) for line in content.get("traceback") or []]
-        return ev.Error(
-            execution_id=execution_id,
-            ename=str(content.get("ename", "")),
-            evalue=str(content.get("evalue", "")),
-            traceback=traceback,
-            traceback_text=[strip_ansi(line) for line in traceback],
+        return ev.Error.model_validate(
+            {
+                "execution_id": execution_id,
+                "ename": str(content.get("ename", "")),
+                "evalue": str(content.get("evalue", "")),
+                "traceback": traceback,
+                "traceback_text": [strip_ansi(line) for line in traceback],
+            },
+            context=context,
         )
     if msg_type == "status":
         state = content.get("execution_state")
         if state in ("busy", "idle"):
-            return ev.Status(execution_id=execution_id, state=state)
+            return ev.Status.model_validate({"execution_id": execution_id, "state": state}, context=ev.TEXT_CHECKED)
         return None
     return None
 

@@ -65,7 +65,12 @@ from kernelgw.runtime.execution import (
     answers,
     message_order,
 )
-from kernelgw.runtime.kernel_messages import InvalidKernelMessage, KernelMessageReader, coalesce_streams
+from kernelgw.runtime.kernel_messages import (
+    InvalidKernelMessage,
+    KernelMessageReader,
+    KernelMessageSender,
+    coalesce_streams,
+)
 from kernelgw.runtime.loop_share import LoopShare
 from kernelgw.runtime.output_backlog import OutputBacklog
 from kernelgw.runtime.output_rate import OutputRate
@@ -186,7 +191,11 @@ class KernelLink:
         """A socket disconnected and it is not yet known whether ZMQ will retry:
         the running execution must not be finished as "idle lost" meanwhile."""
         self._kc: AsyncKernelClient | None = None
+        self._shell: KernelMessageSender | None = None
+        """Sends the gateway's own execute requests on the shell (`KernelMessageSender`)."""
         self._readers: list[asyncio.Task[None]] = []
+        self._message_readers: dict[str, KernelMessageReader] = {}
+        """Each channel's reader, closed once its task is (`stop`)."""
         self._pending: dict[str, QueuedExecution] = {}
         self._iopub_probes: dict[str, asyncio.Event] = {}
         self._shell_probes: dict[str, asyncio.Event] = {}
@@ -248,6 +257,7 @@ class KernelLink:
             # stdin: a Jupyter client's cell may call input() (see `send_stdin`)
             kc.start_channels(shell=True, iopub=True, stdin=True, hb=False, control=True)
             self._kc = kc
+            self._shell = KernelMessageSender(kc.shell_channel.socket, kc.session)
             self.kernel_info = await self._wait_ready(kc, handle, timeout, channel)
             if seal:
                 await self.backend.seal(handle)
@@ -280,39 +290,51 @@ class KernelLink:
 
         A reattached kernel is asked on ``control``: it may still be running the
         cell the previous gateway process was cut off from, and ipykernel answers
-        control requests while the shell is busy."""
+        control requests while the shell is busy.
+
+        Shell and iopub are read with the link's own readers (`_reader`), which go
+        on reading them after: pyzmq's asyncio reading, once used on a socket,
+        keeps handling every signal of it (about 20 us a message)."""
         timeout = self.config.kernel_start_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
+        iopub = self._reader(kc.iopub_channel.socket, kc, "iopub")
+        shell = self._reader(kc.shell_channel.socket, kc, "shell")
         info: dict[str, Any] | None = None
         while time.monotonic() < deadline:
             # one request at a time, the next only after the reply (see the module's docstring)
             if channel == "shell":
                 msg_id = kc.kernel_info()
-                get_reply = kc.get_shell_msg
+                self._look_again("shell")
             else:
                 request = kc.session.msg("kernel_info_request")
                 kc.control_channel.send(request)
                 msg_id = request["header"]["msg_id"]
-                get_reply = kc.get_control_msg
             replied = False
             while not replied and time.monotonic() < deadline:
+                wait = max(0.01, min(0.5, deadline - time.monotonic()))
                 try:
-                    reply = await get_reply(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
-                except queue.Empty:
+                    if channel == "shell":
+                        async with asyncio.timeout(wait):
+                            replies = await shell.batch()
+                    else:
+                        replies = [await kc.get_control_msg(timeout=wait)]
+                except (TimeoutError, queue.Empty):
                     state = await self.backend.state(handle)
                     if not state.alive:
                         raise KernelStartFailed(
                             f"The kernel container stopped while starting: {state.describe()}"
                         ) from None
                     continue
-                if reply["parent_header"].get("msg_id") == msg_id:
-                    info, replied = reply["content"], True
+                for reply in replies:
+                    if reply["parent_header"].get("msg_id") == msg_id:
+                        info, replied = reply["content"], True
             if not replied:
                 break
             try:
                 # any iopub message proves the SUB socket has joined
-                await kc.get_iopub_msg(timeout=0.2)
-            except queue.Empty:
+                async with asyncio.timeout(0.2):
+                    await iopub.batch()
+            except TimeoutError:
                 continue
             # Leftover handshake messages need no draining: the readers drop
             # anything whose parent is not a pending execution.
@@ -333,9 +355,13 @@ class KernelLink:
                     channel.socket.disable_monitor()
         await cancel_and_wait(*self._readers)
         self._readers = []
+        for reader in self._message_readers.values():
+            reader.close()
+        self._message_readers.clear()
         self._end_probes.clear()
         self._ended.clear()
         if self._kc is not None:
+            self._shell = None
             self._kc.stop_channels()
             self._kc = None
         if self.handle is not None:
@@ -362,24 +388,18 @@ class KernelLink:
             self._kc.shell_channel.send({**message, "content": content})
             msg_id = str(message["header"]["msg_id"])
         elif execution.silent:
-            msg_id = self._kc.execute(
-                execution.code,
-                silent=True,
-                store_history=False,
-                allow_stdin=False,
-                user_expressions=user_expressions or {},
+            assert self._shell is not None
+            msg_id = self._shell.execute(
+                execution.code, silent=True, store_history=False, user_expressions=user_expressions or {}
             )
         else:
-            msg_id = self._kc.execute(
-                execution.code,
-                silent=False,
-                store_history=True,
-                allow_stdin=False,
-                stop_on_error=False,
-                user_expressions=checks,
+            assert self._shell is not None
+            msg_id = self._shell.execute(
+                execution.code, silent=False, store_history=True, user_expressions=checks, stop_on_error=False
             )
         execution.msg_id = msg_id
         self._pending[msg_id] = execution
+        self._look_again("shell")
         return True
 
     def send_stdin(self, msg: dict[str, Any]) -> bool:
@@ -388,6 +408,7 @@ class KernelLink:
         if self._kc is None:
             return False
         self._kc.stdin_channel.send(msg)
+        self._look_again("stdin")
         return True
 
     def forget(self, execution: QueuedExecution) -> None:
@@ -405,17 +426,14 @@ class KernelLink:
     def _probe_end(self, execution: QueuedExecution) -> None:
         """Send the end probe for a reply that cannot prove itself (the module's
         docstring); once per cell."""
-        if execution.silent or execution.end_probe is not None or self._kc is None:
+        if execution.silent or execution.end_probe is not None or self._shell is None:
             return
-        probe = self._kc.execute(
-            "",
-            silent=True,
-            store_history=False,
-            allow_stdin=False,
-            user_expressions={ARTIFACTS_KEY: ARTIFACTS_EXPRESSION},
+        probe = self._shell.execute(
+            "", silent=True, store_history=False, user_expressions={ARTIFACTS_KEY: ARTIFACTS_EXPRESSION}
         )
         execution.end_probe = probe
         self._end_probes[probe] = execution
+        self._look_again("shell")
 
     async def silent_request(
         self, code: str, user_expressions: dict[str, str] | None = None, timeout: float = 5.0
@@ -460,6 +478,7 @@ class KernelLink:
             while time.monotonic() < deadline:
                 # one probe at a time, the next only after the reply (see the module's docstring)
                 msg_id = kc.kernel_info()
+                self._look_again("shell")
                 ids.append(msg_id)
                 replied, seen = asyncio.Event(), asyncio.Event()
                 self._shell_probes[msg_id] = replied
@@ -487,8 +506,17 @@ class KernelLink:
         def dropped(exc: InvalidKernelMessage) -> None:
             log.warning("session %s: dropped an invalid %s message (%s)", self.session_id, channel, exc)
 
+        if (reader := self._message_readers.get(channel)) is not None:
+            return reader  # made by `_wait_ready`
         skip = self._content_unread if channel == "iopub" else None
-        return KernelMessageReader(socket, kc.session, dropped, skip_content=skip)
+        reader = self._message_readers[channel] = KernelMessageReader(socket, kc.session, dropped, skip_content=skip)
+        return reader
+
+    def _look_again(self, channel: str) -> None:
+        """A message went out on ``channel``'s socket: a send can take the signal of a
+        message that arrived meanwhile, so its reader looks again (`KernelMessageReader`)."""
+        if (reader := self._message_readers.get(channel)) is not None:
+            reader.wake()
 
     def _content_unread(self, msg_type: str, parent: str | None) -> bool:
         """Output of a /v1 cell past its cap: dropped by `CellOutput` whatever it holds."""
@@ -654,6 +682,7 @@ class KernelLink:
             )
             if channel == "iopub":
                 self.iopub_stale = True
+            self._look_again(channel)  # reconnecting may have taken a message's signal
             execution = at_disconnect[0]
             if execution is None or execution.silent or execution.finished.is_set():
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 
 import pytest
@@ -10,10 +11,15 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import DELIM, Session
 
+from kernelgw import events as ev
+from kernelgw.runtime.iopub import to_event
 from kernelgw.runtime.kernel_messages import (
     COALESCE_MAX_CHARS,
+    TEXT_CHECKED,
     InvalidKernelMessage,
     KernelMessageReader,
+    KernelMessageSender,
+    ReaderClosed,
     SignatureHistory,
     coalesce_streams,
     decode,
@@ -183,3 +189,91 @@ async def test_a_read_stops_taking_messages_once_it_holds_its_bytes() -> None:
         push.close(0)
         ctx.term()
     assert sizes == [3, 1]  # 10 kB, 20 kB, 30 kB: past the bound after the third
+
+
+async def test_a_waiting_reader_wakes_for_each_message_and_stops_watching_once_closed() -> None:
+    """The reader waits on the socket's descriptor, not pyzmq's futures: messages
+    sent while it waits, one at a time, each wake it."""
+    ctx = zmq.asyncio.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    address = f"inproc://{uuid.uuid4().hex}"
+    pull.bind(address)
+    push.connect(address)
+    kernel = Session(key=KEY)
+    reader = KernelMessageReader(pull, Session(key=KEY), lambda exc: None)
+    try:
+        texts = []
+        for i in range(20):
+            waiting = asyncio.ensure_future(reader.batch())
+            await asyncio.sleep(0.002)
+            assert not waiting.done()  # nothing there yet: it waits
+            await push.send_multipart(frames(kernel, content={"name": "stdout", "text": f"{i}\n"}))
+            texts += [m["content"]["text"] for m in await asyncio.wait_for(waiting, 5)]
+        assert texts == [f"{i}\n" for i in range(20)]
+        fd = reader._fd
+        assert fd >= 0
+        waiting = asyncio.ensure_future(reader.batch())
+        await asyncio.sleep(0.002)
+        reader.close()
+        with pytest.raises(ReaderClosed):
+            await asyncio.wait_for(waiting, 5)
+        with pytest.raises(OSError):
+            os.fstat(fd)  # its duplicate descriptor is closed
+    finally:
+        reader.close()
+        pull.close(0)
+        push.close(0)
+        ctx.term()
+
+
+async def test_the_sender_sends_what_jupyter_clients_session_would_signed_by_the_session() -> None:
+    ctx = zmq.asyncio.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    address = f"inproc://{uuid.uuid4().hex}"
+    pull.bind(address)
+    push.connect(address)
+    session = Session(key=KEY)
+    sender = KernelMessageSender(push, session)
+    try:
+        msg_id = sender.execute(
+            "1+1", silent=False, store_history=True, user_expressions={"k": "v"}, stop_on_error=False
+        )
+        ours = await asyncio.wait_for(pull.recv_multipart(), 5)
+        session.send(push, session.msg("execute_request", {"code": "1+1"}))
+        theirs = await asyncio.wait_for(pull.recv_multipart(), 5)
+    finally:
+        pull.close(0)
+        push.close(0)
+        ctx.term()
+    receiver = Session(key=KEY)
+    msg = receiver.deserialize(receiver.feed_identities(ours)[1])  # checks the signature, as a kernel does
+    assert msg["header"]["msg_id"] == msg_id and msg["msg_type"] == "execute_request"
+    assert msg["content"] == {
+        "code": "1+1",
+        "silent": False,
+        "store_history": True,
+        "user_expressions": {"k": "v"},
+        "allow_stdin": False,
+        "stop_on_error": False,
+    }
+    assert len(ours) == len(theirs) and ours.index(DELIM) == theirs.index(DELIM)
+    assert set(msg["header"]) == set(receiver.deserialize(receiver.feed_identities(theirs)[1])["header"])
+
+
+def test_only_text_orjson_parsed_skips_the_surrogate_check_even_once_merged() -> None:
+    """orjson refuses a lone surrogate, so what it parsed is marked checked; a
+    message parsed the other way (an escaped ``\\ud800``) is not, and a stream run
+    it joins is not either: its event still gets U+FFFD."""
+    session = Session(key=KEY)
+    clean = decode(frames(session, content={"name": "stdout", "text": "a"}), session.auth, SignatureHistory())
+    assert clean[TEXT_CHECKED] is True
+    raw = frames(session, content={"name": "stdout", "text": "b"})
+    raw[-1] = raw[-1].replace(b'"b', b'"\\ud800')
+    raw[raw.index(DELIM) + 1] = session.sign(raw[raw.index(DELIM) + 2 :])  # signed again, as a kernel would
+    escaped = decode(raw, session.auth, SignatureHistory())
+    assert escaped[TEXT_CHECKED] is False and escaped["content"]["text"] == "\ud800"
+    assert to_event(clean, "e1") == ev.Stream(execution_id="e1", name="stdout", text="a")
+    assert to_event(escaped, "e1") == ev.Stream(execution_id="e1", name="stdout", text="\ufffd")
+    (merged,) = coalesce_streams([clean, escaped])
+    assert merged[TEXT_CHECKED] is False
+    assert to_event(merged, "e1") == ev.Stream(execution_id="e1", name="stdout", text="a\ufffd")
