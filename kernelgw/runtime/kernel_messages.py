@@ -306,6 +306,9 @@ class KernelMessageReader:
                 try:
                     frames = self._recv()
                 except zmq.Again:
+                    # the receive processed the socket's commands, which may have
+                    # taken the signal of a message arriving meanwhile: ask again
+                    self._look = True
                     break
                 received.append(frames)
                 size += sum(map(len, frames))
