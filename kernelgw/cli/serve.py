@@ -97,7 +97,8 @@ def serve(
     if settings.workers > 1:
         _serve_workers(settings)
         return
-    app = create_app(settings)
+    # its routes are added by the lifespan, beside the store's and Docker's waits
+    app = create_app(settings, defer_routes=True)
     # SIGTERM drains (new work refused, running cells finish) before uvicorn exits
     DrainingServer(uvicorn_config(app, settings), app, settings.shutdown_grace_s).run()
 
