@@ -44,6 +44,8 @@ IN_THE_LIFESPAN = {
     "docker": "the Docker SDK (requests, charset_normalizer) is imported by create_backend in that thread",
     "kernelgw.runtime.backends.docker": "create_backend imports it in that thread",
     "kernelgw.server.routes": "the route modules are imported there (include_routes)",
+    "kernelgw.server.auth": "a route module (the CLI's checks import kernelgw.server.authenticator)",
+    "kernelgw.server.ws": "the route modules are imported there (include_routes)",
     "kernelgw.server.jupyter.rest": "the route modules are imported there (include_routes)",
     "kernelgw.server.files": "the route modules are imported there (include_routes)",
 }
