@@ -1,16 +1,30 @@
-"""`create_app(defer_routes=True)` (what `kernelgw serve` makes): the routes are
-added by the lifespan's start-up thread, and are all there before it yields."""
+"""How the app gets its routes: added as they are (not through FastAPI's
+``include_router``, which builds each one again), and with
+``create_app(defer_routes=True)`` (what `kernelgw serve` makes) by the
+lifespan's start-up thread, all there before it yields."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import httpx
+from fastapi import FastAPI
 
 from kernelgw.config import Settings
 from kernelgw.server import create_app
+from kernelgw.server.app import routers
 from tests.support.routes import endpoints
 from tests.unit.server.test_api import EngineDown
+
+
+def test_the_routes_are_those_include_router_gives() -> None:
+    ours = create_app()
+    reference = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    for router in routers():
+        reference.include_router(router)
+    assert endpoints(ours) == endpoints(reference)
+    assert ours.openapi()["paths"] == reference.openapi()["paths"]
+    assert ours.openapi()["components"] == reference.openapi()["components"]
 
 
 async def test_the_lifespan_adds_the_same_routes_before_it_yields(tmp_path: Path) -> None:
