@@ -41,3 +41,6 @@ async def test_the_lifespan_adds_the_same_routes_before_it_yields(tmp_path: Path
             assert resp.status_code == 404
             assert resp.json()["error"]["code"] == "session_not_found"
             assert (await client.get("/healthz")).status_code in (200, 503)
+    async with app.router.lifespan_context(app):  # started again: the same routes, not twice
+        assert endpoints(app) == eager
+        assert len(app.routes) == len(create_app(settings, backend=EngineDown()).routes)
