@@ -146,7 +146,8 @@ wrap(kauth.Authenticator, "check_startup", "auth check")
 wrap(kman.SessionManager, "reattach", "manager.reattach")
 wrap(kman.SessionManager, "_start_pools", "pools")
 wrap(kstore.Store, "open_sessions", "open_sessions")
-wrap(kq, "latest_events", "latest_events", key=lambda engine, s, *a, **k: {"sid": s}, startup_only=True)
+wrap(kq, "reattach_reads", "reattach_reads", startup_only=True)
+wrap(kapp, "_prepare_routes", "routes (start-up thread)")
 wrap(kstore.Store, "flush", "flush", startup_only=True)
 wrap(kstore.Store, "session_lost", "session_lost", key=lambda self, s, *a, **k: {"sid": s})
 wrap(kdocker.DockerBackend, "list_kernels", "list_kernels")
@@ -299,7 +300,7 @@ def phases(trace: list[dict[str, Any]], spawn: float, healthy: float, first: flo
         ("imports of kernelgw serve", dur("import kernelgw.cli.main") + dur("import serve modules")),
         ("probe's own imports and wrappers", probe["t1"] - probe["t0"] + dur("import (probe's extra)")),
         ("settings, CLI checks (store + auth, once more)", cre["t0"] - probe["t1"]),
-        ("create_app (its route modules' imports)", cre["t1"] - cre["t0"]),
+        ("create_app (routes: in the lifespan's thread)", cre["t1"] - cre["t0"]),
         ("uvicorn config", life["t0"] - cre["t1"]),
         ("instance lock", inlife("instance lock")),
         ("store start (open, migrations, clean-up)", inlife("store start")),
@@ -347,8 +348,11 @@ def phases(trace: list[dict[str, Any]], spawn: float, healthy: float, first: flo
             "purge_s": round(inlife("store: purge"), 4),
             "cli_check_s": round(sum(r["t1"] - r["t0"] for r in by.get("store start", []) if r["t0"] < life["t0"]), 4),
             "total_s": round(store_start["t1"] - store_start["t0"], 4) if store_start else None,
-            "latest_events_calls": len(by.get("latest_events", [])),
-            "latest_events_total_s": round(dur("latest_events"), 4),
+            "reattach_reads_s": round(dur("reattach_reads"), 4),
+        },
+        "start_up_thread": {  # beside the lifespan's steps, not in series with them
+            "create_backend_s": round(inlife("create_backend"), 4),
+            "routes_s": round(dur("routes (start-up thread)"), 4),
         },
         "first_execute": {
             "request_to_kernel_s": round(sent["t0"] - healthy, 4) if sent else None,

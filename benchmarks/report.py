@@ -392,13 +392,19 @@ def durability(d: Path, out: Path, reattach: Any, ack: Any, crash: Any) -> list[
                     f"replies that timed out: {sum(x['control_timeouts'] for x in ss)}; sessions that failed: "
                     f"{sum(x['failed'] for x in ss)}."
                 )
-                w(
-                    f"- open_sessions reads each session's latest cells one query at a time to refill its replay "
-                    f"buffer: {st[0]['latest_events_calls']} queries, "
-                    f"{statistics.median(x['latest_events_total_s'] for x in st) * 1000:.0f} ms at p50 in all. The "
-                    f"CLI opens the store and checks authentication once before the lifespan does it again "
-                    f"({statistics.median(x['cli_check_s'] for x in st) * 1000:.0f} ms)."
-                )
+                if "reattach_reads_s" in st[0]:
+                    reads = (
+                        "- open_sessions reads every session's latest cells (its replay buffer) and lineage on one "
+                        "connection, with one lineage and one chunk-size query for all: "
+                        f"{statistics.median(x['reattach_reads_s'] for x in st) * 1000:.0f} ms at p50."
+                    )
+                else:  # a run from before queries.reattach_reads
+                    reads = (
+                        f"- open_sessions reads each session's latest cells one query at a time to refill its replay "
+                        f"buffer: {st[0]['latest_events_calls']} queries, "
+                        f"{statistics.median(x['latest_events_total_s'] for x in st) * 1000:.0f} ms at p50 in all."
+                    )
+                w(reads)
         fl = reattach.get("floors_s", {})
         ri = reattach.get("route_imports_s", {})
         if fl:

@@ -97,7 +97,8 @@ def serve(
     if settings.workers > 1:
         _serve_workers(settings)
         return
-    app = create_app(settings)
+    # its routes are added by the lifespan, beside the store's and Docker's waits
+    app = create_app(settings, defer_routes=True)
     # SIGTERM drains (new work refused, running cells finish) before uvicorn exits
     DrainingServer(uvicorn_config(app, settings), app, settings.shutdown_grace_s).run()
 
@@ -163,7 +164,8 @@ def _refuse_open_remote(settings: Any) -> None:
     not opened twice (70-80 ms of a restart); the lifespan logs the warnings."""
     import asyncio
 
-    from kernelgw.server.auth import Authenticator, InsecureBind, is_loopback
+    # not kernelgw.server.auth, which re-exports them: a route module (~30 ms), imported by the lifespan's thread
+    from kernelgw.server.authenticator import Authenticator, InsecureBind, is_loopback
     from kernelgw.storage import Store
 
     if is_loopback(settings.host) or settings.allow_remote_without_auth:

@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -64,7 +64,78 @@ async def _warm_up_nbformat() -> None:
     await asyncio.to_thread(notebook.warm_up)
 
 
-def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:
+def routers() -> tuple[APIRouter, ...]:
+    """The app's routers, in the order their routes are matched (imports them)."""
+    from kernelgw.server import auth as auth_routes
+    from kernelgw.server import docs, files, gateways, history, packages, routes, web, ws
+    from kernelgw.server.jupyter import channels as jupyter_channels
+    from kernelgw.server.jupyter import rest as jupyter_rest
+
+    return (
+        routes.public,
+        auth_routes.router,
+        routes.router,
+        ws.router,
+        history.router,
+        docs.router,
+        gateways.router,  # the cluster's registry (kernelgw.cluster)
+        # Jupyter's kernels API (/api/kernelspecs, /api/kernels, channels) on the same sessions
+        jupyter_rest.public,
+        jupyter_rest.router,
+        jupyter_channels.router,
+        # workspace files and packages
+        files.router,
+        packages.router,
+        # the web page at /
+        web.router,
+    )
+
+
+def include_routes(app: FastAPI) -> None:
+    """Import the route modules and add their routes (most of an app's build)."""
+    for router in routers():
+        _add_routes(app, router)
+
+
+def _add_routes(app: FastAPI, router: APIRouter) -> None:
+    """The router's routes, as they are, on the app. FastAPI (0.16x)'s
+    ``include_router`` builds each route a second time for the app (when the first
+    request walks past it: 0.1 s of CPU at every start for ours), to merge the
+    include's own prefix, dependencies and responses, which we never give;
+    a router's own are in its routes already."""
+    app.router.routes.extend(router.routes)
+
+
+def _prepare_routes(app: FastAPI, include: bool) -> None:
+    """The route thread's work (blocking): the routes when they were deferred, then
+    FastAPI's per-route build (`build_routes`)."""
+    if include:
+        include_routes(app)
+    build_routes(app.router)
+
+
+async def _make_backend(cfg: Settings, given: Backend | None) -> Backend:
+    """The given backend, or Docker's, made in a thread: its module imports the
+    Docker SDK (requests, charset_normalizer: 70-100 ms of CPU), which then
+    overlaps the store's start instead of preceding it."""
+    if given is not None:
+        return given
+    return await asyncio.to_thread(create_backend, cfg)
+
+
+def create_app(
+    settings: Settings | None = None, backend: Backend | None = None, *, defer_routes: bool = False
+) -> FastAPI:
+    """The gateway's app. ``defer_routes`` (`kernelgw serve`): its routes are added
+    by the lifespan, in a thread beside the store's, Docker's and the kernels'
+    waits, instead of here before it (~0.14 s of a restart's CPU, in series with
+    the rest). uvicorn serves nothing before the lifespan has started, so no
+    request sees the app without them; an app whose lifespan is not run (route
+    listings, OpenAPI) is made without ``defer_routes``."""
+
+    # routes still to add: by the first lifespan only (an app started again has them)
+    deferred = [True] if defer_routes else []
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cfg = settings or Settings()
@@ -84,18 +155,24 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
 
     @asynccontextmanager
     async def _gateway(app: FastAPI, cfg: Settings, backend: Backend | None) -> AsyncIterator[None]:
-        be = backend or create_backend(cfg)
-        # beside the start-up's waits (store, Docker, kernels): the first request need not
-        routes = asyncio.create_task(asyncio.to_thread(build_routes, app.router), name="route-warm-up")
+        # Beside the start-up's waits (store, Docker, kernels), one thread after the
+        # other (their imports never race): the backend, then the routes (deferred)
+        # and their build (the first request need not build them).
+        made = asyncio.create_task(_make_backend(cfg, backend), name="backend")
+        routes = asyncio.create_task(_routes_after(made), name="route-warm-up")
         try:
-            async with _started(app, cfg, be):
+            async with _started(app, cfg, made):
                 await routes  # before the first request: it would wait for the thread's lock on the loop
                 yield
         finally:
-            await cancel_and_wait(routes)
+            await cancel_and_wait(routes, made)
+
+    async def _routes_after(made: asyncio.Task[Backend]) -> None:
+        await asyncio.wait([made])
+        await asyncio.to_thread(_prepare_routes, app, deferred.pop() if deferred else False)
 
     @asynccontextmanager
-    async def _started(app: FastAPI, cfg: Settings, be: Backend) -> AsyncIterator[None]:
+    async def _started(app: FastAPI, cfg: Settings, made: asyncio.Task[Backend]) -> AsyncIterator[None]:
         # --- history storage (sessions, executions, notes): the manager's recorder
         store = Store.from_settings(cfg)
         await store.start()
@@ -104,6 +181,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         code_policy = CodePolicy.from_lists(cfg.policy_deny_imports, cfg.policy_deny_calls, cfg.policy_deny_shell)
         try:
             await auth.check_startup()
+            be = await made
         except BaseException:
             await store.close()
             raise
@@ -189,36 +267,9 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))
 
-    from kernelgw.server import auth as auth_routes
-    from kernelgw.server import docs, gateways, history, routes, ws
-
     app.add_middleware(BodySizeLimit)
     app.add_middleware(Forwarder)  # inside PageGuard: Host and Origin are checked where requests land
     app.add_middleware(PageGuard)  # outermost: before routing, for every route and WebSocket
-    app.include_router(routes.public)
-    app.include_router(auth_routes.router)
-    app.include_router(routes.router)
-    app.include_router(ws.router)
-    app.include_router(history.router)
-    app.include_router(docs.router)
-    app.include_router(gateways.router)  # the cluster's registry (kernelgw.cluster)
-    # --- Jupyter's kernels API (/api/kernelspecs, /api/kernels, channels) on the same sessions
-    from kernelgw.server.jupyter import channels as jupyter_channels
-    from kernelgw.server.jupyter import rest as jupyter_rest
-
-    app.include_router(jupyter_rest.public)
-    app.include_router(jupyter_rest.router)
-    app.include_router(jupyter_channels.router)
-    # ---
-    # --- workspace files and packages
-    from kernelgw.server import files, packages
-
-    app.include_router(files.router)
-    app.include_router(packages.router)
-    # ---
-    # --- the web page at /
-    from kernelgw.server import web
-
-    app.include_router(web.router)
-    # ---
+    if not defer_routes:
+        include_routes(app)
     return app

@@ -125,6 +125,10 @@ class DrainingServer(uvicorn.Server):
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        # from the lifespan on: its threads (the backend's and the routes' imports)
+        # run beside the loop's start-up steps, which must not wait 5 ms for the GIL
+        # at each of their wake-ups
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
             await super().serve(sockets)
         finally:
@@ -132,7 +136,6 @@ class DrainingServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         if not gc.isenabled():  # `kernelgw serve` paused it for its start-up
             gc.freeze()  # what start-up made lives as long as the process: never scan it again
             gc.enable()

@@ -1,10 +1,14 @@
 """Building FastAPI's routes before the first request, beside the start-up.
 
-FastAPI (0.16x) prepares each route (its parameters' pydantic adapters) when a
-request first walks past it: after a restart, the first execute paid 40-50 ms
-for the 49 routes before its own. A request that matches no route walks past
-all of them, so one such request, made at start in a thread while the lifespan
-waits on the store, Docker and the kernels, leaves nothing to build.
+FastAPI (0.16x) prepares an included router's routes (their parameters'
+pydantic adapters) when a request first walks past them: after a restart, the
+first execute paid 40-50 ms for the 49 routes before its own. The app's own
+routers are added as plain routes now (`kernelgw.server.app.include_routes`),
+built once when their modules are imported; a router included into another
+(Jupyter's sessions, under its kernels API) is still built late. A request
+that matches no route walks past all of them, so one such request, made at
+start in a thread while the lifespan waits on the store, Docker and the
+kernels, leaves nothing to build.
 """
 
 from __future__ import annotations

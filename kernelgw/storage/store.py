@@ -559,28 +559,29 @@ class Store:
         engine = await self.read_engine()
         async with engine.begin() as conn:
             rows = await open_session_rows(conn, self.gateway_name)
-        stored: list[StoredSession] = []
+        sessions: list[StoredSession] = []
         for row in rows:
             try:
-                session = stored_session(row)
+                sessions.append(stored_session(row))
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("session %s: its stored kernel is unreadable (%s); ending it", row.id, exc)
                 await self.session_lost(row.id, f"the stored kernel connection was unreadable: {exc}")
-                continue
+        reads = await queries.reattach_reads(
+            engine, {s.session_id: s.lineage_kernels or (s.handle.kernel_id,) for s in sessions}, replay_bytes
+        )
+        stored: list[StoredSession] = []
+        for session in sessions:
+            read = reads[session.session_id]
             cells: list[StoredCell] = []
-            if replay_bytes > 0:
-                for execution_id, events in await queries.latest_events(engine, session.session_id, replay_bytes):
-                    try:
-                        parsed = EVENT_LIST_ADAPTER.validate_json(events)
-                    except ValueError:
-                        log.warning("session %s: stored events of %s are unreadable", row.id, execution_id)
-                        parsed = []
-                    cut_off = (session.session_id, execution_id) in self._cut_off
-                    cells.append(StoredCell(execution_id=execution_id, events=parsed, cut_off=cut_off))
-            lineage = await queries.lineage(
-                engine, session.session_id, session.lineage_kernels or (session.handle.kernel_id,)
-            )
-            stored.append(dataclasses.replace(session, cells=cells, lineage=lineage))
+            for execution_id, events in read.latest:
+                try:
+                    parsed = EVENT_LIST_ADAPTER.validate_json(events)
+                except ValueError:
+                    log.warning("session %s: stored events of %s are unreadable", session.session_id, execution_id)
+                    parsed = []
+                cut_off = (session.session_id, execution_id) in self._cut_off
+                cells.append(StoredCell(execution_id=execution_id, events=parsed, cut_off=cut_off))
+            stored.append(dataclasses.replace(session, cells=cells, lineage=read.lineage))
         return stored
 
     async def session_lost(self, session_id: str, reason: str) -> None:

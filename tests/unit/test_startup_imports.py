@@ -4,8 +4,10 @@ Imports were most of a restart's time to its first answer (issue 12: under 2 s
 with 20 sessions; ~1 s of ~1.6 s). Modules that only some routes, commands or
 configurations need are imported where they are used; these tests run the real
 `kernelgw serve` (settings, CLI checks, create_app, uvicorn's config) in a fresh
-interpreter, stopped where uvicorn would start the lifespan, and fail when one
-of them is imported eagerly again. No timing: the list of modules is the guard.
+interpreter, stopped where uvicorn would start the lifespan, then make the
+imports the lifespan makes in its thread (the Docker backend, the routes), and
+fail when one of the lazy modules is imported eagerly again. No timing: the
+list of modules is the guard.
 """
 
 from __future__ import annotations
@@ -36,13 +38,31 @@ LAZY = {
     "psycopg": "a PostgreSQL store",
 }
 
+# Imported by the lifespan in a thread, beside the store's and Docker's waits
+# (kernelgw.server.app: create_app(defer_routes=True)), not in series before it.
+IN_THE_LIFESPAN = {
+    "docker": "the Docker SDK (requests, charset_normalizer) is imported by create_backend in that thread",
+    "kernelgw.runtime.backends.docker": "create_backend imports it in that thread",
+    "kernelgw.server.routes": "the route modules are imported there (include_routes)",
+    "kernelgw.server.auth": "a route module (the CLI's checks import kernelgw.server.authenticator)",
+    "kernelgw.server.ws": "the route modules are imported there (include_routes)",
+    "kernelgw.server.jupyter.rest": "the route modules are imported there (include_routes)",
+    "kernelgw.server.files": "the route modules are imported there (include_routes)",
+}
+
 # Runs `kernelgw serve` as the console script does, with the server's `run`
-# replaced by a dump of sys.modules: everything before it ran for real.
+# replaced by two dumps of sys.modules: before the lifespan (everything before it
+# ran for real), and after the imports its start-up thread makes.
 PROBE = r"""
 import json, sys
 from kernelgw.server import serving
 
 def dump(self):
+    print(json.dumps(sorted(sys.modules)))
+    import kernelgw.runtime.backends.docker  # create_backend's import
+    from kernelgw.server.app import _prepare_routes
+
+    _prepare_routes(self._app, True)
     print(json.dumps(sorted(sys.modules)))
 
 serving.DrainingServer.run = dump
@@ -51,7 +71,8 @@ main(args=["serve", "--port", "1"], prog_name="kernelgw")
 """
 
 
-def _serve_modules(tmp_path: Path) -> set[str]:
+def _serve_modules(tmp_path: Path) -> tuple[set[str], set[str]]:
+    """The modules loaded before the lifespan, and after its start-up thread's imports."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELGW_")}
     env.update(
         KERNELGW_DATA_DIR=str(tmp_path / "data"),
@@ -64,19 +85,31 @@ def _serve_modules(tmp_path: Path) -> set[str]:
         [sys.executable, "-c", PROBE], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    modules: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
-    return set(modules)
+    before, after = (set(json.loads(line)) for line in done.stdout.strip().splitlines()[-2:])
+    return before, after
 
 
 @pytest.fixture(scope="module")
-def serve_modules(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[set[str], set[str]]:
     return _serve_modules(tmp_path_factory.mktemp("serve"))
 
 
+@pytest.fixture(scope="module")
+def serve_modules(probed: tuple[set[str], set[str]]) -> set[str]:
+    """Everything a serve imports before it listens."""
+    return probed[1]
+
+
 def test_the_probe_reaches_the_server(serve_modules: set[str]) -> None:
-    """The dump comes from after create_app: its route modules are in it (else the
-    absences below would prove nothing)."""
-    for module in ("kernelgw.server.app", "kernelgw.server.routes", "kernelgw.server.ws", "kernelgw.storage.store"):
+    """The second dump comes from after the routes were added: their modules are
+    in it (else the absences below would prove nothing)."""
+    for module in (
+        "kernelgw.server.app",
+        "kernelgw.server.routes",
+        "kernelgw.server.ws",
+        "kernelgw.storage.store",
+        "kernelgw.runtime.backends.docker",
+    ):
         assert module in serve_modules
 
 
@@ -84,6 +117,13 @@ def test_the_probe_reaches_the_server(serve_modules: set[str]) -> None:
 def test_serve_does_not_import_before_it_listens(serve_modules: set[str], package: str) -> None:
     eager = sorted(m for m in serve_modules if m == package or m.startswith(package + "."))
     assert not eager, f"`kernelgw serve` imports {eager} at start; it is needed only for {LAZY[package]}"
+
+
+@pytest.mark.parametrize("module", sorted(IN_THE_LIFESPAN))
+def test_the_lifespan_thread_imports(probed: tuple[set[str], set[str]], module: str) -> None:
+    before, after = probed
+    assert module in after, f"{module} is no longer imported at start: drop it from IN_THE_LIFESPAN"
+    assert module not in before, f"`kernelgw serve` imports {module} before the lifespan; {IN_THE_LIFESPAN[module]}"
 
 
 def test_an_allowlist_still_imports_packaging_when_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -108,7 +108,7 @@ def test_serve_options_override_env_which_overrides_the_config_file(monkeypatch,
 
     seen = {}
     fake_app = ModuleType("kernelgw.server.app")
-    fake_app.create_app = lambda settings=None: seen.setdefault("settings", settings) or "APP"
+    fake_app.create_app = lambda settings=None, **options: seen.setdefault("settings", settings) or "APP"
     monkeypatch.setitem(sys.modules, "kernelgw.server.app", fake_app)
     from kernelgw.server.serving import DrainingServer
 
@@ -276,7 +276,7 @@ def test_serve_log_format_option_and_default(monkeypatch, tmp_path):
 
     formats = []
     fake_app = ModuleType("kernelgw.server.app")
-    fake_app.create_app = lambda settings=None: "APP"
+    fake_app.create_app = lambda settings=None, **options: "APP"
     monkeypatch.setitem(sys.modules, "kernelgw.server.app", fake_app)
     from kernelgw.server.serving import DrainingServer
 
