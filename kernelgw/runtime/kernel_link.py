@@ -101,13 +101,14 @@ FLOOD_BYTES_PER_S = 4 << 20
 have output too (`OutputRate`): about 40,000 lines of 100 characters a second,
 more than anyone reads, and at this pace a print loop's kernel takes a small
 part of a core instead of a whole one."""
-FLOOD_MESSAGES_PER_S = 200
+FLOOD_MESSAGES_PER_S = 100
 """Output messages per second, the same way: displays cost the kernel and the
 gateway per message, whatever their size (IPython's ``display`` takes about a
 millisecond of the kernel's CPU: a loop of them at 1,000 a second took 0.74 of
-a core)."""
+a core; at 200, 0.15 of a core, and the bystanders' p95 in bench_isolation was
+1.28x their quiet one; at 100, 0.06 and 0.95x)."""
 FLOOD_OUTPUT_BURST_S = 1.0
-"""A second's worth of output at those rates may come at once (4 MiB or 200
+"""A second's worth of output at those rates may come at once (4 MiB or 100
 messages): a cell's ordinary output is never held back."""
 IOPUB_WAITS_FEATURE = "kernelgw: iopub waits for its reader"
 """What our kernels' launcher adds to kernel_info's ``supported_features``

@@ -27,7 +27,7 @@ SHARING_S = 1.0
 """Another session whose output was read this recently is one to share with
 (longer than `loop_share.ACTIVE_S`: the kernel's work outlasts a slice of the
 loop). Longer would pace a flood more often with nobody left to protect: a
-session's 10,000 displays take 50 s at the shared pace and under 10 s alone."""
+session's 10,000 displays take 100 s at the shared pace and under 10 s alone."""
 
 OUTPUTS = Readers()
 """The gateway process's sessions (when each one's output was last read)."""

@@ -116,7 +116,7 @@ def test_a_display_flood_is_paced_while_another_session_runs_and_loses_nothing(
     """The kernel waits for the gateway's reading (kernelgw_kernel.backpressure)
     and the gateway reads a flood at a bounded pace while another session has
     output (runtime/output_rate.py): every display arrives, in order."""
-    n = 2000  # ten seconds' worth at the shared pace of 200 a second (one of them the burst); the kernel sends thousands a second
+    n = 1000  # ten seconds' worth at the shared pace of 100 a second (one of them the burst); the kernel sends thousands a second
     paced_before = metric(http, "kernelgw_output_paced_seconds_total")
     stop = threading.Event()
 
