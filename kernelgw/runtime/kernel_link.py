@@ -96,11 +96,12 @@ FLOOD_BURST_S = 0.025
 """Loop time a session's iopub may take at once before `FLOOD_SHARE` applies:
 a cell's ordinary output (a 1 MB print, a chart) is never held back."""
 
-FLOOD_BYTES_PER_S = 4 << 20
+FLOOD_BYTES_PER_S = 2 << 20
 """Output bytes per second one session's kernel may send while other sessions
-have output too (`OutputRate`): about 40,000 lines of 100 characters a second,
-more than anyone reads, and at this pace a print loop's kernel takes a small
-part of a core instead of a whole one."""
+have output too (`OutputRate`): about 20,000 lines of 100 characters a second,
+more than anyone reads. A print loop of such lines takes about 6 us of the
+kernel's CPU a line: at 4 MiB/s its kernel took 0.27 of a core and the
+bystanders' p95 in bench_isolation was 1.24x their quiet one (goal 1.25x)."""
 FLOOD_MESSAGES_PER_S = 100
 """Output messages per second, the same way: displays cost the kernel and the
 gateway per message, whatever their size (IPython's ``display`` takes about a
@@ -108,7 +109,7 @@ millisecond of the kernel's CPU: a loop of them at 1,000 a second took 0.74 of
 a core; at 200, 0.15 of a core, and the bystanders' p95 in bench_isolation was
 1.28x their quiet one; at 100, 0.06 and 0.95x)."""
 FLOOD_OUTPUT_BURST_S = 1.0
-"""A second's worth of output at those rates may come at once (4 MiB or 100
+"""A second's worth of output at those rates may come at once (2 MiB or 100
 messages): a cell's ordinary output is never held back."""
 IOPUB_WAITS_FEATURE = "kernelgw: iopub waits for its reader"
 """What our kernels' launcher adds to kernel_info's ``supported_features``
