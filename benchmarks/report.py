@@ -731,10 +731,16 @@ def isolation_section(d: Path, out: Path, iso: dict[str, Any] | None) -> list[st
         "checkpoints SQLite's WAL inside its commits. Measured inside the gateway during a print flood before the writer changes (quick runs, "
         "4 bystanders): the event loop's lag stayed at p95 1.0 ms, p99 4.7 ms, while a bystander's wait for its "
         "history commit reached p95 121 ms; after them, p95 17 ms.\n",
-        "- Why the goal is still missed here: the machine has two cores, and the flooding kernel alone takes most "
-        "of one (a session may use `cpus` 1.0). The floor column shows what that does to a `1+1` that never "
-        "touches the gateway. The display flood saturates both cores (the kernel spends about 0.4 ms of CPU per "
-        "`display()`); there the bystanders through the gateway fare about as the floor does.\n",
+        "- What changed on 2026-11-27 (second session): a flood now waits for its reader. The Python kernel's iopub "
+        "never drops and blocks past a 32-message queue, and a cell's `print` or `display` waits once that queue is "
+        "full (`images/python/kernelgw_kernel/backpressure.py`); while another session has had output within the "
+        "last second, the gateway reads a session's output at most at 2 MiB/s and 100 messages/s after a "
+        "one-second burst (`runtime/output_rate.py`). Before it, the flooding kernel took 0.78 (print) to 0.87 "
+        "(display) of a core whatever the gateway did, and the floor itself went 2.17x and 9.39x at p95; the "
+        "'flooding kernel' column above shows what it takes now. Alone, a session's output is read at full speed. "
+        "Other runs the same hour: at 4 MiB/s and 100 messages/s print 1.24x/1.47x, display 1.14x/1.33x, line "
+        "1.13x/1.23x (p95/p99 over quiet); at 4 MiB/s and 200 messages/s the display flood's kernel took 0.15 of "
+        "a core and its bystanders' p95 was 1.28x.\n",
     ]
     return lines
 
