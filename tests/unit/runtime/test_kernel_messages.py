@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -26,6 +27,23 @@ from kernelgw.runtime.kernel_messages import (
 )
 
 KEY = uuid.uuid4().hex.encode()
+
+
+Pipe = tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]
+
+
+@pytest.fixture
+def pipe() -> Iterator[Pipe]:
+    """A PULL socket and the PUSH socket connected to it (inproc), closed after the test."""
+    ctx = zmq.asyncio.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    address = f"inproc://{uuid.uuid4().hex}"
+    pull.bind(address)
+    push.connect(address)
+    yield pull, push
+    pull.close(0)
+    push.close(0)
+    ctx.term()
 
 
 def frames(session: Session, msg_type: str = "stream", content: dict[str, object] | None = None) -> list[bytes]:
@@ -105,25 +123,16 @@ def test_signature_history_forgets_the_oldest() -> None:
     assert not history.add(b"c")
 
 
-async def test_a_burst_is_read_in_one_batch_and_bad_messages_do_not_stop_the_reader() -> None:
-    ctx = zmq.asyncio.Context()
-    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    address = f"inproc://{uuid.uuid4().hex}"
-    pull.bind(address)
-    push.connect(address)
+async def test_a_burst_is_read_in_one_batch_and_bad_messages_do_not_stop_the_reader(pipe: Pipe) -> None:
+    pull, push = pipe
     kernel, dropped = Session(key=KEY), []
     reader = KernelMessageReader(pull, Session(key=KEY), dropped.append, max_batch=4)
-    try:
-        await push.send_multipart(frames(Session(key=b"forger")))
-        for i in range(6):
-            await push.send_multipart(frames(kernel, content={"name": "stdout", "text": f"{i}\n"}))
-        await asyncio.sleep(0.05)  # all queued before the first read
-        first = await asyncio.wait_for(reader.batch(), 5)
-        second = await asyncio.wait_for(reader.batch(), 5)
-    finally:
-        pull.close(0)
-        push.close(0)
-        ctx.term()
+    await push.send_multipart(frames(Session(key=b"forger")))
+    for i in range(6):
+        await push.send_multipart(frames(kernel, content={"name": "stdout", "text": f"{i}\n"}))
+    await asyncio.sleep(0.05)  # all queued before the first read
+    first = await asyncio.wait_for(reader.batch(), 5)
+    second = await asyncio.wait_for(reader.batch(), 5)
     assert [m["content"]["text"] for m in first] == ["0\n", "1\n", "2\n"]  # the forgery took a slot
     assert [m["content"]["text"] for m in second] == ["3\n", "4\n", "5\n"]
     assert len(dropped) == 1 and "invalid signature" in str(dropped[0])
@@ -171,34 +180,21 @@ def test_a_stream_message_without_text_is_not_merged() -> None:
     assert [m["content"]["text"] for m in merged] == ["1", 5, "2"]
 
 
-async def test_a_read_stops_taking_messages_once_it_holds_its_bytes() -> None:
-    ctx = zmq.asyncio.Context()
-    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    address = f"inproc://{uuid.uuid4().hex}"
-    pull.bind(address)
-    push.connect(address)
+async def test_a_read_stops_taking_messages_once_it_holds_its_bytes(pipe: Pipe) -> None:
+    pull, push = pipe
     kernel = Session(key=KEY)
     reader = KernelMessageReader(pull, Session(key=KEY), lambda exc: None, max_batch_bytes=25_000)
-    try:
-        for _ in range(4):
-            await push.send_multipart(frames(kernel, content={"name": "stdout", "text": "x" * 10_000}))
-        await asyncio.sleep(0.05)
-        sizes = [len(await asyncio.wait_for(reader.batch(), 5)) for _ in range(2)]
-    finally:
-        pull.close(0)
-        push.close(0)
-        ctx.term()
+    for _ in range(4):
+        await push.send_multipart(frames(kernel, content={"name": "stdout", "text": "x" * 10_000}))
+    await asyncio.sleep(0.05)
+    sizes = [len(await asyncio.wait_for(reader.batch(), 5)) for _ in range(2)]
     assert sizes == [3, 1]  # 10 kB, 20 kB, 30 kB: past the bound after the third
 
 
-async def test_a_waiting_reader_wakes_for_each_message_and_stops_watching_once_closed() -> None:
+async def test_a_waiting_reader_wakes_for_each_message_and_stops_watching_once_closed(pipe: Pipe) -> None:
     """The reader waits on the socket's descriptor, not pyzmq's futures: messages
     sent while it waits, one at a time, each wake it."""
-    ctx = zmq.asyncio.Context()
-    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    address = f"inproc://{uuid.uuid4().hex}"
-    pull.bind(address)
-    push.connect(address)
+    pull, push = pipe
     kernel = Session(key=KEY)
     reader = KernelMessageReader(pull, Session(key=KEY), lambda exc: None)
     try:
@@ -221,30 +217,16 @@ async def test_a_waiting_reader_wakes_for_each_message_and_stops_watching_once_c
             os.fstat(fd)  # its duplicate descriptor is closed
     finally:
         reader.close()
-        pull.close(0)
-        push.close(0)
-        ctx.term()
 
 
-async def test_the_sender_sends_what_jupyter_clients_session_would_signed_by_the_session() -> None:
-    ctx = zmq.asyncio.Context()
-    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    address = f"inproc://{uuid.uuid4().hex}"
-    pull.bind(address)
-    push.connect(address)
+async def test_the_sender_sends_what_jupyter_clients_session_would_signed_by_the_session(pipe: Pipe) -> None:
+    pull, push = pipe
     session = Session(key=KEY)
     sender = KernelMessageSender(push, session)
-    try:
-        msg_id = sender.execute(
-            "1+1", silent=False, store_history=True, user_expressions={"k": "v"}, stop_on_error=False
-        )
-        ours = await asyncio.wait_for(pull.recv_multipart(), 5)
-        session.send(push, session.msg("execute_request", {"code": "1+1"}))
-        theirs = await asyncio.wait_for(pull.recv_multipart(), 5)
-    finally:
-        pull.close(0)
-        push.close(0)
-        ctx.term()
+    msg_id = sender.execute("1+1", silent=False, store_history=True, user_expressions={"k": "v"}, stop_on_error=False)
+    ours = await asyncio.wait_for(pull.recv_multipart(), 5)
+    session.send(push, session.msg("execute_request", {"code": "1+1"}))
+    theirs = await asyncio.wait_for(pull.recv_multipart(), 5)
     receiver = Session(key=KEY)
     msg = receiver.deserialize(receiver.feed_identities(ours)[1])  # checks the signature, as a kernel does
     assert msg["header"]["msg_id"] == msg_id and msg["msg_type"] == "execute_request"

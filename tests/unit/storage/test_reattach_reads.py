@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,25 +16,13 @@ from sqlalchemy import insert
 
 from kernelgw.storage import queries, schema
 from kernelgw.storage.store import Store
-from tests.support.postgres import postgres_url
 from tests.unit.storage.test_output_chunks import Cell, stand_in_session
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'history.db'}"
-    return postgres_url()
-
-
 @pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    store = Store(database_url, gateway_name=f"reads{uuid.uuid4().hex[:8]}", purge_interval_s=0)
-    await store.start()
-    try:
-        yield store
-    finally:
-        await store.close()
+def store(dialect_store: Store) -> Store:
+    """Each test runs on SQLite and on PostgreSQL (tests/unit/conftest.py)."""
+    return dialect_store
 
 
 def _row(session_id: str, position: int, code: str, kernel_id: str, **values: Any) -> dict[str, Any]:
