@@ -280,6 +280,12 @@ class KernelMessageReader:
         waiter = self._waiter = self._loop.create_future()
         try:
             await waiter
+        except BaseException:
+            # cancelled (a caller's timeout): `wake` may have answered the waiter
+            # meanwhile, taking the socket's signal with it, and ZMQ signals no
+            # more while the message it saw is unread: the next read must ask
+            self._look = True
+            raise
         finally:
             self._waiter = None
 

@@ -219,6 +219,32 @@ async def test_a_waiting_reader_wakes_for_each_message_and_stops_watching_once_c
         reader.close()
 
 
+async def test_a_read_cancelled_after_its_wake_leaves_the_message_for_the_next(pipe: Pipe) -> None:
+    """A caller's timeout may cancel a read after `wake` answered it (and took the
+    socket's signal): ZMQ signals no more while that message is unread, so the
+    next read must find it without a signal (it waited forever: a session whose
+    kernel had answered looked hung)."""
+    pull, push = pipe
+    kernel = Session(key=KEY)
+    reader = KernelMessageReader(pull, Session(key=KEY), lambda exc: None)
+    try:
+        waiting = asyncio.ensure_future(reader.batch())
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        await push.send_multipart(frames(kernel, content={"name": "stdout", "text": "late\n"}))
+        # inproc: the message is there at once, and asking takes the socket's
+        # signal, with no turn of the loop in between that could answer the read
+        assert reader._ready()
+        reader.wake()  # as the loop would on the signal, answering the waiter...
+        waiting.cancel()  # ...and the caller's timeout fires before the read resumes
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        got = await asyncio.wait_for(reader.batch(), 5)
+        assert [m["content"]["text"] for m in got] == ["late\n"]
+    finally:
+        reader.close()
+
+
 async def test_the_sender_sends_what_jupyter_clients_session_would_signed_by_the_session(pipe: Pipe) -> None:
     pull, push = pipe
     session = Session(key=KEY)
