@@ -413,6 +413,17 @@ class KernelLink:
         self._look_again("stdin")
         return True
 
+    def send_shell(self, msg: dict[str, Any]) -> bool:
+        """A Jupyter client's shell message that has no reply (a comm message), on
+        the socket cells go out on: ZMQ keeps one socket's messages in order, and
+        the kernel's ROUTER takes turns between sockets, so a ``comm_msg`` sent on
+        the client's own socket could reach the kernel after the cell sent next."""
+        if self._kc is None:
+            return False
+        self._kc.shell_channel.send(msg)
+        self._look_again("shell")
+        return True
+
     def forget(self, execution: QueuedExecution) -> None:
         """Stop routing messages to ``execution``: what comes later is dropped
         (output or a reply is reported to the listener as an anomaly)."""

@@ -624,6 +624,10 @@ class KernelSession:
         """A Jupyter client's ``input_reply`` for the running cell's ``input_request``."""
         return self._link.send_stdin(msg)
 
+    def send_shell(self, msg: dict[str, Any]) -> bool:
+        """A Jupyter client's reply-less shell message, in order with the cells (`KernelLink.send_shell`)."""
+        return self._link.send_shell(msg)
+
     @property
     def current_execution(self) -> QueuedExecution | None:
         return self._executions.current

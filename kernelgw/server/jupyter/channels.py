@@ -54,6 +54,11 @@ from kernelgw.server.jupyter import caps, cells, kernels, missed, wire
 from kernelgw.server.state import GatewayState, gateway_state
 from kernelgw.tasks import TurnTaker, cancel_and_wait
 
+IN_ORDER_WITH_CELLS = frozenset({"comm_open", "comm_msg", "comm_close"})
+"""Shell messages without a reply, sent on the socket cells go out on, so the
+kernel sees them in the order the client sent them with its cells (its replies
+would come back to that socket, not ours: requests with replies keep our own)."""
+
 log = logging.getLogger(__name__)
 router = APIRouter()
 
@@ -435,6 +440,12 @@ class ChannelsConnection:
         if msg.msg_type == "input_reply" and self._cells.owns(self.session.current_execution):
             # our cell's input_request came through the session's own socket
             self.session.send_stdin(msg.to_zmq())
+            return
+        if msg.channel == "shell" and msg.msg_type in IN_ORDER_WITH_CELLS:
+            # on the session's socket, before any cell the client sends after it
+            # (a widget's new value, then the cell that reads it)
+            if self.session.send_shell(msg.to_zmq()):
+                self.session.touch()
             return
         kc = self._kc
         if kc is None:
