@@ -256,9 +256,13 @@ class ExecutionQueue:
             replayable=replayable,
             seen_orders=set() if client is not None else None,
         )
-        self.publish(ev.Queued(execution_id=execution_id, code=code, position=self.length), rec)
+        queued = ev.Queued(execution_id=execution_id, code=code, position=self.length)
         self._cells.append(rec)
+        # the worker is woken first, so an idle kernel has the cell before the
+        # ``queued`` event is written to the subscribers' sockets (the event's
+        # place in the sequence is set here all the same: nothing publishes between)
         self._wake.set()
+        self.publish(queued, rec)
         return rec
 
     async def fail_queued(self, reason: str) -> None:
