@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelgw import events as ev
-from kernelgw.runtime.execution_queue import ANNOUNCE_FAILED
+from kernelgw.runtime.cell_end import ANNOUNCE_FAILED
 from kernelgw.runtime.fanout import SEQ_BLOCK
 from kernelgw.runtime.metrics import Metrics
 from tests.unit.runtime.conftest import SessionFactory

@@ -12,7 +12,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from kernelgw.runtime.execution_queue import NOT_STORED
+from kernelgw.runtime.cell_end import NOT_STORED
 from kernelgw.storage.journal import DIRECTORY, read_segments
 from kernelgw.storage.store import CUT_OFF_REASON, Store
 from tests.unit.runtime.conftest import SessionFactory, recording
