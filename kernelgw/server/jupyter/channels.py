@@ -19,8 +19,11 @@ An ``execute_request`` (not silent) is a cell of the session's queue
 (`cells`): the session's kernel link sends it when its turn comes, after any
 /v1 cell ahead of it, and it is recorded, streamed to /v1 watchers and
 exported like theirs. Its reply and final ``idle`` reach the client once its
-record is stored. Other requests (completion, inspection, comms, silent code)
-go straight to the kernel on the connection's own sockets.
+record is stored. Comm messages go to the kernel at once on the socket the
+cells go out on (``IN_ORDER_WITH_CELLS``: behind the cells sent before them,
+though ahead of cells still waiting in the session's queue). Other requests
+(completion, inspection, silent code) go straight to the kernel on the
+connection's own sockets.
 
 A restart (from either face, or after a timeout) replaces the kernel's
 container: the connection notices the new kernel and reconnects to it; the
