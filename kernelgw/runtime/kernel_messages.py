@@ -209,7 +209,8 @@ class KernelMessageReader:
     any pyzmq keeps on the original), and ``ZMQ_EVENTS`` says whether a message
     is there. That descriptor only signals a change, and a send on the same
     socket can consume the signal of a message that arrived meanwhile: whoever
-    sends on the socket calls `wake` after. `close` once the reader is done."""
+    sends on the socket calls `wake` after (`KernelMessageSender` does, given
+    the reader). `close` once the reader is done."""
 
     def __init__(
         self,
@@ -350,19 +351,37 @@ class KernelMessageSender:
     """Sends on one socket of a kernel what jupyter_client's ``Session.send`` would
     (the message serialised and signed by the session), without what that costs
     per message on the event loop: a new shadow socket, and flag enums per frame
-    (about 40 us of a ``1+1``). Blocks as that does when ZMQ's queue is full."""
+    (about 40 us of a ``1+1``). Blocks as that does when ZMQ's queue is full.
 
-    def __init__(self, socket: zmq.asyncio.Socket, session: Session) -> None:
+    ``reader``: the `KernelMessageReader` of the same socket, woken after every
+    send (a send can take the signal of a message that arrived meanwhile), so
+    that no sender can forget to."""
+
+    def __init__(self, socket: zmq.asyncio.Socket, session: Session, reader: KernelMessageReader | None = None) -> None:
         self._sock: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
         self._session = session
+        self._reader = reader
 
     def send(self, msg: dict[str, Any]) -> None:
-        """Send ``msg`` as ``Session.msg`` makes it (no buffers)."""
-        frames = self._session.serialize(msg)
+        """Send ``msg`` as ``Session.msg`` makes it, its ``buffers`` (if any) after it."""
+        frames: list[Any] = self._session.serialize(msg)
+        frames.extend(msg.get("buffers") or ())
         sock = self._sock
         last = len(frames) - 1
         for i, frame in enumerate(frames):
             sock.send(frame, SNDMORE if i < last else 0)
+        if self._reader is not None:
+            self._reader.wake()
+
+    def request(self, msg_type: str, content: dict[str, Any] | None = None) -> str:
+        """A new ``msg_type`` request, as ``Session.msg`` makes it; returns its msg_id."""
+        msg = self._session.msg(msg_type, content)
+        self.send(msg)
+        return cast(str, msg["header"]["msg_id"])
+
+    def kernel_info(self) -> str:
+        """A ``kernel_info_request`` as ``KernelClient.kernel_info`` sends it; returns its msg_id."""
+        return self.request("kernel_info_request")
 
     def execute(
         self,
@@ -383,6 +402,4 @@ class KernelMessageSender:
             "allow_stdin": False,
             "stop_on_error": stop_on_error,
         }
-        msg = self._session.msg("execute_request", content)
-        self.send(msg)
-        return cast(str, msg["header"]["msg_id"])
+        return self.request("execute_request", content)

@@ -9,7 +9,7 @@ chunks are uncommitted; the wait also gives the writer the loop's turns.
 
 What the reader leaves unread waits in ZMQ: in our receive queue up to its
 HWM, then in the kernel's send queue. The Python kernel's iopub is read with a
-small receive HWM (`kernel_link.IOPUB_RECEIVE_HWM`), so the backlog waits in
+small receive HWM (`kernel_connection.IOPUB_RECEIVE_HWM`), so the backlog waits in
 the kernel: its iopub never drops, and past a small queue the cell's print or
 display waits for the gateway (``kernelgw_kernel.backpressure``).
 

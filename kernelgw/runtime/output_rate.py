@@ -19,6 +19,9 @@ leaves unread waits in the kernel, which waits too.
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kernelgw.runtime.loop_share import Readers
@@ -28,6 +31,25 @@ SHARING_S = 1.0
 (longer than `loop_share.ACTIVE_S`: the kernel's work outlasts a slice of the
 loop). Longer would pace a flood more often with nobody left to protect: a
 session's 10,000 displays take 100 s at the shared pace and under 10 s alone."""
+
+FLOOD_BYTES_PER_S = 2 << 20
+"""Output bytes per second one session's kernel may send while other sessions
+have output too (`OutputRate`): about 20,000 lines of 100 characters a second,
+more than anyone reads. A print loop of such lines takes about 6 us of the
+kernel's CPU a line: at 4 MiB/s its kernel took 0.27 of a core and the
+bystanders' p95 in bench_isolation was 1.24x their quiet one (goal 1.25x)."""
+FLOOD_MESSAGES_PER_S = 100
+"""Output messages per second, the same way: displays cost the kernel and the
+gateway per message, whatever their size (IPython's ``display`` takes about a
+millisecond of the kernel's CPU: a loop of them at 1,000 a second took 0.74 of
+a core; at 200, 0.15 of a core, and the bystanders' p95 in bench_isolation was
+1.28x their quiet one; at 100, 0.06 and 0.95x)."""
+FLOOD_OUTPUT_BURST_S = 1.0
+"""A second's worth of output at those rates may come at once (2 MiB or 100
+messages): a cell's ordinary output is never held back."""
+MAX_WAIT_S = 0.25
+"""Longest sleep of one wait (`OutputRate.pace`) before it looks again (another
+session may have gone quiet, or an interrupt come)."""
 
 OUTPUTS = Readers()
 """The gateway process's sessions (when each one's output was last read)."""
@@ -77,6 +99,25 @@ class OutputRate:
             self.tokens = 0.0
             return 0.0
         return -self.tokens
+
+    async def pace(
+        self,
+        size: int,
+        messages: int,
+        paced: Callable[[], bool],
+        on_wait: Callable[[float], None],
+        max_wait_s: float = MAX_WAIT_S,
+    ) -> None:
+        """The reader took ``messages`` messages of ``size`` bytes (`spent`): wait
+        what that owes, while ``paced()`` says the reader should, ``max_wait_s`` at
+        most before asking again. ``on_wait`` is told each wait's seconds: the
+        output was unread, not quiet, and its kernel waited too."""
+        owed = self.spent(size, messages, time.perf_counter())
+        while owed > 0 and paced():
+            await asyncio.sleep(wait := min(owed, max_wait_s))
+            self.waited(wait)
+            on_wait(wait)
+            owed = self.owed(time.perf_counter())
 
     def waited(self, seconds: float) -> None:
         self.waits += 1

@@ -622,11 +622,11 @@ class KernelSession:
 
     def send_stdin(self, msg: dict[str, Any]) -> bool:
         """A Jupyter client's ``input_reply`` for the running cell's ``input_request``."""
-        return self._link.send_stdin(msg)
+        return self._link.send_message("stdin", msg)
 
     def send_shell(self, msg: dict[str, Any]) -> bool:
-        """A Jupyter client's reply-less shell message, in order with the cells (`KernelLink.send_shell`)."""
-        return self._link.send_shell(msg)
+        """A Jupyter client's reply-less shell message, in order with the cells (`KernelLink.send_message`)."""
+        return self._link.send_message("shell", msg)
 
     @property
     def current_execution(self) -> QueuedExecution | None:

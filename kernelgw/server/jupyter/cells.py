@@ -9,7 +9,7 @@ The client's own header goes to the kernel, so the iopub messages the
 connection reads on its own socket carry the parent the client waits for. The
 ``execute_reply`` reaches the queue (through the session's kernel link), which
 decides when the cell really ended (the kernel's messages are untrusted: see
-`runtime.kernel_link`). The client gets the reply and a ``status: idle`` of
+`runtime.message_routes`). The client gets the reply and a ``status: idle`` of
 the gateway's only then, once the cell's record is stored, and only after the
 connection has read the kernel's own idle made after that reply (so every
 output of the cell came first). The kernel's idles for the cell are not

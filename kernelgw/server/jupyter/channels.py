@@ -49,7 +49,7 @@ from starlette.websockets import WebSocketDisconnect
 from kernelgw.errors import KernelGWError, Unauthorized
 from kernelgw.keys import Principal
 from kernelgw.runtime.backends.base import KernelHandle
-from kernelgw.runtime.kernel_link import RECEIVE_HWM
+from kernelgw.runtime.kernel_connection import RECEIVE_HWM
 from kernelgw.runtime.refused import watch_refused
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.admission import admit

@@ -23,6 +23,7 @@ import zmq
 import zmq.asyncio
 from jupyter_client.asynchronous import AsyncKernelClient
 
+from kernelgw.runtime.kernel_link import IOPUB_WAITS_FEATURE
 from tests.support.local_backend import LocalBackend, image_helper
 from tests.unit.runtime.conftest import spec
 
@@ -184,3 +185,9 @@ def test_only_an_xpub_socket_is_bounded(backpressure: ModuleType) -> None:
         router.close()
     finally:
         context.term()
+
+
+def test_the_gateway_looks_for_the_feature_the_kernel_advertises(backpressure: ModuleType) -> None:
+    """The gateway paces a kernel's output only when its kernel_info lists this
+    feature (`KernelLink._paced`): spelt two ways, no flood would ever be paced."""
+    assert IOPUB_WAITS_FEATURE == backpressure.FEATURE

@@ -285,3 +285,55 @@ def test_only_text_orjson_parsed_skips_the_surrogate_check_even_once_merged() ->
     (merged,) = coalesce_streams([clean, escaped])
     assert merged[TEXT_CHECKED] is False
     assert to_event(merged, "e1") == ev.Stream(execution_id="e1", name="stdout", text="a\ufffd")
+
+
+@pytest.fixture
+def pair() -> Iterator[Pipe]:
+    """The gateway's end and the kernel's end of a PAIR connection (inproc): the
+    gateway both sends and reads on its socket, as on a kernel's shell."""
+    ctx = zmq.asyncio.Context()
+    ours, theirs = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    address = f"inproc://{uuid.uuid4().hex}"
+    ours.bind(address)
+    theirs.connect(address)
+    yield ours, theirs
+    ours.close(0)
+    theirs.close(0)
+    ctx.term()
+
+
+async def test_a_send_wakes_the_reader_of_its_socket(pair: Pipe) -> None:
+    """A send processes the socket's pending signals, so a message that arrived
+    just before it signals the loop no more: the sender wakes the reader, or the
+    read would wait for the next message (the kernel's reply to a request)."""
+    ours, theirs = pair
+    kernel, session = Session(key=KEY), Session(key=KEY)
+    reader = KernelMessageReader(ours, session, lambda exc: None)
+    sender = KernelMessageSender(ours, session, reader)
+    try:
+        waiting = asyncio.ensure_future(reader.batch())
+        await asyncio.sleep(0.01)
+        assert not waiting.done()  # nothing there yet: it waits on the signal
+        # sent without a turn of the loop, then a send of ours before the loop sees it
+        zmq.Socket.shadow(theirs.underlying).send_multipart(frames(kernel, content={"name": "stdout", "text": "x\n"}))
+        sender.kernel_info()
+        got = await asyncio.wait_for(waiting, 5)
+        assert [m["content"]["text"] for m in got] == ["x\n"]
+    finally:
+        reader.close()
+
+
+async def test_a_message_with_buffers_goes_out_as_jupyter_clients_session_sends_it(pipe: Pipe) -> None:
+    """A Jupyter client's comm message may carry binary buffers (a widget's array)."""
+    pull, push = pipe
+    session = Session(key=KEY)
+    msg = session.msg("comm_msg", {"comm_id": "c", "data": {}})
+    msg["buffers"] = [b"\x00\x01", b"two"]
+    KernelMessageSender(push, session).send(msg)
+    ours = await asyncio.wait_for(pull.recv_multipart(), 5)
+    session.send(push, msg)
+    theirs = await asyncio.wait_for(pull.recv_multipart(), 5)
+    assert ours == theirs
+    receiver = Session(key=KEY)
+    got = receiver.deserialize(receiver.feed_identities(ours)[1])
+    assert got["msg_type"] == "comm_msg" and [bytes(b) for b in got["buffers"]] == [b"\x00\x01", b"two"]

@@ -24,7 +24,7 @@ import pytest
 import zmq
 
 from kernelgw.runtime.fanout import Published
-from kernelgw.runtime.kernel_link import IOPUB_RECEIVE_HWM
+from kernelgw.runtime.kernel_connection import IOPUB_RECEIVE_HWM
 from kernelgw.runtime.output_backlog import BACKLOG_BYTES, OutputBacklog
 from kernelgw.runtime.session import KernelSession
 from kernelgw.storage.store import Store

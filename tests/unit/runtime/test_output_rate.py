@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Iterator
 
 import pytest
 
-from kernelgw.runtime.kernel_link import FLOOD_MESSAGES_PER_S, FLOOD_OUTPUT_BURST_S
 from kernelgw.runtime.loop_share import Readers
-from kernelgw.runtime.output_rate import SHARING_S, OutputRate
+from kernelgw.runtime.output_rate import FLOOD_MESSAGES_PER_S, FLOOD_OUTPUT_BURST_S, SHARING_S, OutputRate
 from tests.unit.runtime.conftest import SessionFactory
 from tests.unit.runtime.test_session import run
 
@@ -68,6 +68,51 @@ def test_alone_nothing_is_owed_and_no_debt_is_kept(rates: list[OutputRate]) -> N
     assert flood.spent(1, 1, 0.5) == 0  # the debt was forgiven, not paid later
     other.readers.last_read[id(other)] = -SHARING_S  # the other went quiet long ago
     assert flood.spent(100 * MiB, 1, 1.0) == 0
+
+
+def flooding(rates: list[OutputRate]) -> OutputRate:
+    """A rate whose session shares the machine with one that always has output."""
+    flood, other = make(rates), make(rates)
+    other.readers.last_read[id(other)] = math.inf  # active, however long the test takes
+    return flood
+
+
+async def test_pace_waits_while_still_paced_and_stops_when_told(rates: list[OutputRate]) -> None:
+    flood = flooding(rates)
+    asked: list[bool] = []
+    waits: list[float] = []
+
+    def paced() -> bool:
+        asked.append(len(asked) < 3)  # paced for three waits, then an interrupt comes
+        return asked[-1]
+
+    await flood.pace(1000 * 4 * MiB, 1, paced, waits.append, max_wait_s=0.001)  # owes about 1,000 s
+    assert asked == [True, True, True, False]
+    assert waits == [0.001] * 3
+    assert flood.waits == 3 and flood.waited_s == pytest.approx(0.003)
+
+
+async def test_pace_stops_waiting_once_nobody_else_has_output(rates: list[OutputRate]) -> None:
+    flood = flooding(rates)
+    waits: list[float] = []
+
+    def waited(seconds: float) -> None:
+        waits.append(seconds)
+        flood.readers.last_read.clear()  # the other session went quiet (and so, for now, did this one)
+
+    await flood.pace(1000 * 4 * MiB, 1, lambda: True, waited, max_wait_s=0.001)
+    assert waits == [0.001]  # the rest of the debt was forgiven
+
+
+async def test_pace_counts_the_output_even_when_not_paced(rates: list[OutputRate]) -> None:
+    """A reader that does not keep to the rate (a kernel that does not wait for it)
+    still counts as a session with output for the others."""
+    flood = flooding(rates)
+    waits: list[float] = []
+    await flood.pace(1000 * 4 * MiB, 1, lambda: False, waits.append)
+    assert waits == [] and flood.waits == 0
+    assert id(flood) in flood.readers.last_read
+    assert flood.owed(flood.refilled or 0.0) > 0
 
 
 async def test_a_display_flood_is_paced_while_another_session_runs_and_loses_nothing(
