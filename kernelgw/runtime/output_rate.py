@@ -12,7 +12,7 @@ display wait for it), so reading slower is what slows it.
 `OutputRate` is a token bucket of output bytes and messages: a session may take
 `OutputRate.burst_s` worth at once (a 1 MB print, a chart or two are never held
 back), then `bytes_per_s` and `messages_per_s` on average while another session
-has had output within `SHARING_S`. Alone, it reads at full speed (nobody to
+has had iopub messages within `SHARING_S`. Alone, it reads at full speed (nobody to
 share the machine with). Its reader waits while the bucket refills; what it
 leaves unread waits in the kernel, which waits too.
 """
@@ -51,6 +51,15 @@ MAX_WAIT_S = 0.25
 """Longest sleep of one wait (`OutputRate.pace`) before it looks again (another
 session may have gone quiet, or an interrupt come)."""
 
+OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "clear_output"})
+"""The iopub messages a cell may send without bound: what the message rate counts.
+The others come once per request
+(``status``, ``execute_input``; ``execute_result`` and ``error`` once per cell):
+a session running many small cells is not a flood, and counting them paced a
+loop of ``1+1`` (eight messages a round with a Jupyter client beside it) for a
+second after a pool kernel's warm-up, 60-80 ms a cell. Their bytes still count,
+and the loop's share (`LoopShare`) bounds what any message costs the gateway."""
+
 OUTPUTS = Readers()
 """The gateway process's sessions (when each one's output was last read)."""
 
@@ -82,8 +91,10 @@ class OutputRate:
         self.refilled = now
 
     def spent(self, size: int, messages: int, now: float) -> float:
-        """The session's reader took ``messages`` messages of ``size`` bytes at
-        ``now`` (monotonic seconds): how long it should wait before reading more."""
+        """The session's reader took ``size`` bytes holding ``messages`` output
+        messages (`OUTPUT_TYPES`) at ``now`` (monotonic seconds): how long it
+        should wait before reading more. Whatever it read, the session is one
+        the others share with (a bystander's ``1+1`` is what pacing protects)."""
         self._refill(now)
         self.tokens -= max(size / self.bytes_per_s, messages / self.messages_per_s)
         self.readers.last_read[id(self)] = now
@@ -108,7 +119,7 @@ class OutputRate:
         on_wait: Callable[[float], None],
         max_wait_s: float = MAX_WAIT_S,
     ) -> None:
-        """The reader took ``messages`` messages of ``size`` bytes (`spent`): wait
+        """The reader took ``size`` bytes with ``messages`` output messages (`spent`): wait
         what that owes, while ``paced()`` says the reader should, ``max_wait_s`` at
         most before asking again. ``on_wait`` is told each wait's seconds: the
         output was unread, not quiet, and its kernel waited too."""

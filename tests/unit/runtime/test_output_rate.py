@@ -151,3 +151,30 @@ async def test_a_display_flood_alone_is_not_paced(new_session: SessionFactory) -
     assert sum(e["type"] == "display" for e in events) == n
     rate = flood._link.output_rate
     assert rate is not None and rate.waits == 0
+
+
+async def test_many_small_cells_beside_another_session_are_not_paced(new_session: SessionFactory) -> None:
+    """A cell's status, input and result messages come once per cell: a loop of
+    ``1+1`` sends hundreds a second, but it is not a flood (it was paced 60-80 ms
+    a cell, beside a session that had just run something)."""
+    busy, bystander = await new_session(), await new_session()
+    await run(busy, "1")
+
+    async def keep_running() -> None:
+        while True:
+            await run(bystander, "1+1")
+            await asyncio.sleep(0.05)
+
+    cells = int(FLOOD_MESSAGES_PER_S * (FLOOD_OUTPUT_BURST_S + 1))  # their messages: four times the burst and more
+    other = asyncio.create_task(keep_running())
+    try:
+        for _ in range(cells):
+            events = await run(busy, "1+1")
+            assert events[-1]["status"] == "ok"
+    finally:
+        other.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await other
+    rate = busy._link.output_rate
+    assert rate is not None
+    assert rate.waits == 0, f"paced {rate.waits} times, {rate.waited_s:.2f}s in all"
