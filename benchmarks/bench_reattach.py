@@ -95,6 +95,7 @@ import jupyter_client.asynchronous.client as jac
 import kernelgw.runtime.backends.docker as kdocker, kernelgw.runtime.manager as kman, kernelgw.runtime.session as ksess
 import kernelgw.runtime.kernel_link as klink, kernelgw.runtime.ownership as kown, kernelgw.server.authenticator as kauth
 import kernelgw.storage.store as kstore, kernelgw.storage.database as kdb, kernelgw.storage.queries as kq
+import kernelgw.storage.cleanup as kclean
 import kernelgw.server.app as kapp
 T3 = _t.time(); mark("import (probe's extra)", T2, T3)
 
@@ -140,7 +141,7 @@ wrap(uvicorn.lifespan.on.LifespanOn, "startup", "lifespan")
 wrap(kown.InstanceLock, "acquire", "instance lock")
 wrap(kstore.Store, "start", "store start")
 wrap(kdb.Database, "ensure_ready", "store: open, migrations", startup_only=True)
-wrap(kstore.Store, "_end_cut_off_executions", "store: end cut-off cells")
+wrap(kclean.Cleanup, "end_cut_off_executions", "store: end cut-off cells")
 wrap(kstore.Store, "purge", "store: purge", startup_only=True)
 wrap(kauth.Authenticator, "check_startup", "auth check")
 wrap(kman.SessionManager, "reattach", "manager.reattach")
