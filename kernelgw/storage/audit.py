@@ -4,7 +4,8 @@ One row per execution (key, session, code and its SHA-256, duration, status,
 output bytes, error name) and one per lifecycle event (session created,
 deleted, reaped, kernel died, kernel restarted; keys created and revoked).
 Rows go through the history writer's queue, so auditing never waits on the
-database; they live in the same database as the history.
+database; they live in the same database as the history. The kinds of record
+are `kernelgw.audit_kinds`'s.
 """
 
 from __future__ import annotations
@@ -20,19 +21,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from kernelgw.storage import schema
 from kernelgw.storage.records import as_utc
-
-KINDS = (
-    "execution",
-    "session_created",
-    "session_deleted",
-    "session_reaped",
-    "session_ended",
-    "kernel_died",
-    "kernel_restarted",
-    "kernel_anomaly",
-    "key_created",
-    "key_revoked",
-)
 
 
 class AuditStore(Protocol):

@@ -134,3 +134,15 @@ def test_an_allowlist_still_imports_packaging_when_set(tmp_path: Path, monkeypat
     with pytest.raises(ValueError, match="not a requirement"):
         Settings.load(None, package_allowlist=["sympy>=>1"])
     assert Settings.load(None, package_allowlist=["sympy>=1.12"]).package_allowlist == ["sympy>=1.12"]
+
+
+def test_the_cli_imports_no_storage() -> None:
+    """Every ``kernelgw`` command imports the CLI first; ``serve`` pauses the cyclic
+    collector only after that, and ``run`` never opens a database. The audit
+    command's ``--kind`` choices once imported the whole store (SQLAlchemy) there."""
+    code = "import json, sys, kernelgw.cli.main; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    loaded = set(json.loads(done.stdout))
+    assert "kernelgw.cli.admin" in loaded  # the audit command is defined
+    eager = sorted(m for m in loaded if m.startswith(("sqlalchemy", "kernelgw.storage", "kernelgw.server")))
+    assert not eager, f"importing the CLI imports {eager[:5]}"
