@@ -14,13 +14,16 @@ import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import insert, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from kernelgw.storage import schema
 from kernelgw.storage.records import as_utc
+from kernelgw.storage.thread_engine import StoreEngine
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class AuditStore(Protocol):
@@ -33,7 +36,7 @@ class AuditStore(Protocol):
         commit after rows an answer waits for)."""
         ...
 
-    async def read_engine(self) -> AsyncEngine:
+    async def read_engine(self) -> StoreEngine:
         """The engine, once every queued write is committed."""
         ...
 

@@ -18,19 +18,19 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import insert, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from kernelgw.storage import retention, schema
 from kernelgw.storage.database import Database
 from kernelgw.storage.journal import DIRECTORY as JOURNAL_DIRECTORY
 from kernelgw.storage.journal import JournalRecord, read_segments
 from kernelgw.storage.retention import RUNNING
+from kernelgw.storage.thread_engine import StoreConnection, StoreEngine
 from kernelgw.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
 
-async def replay_row(conn: AsyncConnection, record: JournalRecord) -> bool:
+async def replay_row(conn: StoreConnection, record: JournalRecord) -> bool:
     """Write a journalled end row unless it is stored already; whether it was written."""
     row = dict(record.row)
     row["started_at"] = datetime.fromisoformat(row["started_at"])
@@ -120,7 +120,7 @@ class Cleanup:
             self.cut_off.update(cut_off)
             log.warning("history storage: %d cells were cut off by a gateway stop; marked dead", len(cut_off))
 
-    async def purge(self, engine: AsyncEngine, now: datetime) -> int:
+    async def purge(self, engine: StoreEngine, now: datetime) -> int:
         """Delete sessions that ended more than ``retention_days`` before ``now``,
         with their executions and notes; returns how many sessions went."""
         purged = await retention.purge(

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, insert, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from kernelgw import events as ev
 from kernelgw.errors import StorageUnavailable
@@ -41,9 +40,12 @@ from kernelgw.storage.journal import MAX_RECORD_BYTES, Journal
 from kernelgw.storage.kernels import CRASHED_REASON, kernel_values, open_session_rows, stored_session
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
 from kernelgw.storage.retention import CUT_OFF_REASON, RUNNING
+from kernelgw.storage.thread_engine import StoreEngine
 from kernelgw.storage.writer import Write, Writer
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
     from kernelgw.config import Settings
     from kernelgw.runtime.fanout import Published
     from kernelgw.runtime.recorder import RecordedExecution, RecordedSession
@@ -613,7 +615,7 @@ class Store:
         return await future
 
     # ------------------------------------------------------------ queries
-    async def read_engine(self) -> AsyncEngine:
+    async def read_engine(self) -> StoreEngine:
         """The engine, after every queued write is committed: readers see their own writes."""
         await self.flush()
         if self._writer.holding:

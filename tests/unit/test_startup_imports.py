@@ -35,6 +35,9 @@ LAZY = {
     "rich": "image builds' progress",
     "alembic": "a store whose schema is behind (kernelgw.storage.migrate)",
     "asyncpg": "a PostgreSQL store",
+    "sqlalchemy.ext.asyncio": "a PostgreSQL store, a cluster's registry (SQLite: kernelgw.storage.thread_engine)",
+    "sqlalchemy.orm": "nothing of ours (SQLAlchemy's asyncio engine imports it)",
+    "aiosqlite": "a cluster's registry on SQLite (the store's engine runs pysqlite in threads)",
     "psycopg": "a PostgreSQL store",
 }
 

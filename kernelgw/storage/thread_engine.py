@@ -1,0 +1,132 @@
+"""The store's engine on SQLite: a sync SQLAlchemy engine whose statements run in threads.
+
+SQLAlchemy's asyncio engine (``sqlalchemy.ext.asyncio``) imports its ORM
+session with it, and aiosqlite besides: 50-90 ms of CPU at every gateway start,
+before the first cell can run, for a store that uses Core only. On SQLite,
+whose driver blocks anyway (aiosqlite runs it in a thread of its own), the
+store's reads and set-up run here instead: each statement in a worker thread
+(`asyncio.to_thread`), its rows fetched there too, so the event loop never
+steps a SQLite cursor. PostgreSQL keeps the asyncio engine over asyncpg,
+imported only then (`kernelgw.storage.engine.create_store_engine`).
+
+`ThreadEngine` and `ThreadConnection` offer the part of `AsyncEngine` and
+`AsyncConnection` the store uses (``connect``, ``begin``, ``dispose``;
+``execute``, ``scalar``, ``stream``, ``run_sync``), so the storage modules take either
+(`StoreEngine`, `StoreConnection`). The history writer does not come here: it
+commits its batches on a sync engine of its own (`kernelgw.storage.writer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+from sqlalchemy import Connection, Engine, Executable, Result, Row
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+T = TypeVar("T")
+
+StoreEngine: TypeAlias = "AsyncEngine | ThreadEngine"
+StoreConnection: TypeAlias = "AsyncConnection | ThreadConnection"
+
+
+def _execute(conn: Connection, statement: Executable, parameters: Any) -> Result[Any]:
+    """In a worker thread: run ``statement``; its rows, if any, fetched here (the
+    result is closed: a statement without rows keeps its ``rowcount``)."""
+    result = conn.execute(statement, parameters)
+    if not result.returns_rows:
+        return result
+    return result.freeze()()
+
+
+def _connect_and_begin(engine: Engine) -> Connection:
+    conn = engine.connect()
+    try:
+        conn.begin()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _commit_and_close(conn: Connection) -> None:
+    try:
+        conn.commit()
+    finally:
+        conn.close()
+
+
+class ThreadStream:
+    """A statement's rows, fetched in pages in worker threads (`ThreadConnection.stream`)."""
+
+    def __init__(self, result: Result[Any], page: int) -> None:
+        self._result = result
+        self._page = page
+
+    async def __aiter__(self) -> AsyncIterator[Row[Any]]:
+        while rows := await asyncio.to_thread(self._result.fetchmany, self._page):
+            for row in rows:
+                yield row
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._result.close)
+
+
+class ThreadConnection:
+    """One checked-out connection; used by one task at a time, from any thread."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.sync_connection = conn
+
+    async def execute(self, statement: Executable, parameters: Any = None) -> Result[Any]:
+        return await asyncio.to_thread(_execute, self.sync_connection, statement, parameters)
+
+    async def scalar(self, statement: Executable, parameters: Any = None) -> Any:
+        """The first column of the first row (None without one)."""
+        return (await self.execute(statement, parameters)).scalar()
+
+    async def stream(self, statement: Executable) -> ThreadStream:
+        """Rows a page at a time (the statement's ``yield_per``, else 100), for a
+        reader that may stop early."""
+        page = statement.get_execution_options().get("yield_per") or 100
+        result = await asyncio.to_thread(self.sync_connection.execute, statement)
+        return ThreadStream(result, page)
+
+    async def run_sync(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(connection)`` in a worker thread (Alembic, the schema's set-up)."""
+        return await asyncio.to_thread(fn, self.sync_connection)
+
+
+class ThreadEngine:
+    """A sync engine (its connections made with ``check_same_thread=False``: a
+    connection's statements may run in different worker threads, one at a time)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.sync_engine = engine
+
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[ThreadConnection]:
+        conn = await asyncio.to_thread(self.sync_engine.connect)
+        try:
+            yield ThreadConnection(conn)
+        finally:
+            await asyncio.to_thread(conn.close)  # a transaction left open is rolled back
+
+    @asynccontextmanager
+    async def begin(self) -> AsyncIterator[ThreadConnection]:
+        """A connection in a transaction, committed at the block's end (rolled back
+        on an error); two thread hops besides the statements'."""
+        conn = await asyncio.to_thread(_connect_and_begin, self.sync_engine)
+        try:
+            yield ThreadConnection(conn)
+        except BaseException:
+            await asyncio.to_thread(conn.close)  # rolls the transaction back
+            raise
+        await asyncio.to_thread(_commit_and_close, conn)
+
+    async def dispose(self) -> None:
+        await asyncio.to_thread(self.sync_engine.dispose)
