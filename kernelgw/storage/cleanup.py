@@ -4,9 +4,9 @@ At start, before the writer runs (`Store.start`): the end rows a previous
 gateway of the same name answered from its journal but never committed (it was
 killed) are written (`Cleanup.replay_journal`); cells still ``running`` in this
 name's open sessions were cut off by its stop and are marked dead
-(`Cleanup.end_cut_off_executions`); history past its retention is purged, then
-again every ``purge_interval_s`` (`Cleanup.start_purging`). The SQL of the last
-two is `kernelgw.storage.retention`'s.
+(`Cleanup.end_cut_off_executions`). History past its retention is purged soon
+after start, then every ``purge_interval_s`` (`Cleanup.start_purging`). The SQL
+of the last two is `kernelgw.storage.retention`'s.
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ from kernelgw.storage.thread_engine import StoreConnection, StoreEngine
 from kernelgw.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+FIRST_PURGE_DELAY_S = 10.0
+"""How long after start the first purge runs (sooner when ``purge_interval_s`` is
+shorter). It ran in the store's start until then: 10-30 ms of a restart before
+the reattached sessions' first answers, for history nobody waits to see go."""
 
 
 async def replay_row(conn: StoreConnection, record: JournalRecord) -> bool:
@@ -84,14 +89,12 @@ class Cleanup:
             return None
         return path.parent / JOURNAL_DIRECTORY
 
-    async def after_predecessor(self, purge: Callable[[], Awaitable[int]]) -> None:
-        """At start, once the database is set up: the journal, the cut-off cells,
-        then ``purge`` (the store's, which reads its own writes). A failure is
-        logged: the gateway starts anyway."""
+    async def after_predecessor(self) -> None:
+        """At start, once the database is set up: the journal, then the cut-off
+        cells. A failure is logged: the gateway starts anyway."""
         try:
             await self.replay_journal()
             await self.end_cut_off_executions()
-            await purge()
         except Exception:
             log.exception("history storage: start-up clean-up failed")
 
@@ -131,18 +134,22 @@ class Cleanup:
         return purged
 
     def start_purging(self, purge: Callable[[], Awaitable[int]]) -> None:
-        """Call ``purge`` every ``purge_interval_s`` (none when it is 0)."""
-        if self.purge_interval_s > 0:
-            self._purger = asyncio.create_task(self._purge_loop(purge), name="history-purge")
+        """Call ``purge`` (the store's, which reads its own writes) once soon after
+        start (`FIRST_PURGE_DELAY_S`), then every ``purge_interval_s`` (0: never again)."""
+        self._purger = asyncio.create_task(self._purge_loop(purge), name="history-purge")
 
     async def stop_purging(self) -> None:
         await cancel_and_wait(self._purger)
         self._purger = None
 
     async def _purge_loop(self, purge: Callable[[], Awaitable[int]]) -> None:
+        interval = self.purge_interval_s
+        await asyncio.sleep(min(FIRST_PURGE_DELAY_S, interval) if interval > 0 else FIRST_PURGE_DELAY_S)
         while True:
-            await asyncio.sleep(self.purge_interval_s)
             try:
                 await purge()
             except Exception:
                 log.exception("history storage: purging old history failed")
+            if self.purge_interval_s <= 0:
+                return
+            await asyncio.sleep(self.purge_interval_s)

@@ -158,9 +158,9 @@ class Store:
     """History storage on SQLite or PostgreSQL; implements `kernelgw.runtime.recorder.Recorder`.
 
     ``start`` (in the app's lifespan) connects, upgrades the schema to the head
-    revision (`kernelgw.storage.migrate`), cleans up after its predecessor and
-    purges history older than the retention (`kernelgw.storage.cleanup`), and
-    starts the writer. The sessions a predecessor of the same
+    revision (`kernelgw.storage.migrate`), cleans up after its predecessor,
+    starts the writer, and then purges history older than the retention now
+    and then (`kernelgw.storage.cleanup`). The sessions a predecessor of the same
     ``gateway_name`` left open are the manager's to reattach or end
     (``open_sessions``, ``session_lost``).
     ``close`` commits what is queued, then disconnects.
@@ -259,7 +259,7 @@ class Store:
                 raise StorageUnavailable(f"The database at {self.display_url} is unavailable: {self._db.last_error}")
             return
         if await self._db.ensure_ready(force=True):
-            await self._cleanup.after_predecessor(self.purge)
+            await self._cleanup.after_predecessor()
         if (directory := self._cleanup.journal_directory()) is not None:
             self._journal = Journal(directory, self.gateway_name)
         self._writer.start()
