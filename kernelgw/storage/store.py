@@ -566,7 +566,10 @@ class Store:
             cells: list[StoredCell] = []
             for execution_id, events in read.latest:
                 try:
-                    parsed = EVENT_LIST_ADAPTER.validate_json(events)
+                    # pydantic's JSON parser refuses lone surrogates (escaped or
+                    # raw), so the events' walk of every string for them is skipped:
+                    # a third of a restart's open_sessions
+                    parsed = EVENT_LIST_ADAPTER.validate_json(events, context=ev.TEXT_CHECKED)
                 except ValueError:
                     log.warning("session %s: stored events of %s are unreadable", session.session_id, execution_id)
                     parsed = []
