@@ -53,9 +53,11 @@ GOAL_S = 2.0
 GOAL_SESSIONS = 20
 
 # The imports `kernelgw serve` makes before it builds the app (kernelgw.cli.main, then
-# serve()'s own): timed bare, without starting anything, as a floor.
+# serve()'s own, after it pauses the cyclic collector as serve() does): timed bare,
+# without starting anything, as a floor.
 SERVE_IMPORTS = (
-    "import kernelgw.cli.main, uvicorn, kernelgw.logs, kernelgw.config, kernelgw.server.app, kernelgw.server.serving"
+    "import kernelgw.cli.main, gc; gc.disable(); "
+    "import uvicorn, kernelgw.logs, kernelgw.config, kernelgw.server.app, kernelgw.server.serving"
 )
 # ... and the route modules create_app imports when it is called.
 APP_IMPORTS = (
@@ -88,6 +90,8 @@ def mark(name, t0, t1=None, **kw):
     _out.write(json.dumps({"name": name, "t0": t0, "t1": t0 if t1 is None else t1, **kw}) + "\n")
 mark("interpreter ready", T0)
 import kernelgw.cli.main as cli
+import gc
+gc.disable()  # as serve() does before its imports (its server resumes it once listening)
 T1 = _t.time(); mark("import kernelgw.cli.main", T0, T1)
 import uvicorn, uvicorn.lifespan.on, kernelgw.logs, kernelgw.config, kernelgw.server.app, kernelgw.server.serving
 T2 = _t.time(); mark("import serve modules", T1, T2)
