@@ -19,6 +19,7 @@ commits its batches on a sync engine of its own (`kernelgw.storage.writer`).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
@@ -63,27 +64,39 @@ def _commit_and_close(conn: Connection) -> None:
 class ThreadStream:
     """A statement's rows, fetched in pages in worker threads (`ThreadConnection.stream`)."""
 
-    def __init__(self, result: Result[Any], page: int) -> None:
+    def __init__(self, conn: ThreadConnection, result: Result[Any], page: int) -> None:
+        self._conn = conn
         self._result = result
         self._page = page
 
     async def __aiter__(self) -> AsyncIterator[Row[Any]]:
-        while rows := await asyncio.to_thread(self._result.fetchmany, self._page):
+        while rows := await self._conn.in_thread(self._result.fetchmany, self._page):
             for row in rows:
                 yield row
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._result.close)
+        await self._conn.in_thread(self._result.close)
 
 
 class ThreadConnection:
-    """One checked-out connection; used by one task at a time, from any thread."""
+    """One checked-out connection, used by one task at a time, from any worker
+    thread. Its calls there take turns (`in_thread`): a statement whose caller
+    was cancelled runs to its end before the connection's next call (its close,
+    say), as on aiosqlite's one thread per connection."""
 
     def __init__(self, conn: Connection) -> None:
         self.sync_connection = conn
+        self._turn = threading.Lock()
+
+    async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        def call() -> T:
+            with self._turn:
+                return fn(*args)
+
+        return await asyncio.to_thread(call)
 
     async def execute(self, statement: Executable, parameters: Any = None) -> Result[Any]:
-        return await asyncio.to_thread(_execute, self.sync_connection, statement, parameters)
+        return await self.in_thread(_execute, self.sync_connection, statement, parameters)
 
     async def scalar(self, statement: Executable, parameters: Any = None) -> Any:
         """The first column of the first row (None without one)."""
@@ -93,12 +106,23 @@ class ThreadConnection:
         """Rows a page at a time (the statement's ``yield_per``, else 100), for a
         reader that may stop early."""
         page = statement.get_execution_options().get("yield_per") or 100
-        result = await asyncio.to_thread(self.sync_connection.execute, statement)
-        return ThreadStream(result, page)
+        result = await self.in_thread(self.sync_connection.execute, statement)
+        return ThreadStream(self, result, page)
 
     async def run_sync(self, fn: Callable[[Connection], T]) -> T:
         """``fn(connection)`` in a worker thread (Alembic, the schema's set-up)."""
-        return await asyncio.to_thread(fn, self.sync_connection)
+        return await self.in_thread(fn, self.sync_connection)
+
+
+async def _checked_out(engine: Engine, begin: bool) -> ThreadConnection:
+    """A connection from the pool (in a transaction when ``begin``); one whose
+    caller was cancelled meanwhile goes back to the pool when it arrives."""
+    made = asyncio.ensure_future(asyncio.to_thread(_connect_and_begin if begin else Engine.connect, engine))
+    try:
+        return ThreadConnection(await asyncio.shield(made))
+    except asyncio.CancelledError:
+        made.add_done_callback(lambda f: None if f.cancelled() or f.exception() else f.result().close())
+        raise
 
 
 class ThreadEngine:
@@ -110,23 +134,23 @@ class ThreadEngine:
 
     @asynccontextmanager
     async def connect(self) -> AsyncIterator[ThreadConnection]:
-        conn = await asyncio.to_thread(self.sync_engine.connect)
+        conn = await _checked_out(self.sync_engine, begin=False)
         try:
-            yield ThreadConnection(conn)
+            yield conn
         finally:
-            await asyncio.to_thread(conn.close)  # a transaction left open is rolled back
+            await conn.in_thread(conn.sync_connection.close)  # a transaction left open is rolled back
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[ThreadConnection]:
         """A connection in a transaction, committed at the block's end (rolled back
         on an error); two thread hops besides the statements'."""
-        conn = await asyncio.to_thread(_connect_and_begin, self.sync_engine)
+        conn = await _checked_out(self.sync_engine, begin=True)
         try:
-            yield ThreadConnection(conn)
+            yield conn
         except BaseException:
-            await asyncio.to_thread(conn.close)  # rolls the transaction back
+            await conn.in_thread(conn.sync_connection.close)  # rolls the transaction back
             raise
-        await asyncio.to_thread(_commit_and_close, conn)
+        await conn.in_thread(_commit_and_close, conn.sync_connection)
 
     async def dispose(self) -> None:
         await asyncio.to_thread(self.sync_engine.dispose)
