@@ -29,13 +29,23 @@ async def engine(tmp_path: Path) -> Any:
 
 
 async def test_a_result_is_read_in_the_thread_and_outlives_its_connection(engine: ThreadEngine) -> None:
+    """SQLite steps a query's rows as they are fetched (no ORDER BY: none is
+    computed ahead): all of them in the worker thread, none on the event loop's."""
+    stepped_in: set[int] = set()
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _function(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.create_function("seen", 1, lambda x: stepped_in.add(threading.get_ident()) or x)
+
+    await engine.dispose()  # new connections, with the function
     async with engine.begin() as conn:
         await conn.execute(text("INSERT INTO t VALUES (1), (2), (3)"))
     async with engine.connect() as conn:
-        result = await conn.execute(text("SELECT x FROM t ORDER BY x"))
+        result = await conn.execute(text("SELECT seen(x) AS x FROM t"))
         update = await conn.execute(text("UPDATE t SET x = x + 10 WHERE x > 1"))
     assert [row.x for row in result] == [1, 2, 3]  # the connection is back in the pool
     assert update.rowcount == 2
+    assert stepped_in and threading.get_ident() not in stepped_in
 
 
 async def test_begin_commits_at_the_end_and_rolls_back_on_an_error(engine: ThreadEngine) -> None:
