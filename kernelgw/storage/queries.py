@@ -19,7 +19,7 @@ from kernelgw.runtime.lineage import LineageCell
 from kernelgw.storage import schema
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
 from kernelgw.storage.retention import RUNNING
-from kernelgw.storage.thread_engine import StoreConnection, StoreEngine
+from kernelgw.storage.thread_engine import StoreConnection, StoreEngine, on_one_connection
 
 
 def _utc(value: datetime | None) -> datetime:
@@ -213,19 +213,23 @@ async def reattach_reads(
     engine: StoreEngine, kernels_by_session: Mapping[str, Sequence[str]], max_bytes: int
 ) -> dict[str, ReattachReads]:
     """`latest_events` (when ``max_bytes`` > 0) and `lineage` of every session
-    (id -> its lineage kernels) at a gateway's start: on one connection, with one
-    query for all their lineages and one for all their chunk sizes (a query and a
-    connection per session each cost 20 sessions' restart 60-70 ms)."""
+    (id -> its lineage kernels) at a gateway's start: on one connection (on SQLite
+    in one thread hop), with one query for all their lineages and one for all their
+    chunk sizes (a query and a connection per session each cost 20 sessions'
+    restart 60-70 ms)."""
     if not kernels_by_session:
         return {}
-    async with engine.connect() as conn:
+
+    async def read(conn: StoreConnection) -> dict[str, ReattachReads]:
         lineages = await _lineages(conn, kernels_by_session)
         latest: dict[str, list[tuple[str, str]]] = {sid: [] for sid in kernels_by_session}
         if max_bytes > 0:
             sizes = await _chunk_sizes(conn, list(kernels_by_session))
             for sid in kernels_by_session:
                 latest[sid] = await _latest_events(conn, sid, max_bytes, sizes.get(sid, {}))
-    return {sid: ReattachReads(latest=latest[sid], lineage=lineages[sid]) for sid in kernels_by_session}
+        return {sid: ReattachReads(latest=latest[sid], lineage=lineages[sid]) for sid in kernels_by_session}
+
+    return await on_one_connection(engine, read)
 
 
 async def _chunk_sizes(conn: StoreConnection, session_ids: Sequence[str]) -> dict[str, dict[CellKey, int]]:

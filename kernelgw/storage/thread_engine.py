@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
@@ -114,6 +114,35 @@ class ThreadConnection:
         return await self.in_thread(fn, self.sync_connection)
 
 
+class _Inline(ThreadConnection):
+    """A `ThreadConnection` used inside its worker thread (`ThreadEngine.run`):
+    its calls run where they are, and its awaits never suspend."""
+
+    async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
+
+
+def _run_to_end(work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` to its end without an event loop (it awaits only an `_Inline`)."""
+    try:
+        work.send(None)
+    except StopIteration as end:
+        return end.value  # type: ignore[no-any-return]
+    work.close()
+    raise RuntimeError("a store read run in one thread hop awaited something other than its connection")
+
+
+async def on_one_connection(engine: StoreEngine, work: Callable[[StoreConnection], Coroutine[Any, Any, T]]) -> T:
+    """``work`` on one connection (not in a transaction of its own). On SQLite all
+    of it in one worker-thread hop: a read of many small queries (a restart's
+    reattach reads: 5 a session) does not wait for the GIL at each of them,
+    while the start-up's other threads import and build."""
+    if isinstance(engine, ThreadEngine):
+        return await engine.run(work)
+    async with engine.connect() as conn:
+        return await work(conn)
+
+
 async def _checked_out(engine: Engine, begin: bool) -> ThreadConnection:
     """A connection from the pool (in a transaction when ``begin``); one whose
     caller was cancelled meanwhile goes back to the pool when it arrives."""
@@ -151,6 +180,15 @@ class ThreadEngine:
             await conn.in_thread(conn.sync_connection.close)  # rolls the transaction back
             raise
         await conn.in_thread(_commit_and_close, conn.sync_connection)
+
+    async def run(self, work: Callable[[ThreadConnection], Coroutine[Any, Any, T]]) -> T:
+        """``work`` on one connection, all of it in one worker thread (`on_one_connection`)."""
+
+        def in_thread() -> T:
+            with self.sync_engine.connect() as conn:
+                return _run_to_end(work(_Inline(conn)))
+
+        return await asyncio.to_thread(in_thread)
 
     async def dispose(self) -> None:
         await asyncio.to_thread(self.sync_engine.dispose)

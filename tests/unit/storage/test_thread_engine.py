@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import event, text
 
 from kernelgw.storage.engine import create_database_engine
-from kernelgw.storage.thread_engine import ThreadEngine
+from kernelgw.storage.thread_engine import StoreConnection, ThreadEngine, on_one_connection
 
 
 @pytest.fixture
@@ -109,3 +109,33 @@ async def test_a_cancelled_statement_ends_before_its_connection_is_returned(engi
     with pytest.raises(asyncio.CancelledError):
         await task
     assert order == ["statement ended", "returned to the pool"]
+
+
+async def test_work_on_one_connection_runs_in_one_thread_hop(engine: ThreadEngine) -> None:
+    """A restart's reattach reads (queries.reattach_reads): all its statements in one
+    worker thread, rows streamed there too; work that awaits anything else fails."""
+    threads: list[int] = []
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _function(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.create_function("seen", 1, lambda x: threads.append(threading.get_ident()) or x)
+
+    await engine.dispose()  # new connections, with the function
+    async with engine.begin() as conn:
+        await conn.execute(text("INSERT INTO t VALUES (1), (2), (3)"))
+
+    async def read(conn: StoreConnection) -> list[int]:
+        first = (await conn.execute(text("SELECT seen(x) AS x FROM t"))).scalars().all()
+        stream = await conn.stream(text("SELECT seen(x) AS x FROM t").execution_options(yield_per=1))
+        streamed = [row.x async for row in stream]
+        await stream.close()
+        return [*first, *streamed]
+
+    assert await on_one_connection(engine, read) == [1, 2, 3, 1, 2, 3]
+    assert len(threads) == 6 and len(set(threads)) == 1 and threading.get_ident() not in threads
+
+    async def waits(conn: StoreConnection) -> None:
+        await asyncio.sleep(0)
+
+    with pytest.raises(RuntimeError, match="awaited something other"):
+        await on_one_connection(engine, waits)
