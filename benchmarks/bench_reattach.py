@@ -53,9 +53,11 @@ GOAL_S = 2.0
 GOAL_SESSIONS = 20
 
 # The imports `kernelgw serve` makes before it builds the app (kernelgw.cli.main, then
-# serve()'s own): timed bare, without starting anything, as a floor.
+# serve()'s own, after it pauses the cyclic collector as serve() does): timed bare,
+# without starting anything, as a floor.
 SERVE_IMPORTS = (
-    "import kernelgw.cli.main, uvicorn, kernelgw.logs, kernelgw.config, kernelgw.server.app, kernelgw.server.serving"
+    "import kernelgw.cli.main, gc; gc.disable(); "
+    "import uvicorn, kernelgw.logs, kernelgw.config, kernelgw.server.app, kernelgw.server.serving"
 )
 # ... and the route modules create_app imports when it is called.
 APP_IMPORTS = (
@@ -88,6 +90,8 @@ def mark(name, t0, t1=None, **kw):
     _out.write(json.dumps({"name": name, "t0": t0, "t1": t0 if t1 is None else t1, **kw}) + "\n")
 mark("interpreter ready", T0)
 import kernelgw.cli.main as cli
+import gc
+gc.disable()  # as serve() does before its imports (its server resumes it once listening)
 T1 = _t.time(); mark("import kernelgw.cli.main", T0, T1)
 import uvicorn, uvicorn.lifespan.on, kernelgw.logs, kernelgw.config, kernelgw.server.app, kernelgw.server.serving
 T2 = _t.time(); mark("import serve modules", T1, T2)
@@ -95,6 +99,7 @@ import jupyter_client.asynchronous.client as jac
 import kernelgw.runtime.backends.docker as kdocker, kernelgw.runtime.manager as kman, kernelgw.runtime.session as ksess
 import kernelgw.runtime.kernel_link as klink, kernelgw.runtime.ownership as kown, kernelgw.server.authenticator as kauth
 import kernelgw.storage.store as kstore, kernelgw.storage.database as kdb, kernelgw.storage.queries as kq
+import kernelgw.storage.cleanup as kclean
 import kernelgw.server.app as kapp
 T3 = _t.time(); mark("import (probe's extra)", T2, T3)
 
@@ -140,7 +145,7 @@ wrap(uvicorn.lifespan.on.LifespanOn, "startup", "lifespan")
 wrap(kown.InstanceLock, "acquire", "instance lock")
 wrap(kstore.Store, "start", "store start")
 wrap(kdb.Database, "ensure_ready", "store: open, migrations", startup_only=True)
-wrap(kstore.Store, "_end_cut_off_executions", "store: end cut-off cells")
+wrap(kclean.Cleanup, "end_cut_off_executions", "store: end cut-off cells")
 wrap(kstore.Store, "purge", "store: purge", startup_only=True)
 wrap(kauth.Authenticator, "check_startup", "auth check")
 wrap(kman.SessionManager, "reattach", "manager.reattach")

@@ -255,7 +255,7 @@ class Settings(BaseSettings):
     history_retention_days: float = Field(30.0, ge=0)
     """History of a session is kept this long after the session ended."""
     history_purge_interval_s: float = Field(3600.0, ge=0)
-    """How often expired history is deleted (also once at start); 0: only at start."""
+    """How often expired history is deleted (also once soon after start); 0: only then."""
 
     # --- workspace files and offline packages
     max_upload_bytes: int = Field(256 * 1024 * 1024, gt=0)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
+from kernelgw.audit_kinds import KINDS
 from kernelgw.cli.extras import server_extra
 
 T = TypeVar("T")
@@ -218,22 +219,12 @@ def parse_when(text: str, now: datetime | None = None) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
-def _audit_kind_type() -> click.ParamType[str]:
-    """The record kinds as choices; any text on a client-only install, where
-    ``kernelgw audit`` then says what to install."""
-    try:
-        from kernelgw.storage.audit import KINDS
-    except ModuleNotFoundError:
-        return click.STRING
-    return click.Choice(KINDS)
-
-
 @click.command()
 @click.option("--since", default=None, help="From when: 30m, 2h, 7d or an ISO time.")
 @click.option("--until", default=None, help="Until when (same forms).")
 @click.option("--key", "key_id", default=None, help="Only this API key id.")
 @click.option("--session", "session_id", default=None, help="Only this session.")
-@click.option("--kind", type=_audit_kind_type(), default=None, help="Only this kind of record.")
+@click.option("--kind", type=click.Choice(KINDS), default=None, help="Only this kind of record.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many records.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines (the export format), with the full code.")
 @config_option

@@ -25,16 +25,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from kernelgw.errors import GatewayNameInUse, StorageUnavailable
 from kernelgw.storage import schema
 from kernelgw.storage.records import as_utc
 from kernelgw.tasks import cancel_and_wait
+
+if TYPE_CHECKING:  # imported by its engine's maker (kernelgw.storage.engine.create_store_engine)
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger(__name__)
 

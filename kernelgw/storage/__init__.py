@@ -8,9 +8,9 @@ export and restore. The schema is upgraded to the head revision at every
 start (`kernelgw.storage.migrate`, revisions in ``migrations/``).
 
 Modules: ``store`` (the façade), ``writer`` (the batched write queue),
-``database`` (set-up and recovery), ``engine`` (URLs, engines), ``kernels``
-(reattach rows), ``queries`` (history reads), ``retention``, ``health``,
-``keys``, ``audit``, ``schema``.
+``database`` (set-up and recovery), ``cleanup`` (after a predecessor, and the
+purge), ``engine`` (URLs, engines), ``kernels`` (reattach rows), ``queries``
+(history reads), ``retention``, ``health``, ``keys``, ``audit``, ``schema``.
 
 May import: ``kernelgw.runtime`` (the Recorder seam and its read-only views),
 ``kernelgw.events``, ``kernelgw.config``, ``kernelgw.keys``, ``kernelgw.errors``.

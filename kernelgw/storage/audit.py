@@ -4,7 +4,8 @@ One row per execution (key, session, code and its SHA-256, duration, status,
 output bytes, error name) and one per lifecycle event (session created,
 deleted, reaped, kernel died, kernel restarted; keys created and revoked).
 Rows go through the history writer's queue, so auditing never waits on the
-database; they live in the same database as the history.
+database; they live in the same database as the history. The kinds of record
+are `kernelgw.audit_kinds`'s.
 """
 
 from __future__ import annotations
@@ -13,26 +14,16 @@ import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import insert, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from kernelgw.storage import schema
 from kernelgw.storage.records import as_utc
+from kernelgw.storage.thread_engine import StoreEngine
 
-KINDS = (
-    "execution",
-    "session_created",
-    "session_deleted",
-    "session_reaped",
-    "session_ended",
-    "kernel_died",
-    "kernel_restarted",
-    "kernel_anomaly",
-    "key_created",
-    "key_revoked",
-)
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class AuditStore(Protocol):
@@ -45,7 +36,7 @@ class AuditStore(Protocol):
         commit after rows an answer waits for)."""
         ...
 
-    async def read_engine(self) -> AsyncEngine:
+    async def read_engine(self) -> StoreEngine:
         """The engine, once every queued write is committed."""
         ...
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from kernelgw.storage import migrate
-from kernelgw.storage.engine import create_sqlite_writer_engine, create_store_engine, enable_wal, sqlite_file
+from kernelgw.storage.engine import create_database_engine, create_sqlite_writer_engine, enable_wal, sqlite_file
 from kernelgw.storage.health import FileIdentity
+from kernelgw.storage.thread_engine import StoreEngine, ThreadEngine
 from kernelgw.storage.wal import WalCheckpointer
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class Database:
         self.url = url
         self.durability = durability
         self._sqlite_file = sqlite_file(url)
-        self.engine: AsyncEngine | None = None
+        self.engine: StoreEngine | None = None
         self.ready = False
         """The tables are set up and the latest commit did not find the database gone."""
         self.last_error: str | None = None
@@ -65,7 +65,7 @@ class Database:
 
     def open(self) -> None:
         """Make the engine (connects lazily)."""
-        self.engine = create_store_engine(self.url, self.durability)
+        self.engine = create_database_engine(self.url, self.durability)
 
     async def close(self) -> None:
         if self.engine is not None:
@@ -104,10 +104,11 @@ class Database:
         return True
 
     def sqlite_writer_engine(self) -> Engine | None:
-        """The writer thread's sync engine (SQLite files only), made on first use."""
+        """The writer thread's sync engine (SQLite only), made on first use; an
+        in-memory database's is the store's own (one connection)."""
         path = self.sqlite_file
         if path is None:
-            return None
+            return self.engine.sync_engine if isinstance(self.engine, ThreadEngine) else None
         if self._sqlite_writer is None:
             self._sqlite_writer = create_sqlite_writer_engine(path, self.durability)
             self.wal = WalCheckpointer(path)

@@ -1,8 +1,11 @@
 """Database URLs and engines: which driver, and how SQLite is tuned.
 
-Users write ``sqlite://`` or ``postgresql://``; the store always talks through
-the async drivers (aiosqlite, asyncpg), plus, on SQLite, one sync engine for
-the writer thread (a whole batch per hop off the event loop).
+Users write ``sqlite://`` or ``postgresql://``; URLs are kept with the async
+drivers' names (aiosqlite, asyncpg). The store's engine on PostgreSQL is
+SQLAlchemy's asyncio engine over asyncpg; on SQLite a sync engine run in
+threads (`kernelgw.storage.thread_engine`: no asyncio engine, ORM or aiosqlite
+to import at start), plus one sync engine for the writer thread (a whole batch
+per hop off the event loop).
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
+
+from kernelgw.storage.thread_engine import StoreEngine, ThreadEngine
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from kernelgw.config import Settings
 
 DB_FILE = "kernelgw.db"
@@ -50,8 +57,31 @@ def sqlite_file(url: str) -> Path | None:
     return Path(parsed.database).expanduser()
 
 
+def create_database_engine(url: str, durability: str) -> StoreEngine:
+    """The store's engine: in threads on SQLite (a file's directory is made first),
+    else `create_store_engine`'s."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_store_engine(url, durability)
+    path = sqlite_file(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    # its statements hop between worker threads, one at a time; an in-memory
+    # database is one connection (each would otherwise be a database of its own)
+    engine = create_engine(
+        parsed.set(drivername="sqlite+pysqlite"),
+        connect_args={"timeout": 30, "check_same_thread": False},
+        **({} if path is not None else {"poolclass": StaticPool}),
+    )
+    sqlite_pragmas(engine, durability)
+    return ThreadEngine(engine)
+
+
 def create_store_engine(url: str, durability: str) -> AsyncEngine:
-    """The async engine of the store (a SQLite file's directory is made first)."""
+    """SQLAlchemy's asyncio engine on the store's database (imported here: on
+    SQLite only a cluster's registry and the workers' supervisor use it)."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if (path := sqlite_file(url)) is not None:

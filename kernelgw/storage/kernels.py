@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Row, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from kernelgw.runtime.backends.base import KernelHandle, KernelSpec
 from kernelgw.runtime.recorder import StoredSession
 from kernelgw.storage import schema
 from kernelgw.storage.records import as_utc
+from kernelgw.storage.thread_engine import StoreConnection
 
 if TYPE_CHECKING:
     from kernelgw.runtime.recorder import RecordedSession
@@ -83,7 +83,7 @@ def stored_session(row: Any) -> StoredSession:
     )
 
 
-async def open_session_rows(conn: AsyncConnection, gateway_name: str) -> Sequence[Row[Any]]:
+async def open_session_rows(conn: StoreConnection, gateway_name: str) -> Sequence[Row[Any]]:
     """The open sessions of ``gateway_name``, after ending those stored without a
     kernel (by a release before reattachment: nothing to reattach)."""
     s = schema.sessions

@@ -13,13 +13,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, or_, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from kernelgw.kernels import DEFAULT_KERNEL
 from kernelgw.runtime.lineage import LineageCell
 from kernelgw.storage import schema
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
 from kernelgw.storage.retention import RUNNING
+from kernelgw.storage.thread_engine import StoreConnection, StoreEngine, on_one_connection
 
 
 def _utc(value: datetime | None) -> datetime:
@@ -39,7 +39,7 @@ def splice(arrays: Sequence[str]) -> str:
 
 
 async def _chunks(
-    conn: AsyncConnection, session_id: str, execution_ids: Sequence[str] | None = None
+    conn: StoreConnection, session_id: str, execution_ids: Sequence[str] | None = None
 ) -> dict[CellKey, list[str]]:
     """The output chunks of a session's cells (those of ``execution_ids`` only,
     when given), in order: one query for any number of cells."""
@@ -61,7 +61,7 @@ def _events(row: Any, chunks: dict[CellKey, list[str]]) -> str:
     return splice([*parts, row.events]) if parts else str(row.events)
 
 
-async def get_session(engine: AsyncEngine, session_id: str) -> SessionRecord | None:
+async def get_session(engine: StoreEngine, session_id: str) -> SessionRecord | None:
     async with engine.connect() as conn:
         row = (await conn.execute(select(schema.sessions).where(schema.sessions.c.id == session_id))).first()
     if row is None:
@@ -89,7 +89,7 @@ def _header(text: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-async def list_executions(engine: AsyncEngine, session_id: str) -> list[ExecutionRecord]:
+async def list_executions(engine: StoreEngine, session_id: str) -> list[ExecutionRecord]:
     t = schema.executions
     async with engine.connect() as conn:
         rows = (await conn.execute(select(t).where(t.c.session_id == session_id).order_by(t.c.position, t.c.id))).all()
@@ -101,7 +101,7 @@ MAX_UNANSWERED = 100
 """The most cells a returning Jupyter client is sent again (the latest)."""
 
 
-async def unanswered_client_cells(engine: AsyncEngine, session_id: str, client_session: str) -> list[ExecutionRecord]:
+async def unanswered_client_cells(engine: StoreEngine, session_id: str, client_session: str) -> list[ExecutionRecord]:
     """A Jupyter client's ended cells whose answer never reached it, oldest first."""
     t = schema.executions
     query = (
@@ -144,7 +144,7 @@ def _execution(row: Any, chunks: dict[CellKey, list[str]]) -> ExecutionRecord:
     )
 
 
-async def lineage(engine: AsyncEngine, session_id: str, kernel_ids: Sequence[str]) -> list[LineageCell]:
+async def lineage(engine: StoreEngine, session_id: str, kernel_ids: Sequence[str]) -> list[LineageCell]:
     """The cells that built the state of the session's kernel (`kernelgw.runtime.lineage`),
     oldest first: what a replay runs again. ``kernel_ids``: that kernel, and those
     its state was resumed from."""
@@ -153,7 +153,7 @@ async def lineage(engine: AsyncEngine, session_id: str, kernel_ids: Sequence[str
 
 
 async def _lineages(
-    conn: AsyncConnection, kernels_by_session: Mapping[str, Sequence[str]]
+    conn: StoreConnection, kernels_by_session: Mapping[str, Sequence[str]]
 ) -> dict[str, list[LineageCell]]:
     """`lineage` of each session (id -> its kernels), in one query."""
     t = schema.executions
@@ -175,7 +175,7 @@ async def _lineages(
     return found
 
 
-async def list_notes(engine: AsyncEngine, session_id: str) -> list[NoteRecord]:
+async def list_notes(engine: StoreEngine, session_id: str) -> list[NoteRecord]:
     t = schema.notes
     async with engine.connect() as conn:
         rows = (await conn.execute(select(t).where(t.c.session_id == session_id).order_by(t.c.after_seq, t.c.id))).all()
@@ -190,7 +190,7 @@ async def list_notes(engine: AsyncEngine, session_id: str) -> list[NoteRecord]:
     ]
 
 
-async def latest_events(engine: AsyncEngine, session_id: str, max_bytes: int) -> list[tuple[str, str]]:
+async def latest_events(engine: StoreEngine, session_id: str, max_bytes: int) -> list[tuple[str, str]]:
     """(execution id, events JSON) of the session's latest executions, oldest
     first, as many as fit in ``max_bytes`` of events (a replay buffer's worth,
     read newest first so a long history is not loaded; output chunks are
@@ -210,25 +210,29 @@ class ReattachReads:
 
 
 async def reattach_reads(
-    engine: AsyncEngine, kernels_by_session: Mapping[str, Sequence[str]], max_bytes: int
+    engine: StoreEngine, kernels_by_session: Mapping[str, Sequence[str]], max_bytes: int
 ) -> dict[str, ReattachReads]:
     """`latest_events` (when ``max_bytes`` > 0) and `lineage` of every session
-    (id -> its lineage kernels) at a gateway's start: on one connection, with one
-    query for all their lineages and one for all their chunk sizes (a query and a
-    connection per session each cost 20 sessions' restart 60-70 ms)."""
+    (id -> its lineage kernels) at a gateway's start: on one connection (on SQLite
+    in one thread hop), with one query for all their lineages and one for all their
+    chunk sizes (a query and a connection per session each cost 20 sessions'
+    restart 60-70 ms)."""
     if not kernels_by_session:
         return {}
-    async with engine.connect() as conn:
+
+    async def read(conn: StoreConnection) -> dict[str, ReattachReads]:
         lineages = await _lineages(conn, kernels_by_session)
         latest: dict[str, list[tuple[str, str]]] = {sid: [] for sid in kernels_by_session}
         if max_bytes > 0:
             sizes = await _chunk_sizes(conn, list(kernels_by_session))
             for sid in kernels_by_session:
                 latest[sid] = await _latest_events(conn, sid, max_bytes, sizes.get(sid, {}))
-    return {sid: ReattachReads(latest=latest[sid], lineage=lineages[sid]) for sid in kernels_by_session}
+        return {sid: ReattachReads(latest=latest[sid], lineage=lineages[sid]) for sid in kernels_by_session}
+
+    return await on_one_connection(engine, read)
 
 
-async def _chunk_sizes(conn: AsyncConnection, session_ids: Sequence[str]) -> dict[str, dict[CellKey, int]]:
+async def _chunk_sizes(conn: StoreConnection, session_ids: Sequence[str]) -> dict[str, dict[CellKey, int]]:
     """The stored size of each chunked cell's output, by session."""
     c = schema.execution_chunks
     query = (
@@ -243,7 +247,7 @@ async def _chunk_sizes(conn: AsyncConnection, session_ids: Sequence[str]) -> dic
 
 
 async def _latest_events(
-    conn: AsyncConnection, session_id: str, max_bytes: int, chunked: dict[CellKey, int]
+    conn: StoreConnection, session_id: str, max_bytes: int, chunked: dict[CellKey, int]
 ) -> list[tuple[str, str]]:
     t = schema.executions
     query = (

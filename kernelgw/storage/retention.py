@@ -6,9 +6,9 @@ import logging
 from datetime import datetime
 
 from sqlalchemy import delete, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from kernelgw.storage import schema
+from kernelgw.storage.thread_engine import StoreEngine
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ PURGE_CHUNK = 500
 """Sessions deleted per transaction (short transactions: the writer is not held up)."""
 
 
-async def purge(engine: AsyncEngine, cutoff: datetime, audit_cutoff: datetime) -> int:
+async def purge(engine: StoreEngine, cutoff: datetime, audit_cutoff: datetime) -> int:
     """Delete sessions that ended before ``cutoff``, with their executions (and
     their output chunks) and notes, and audit rows before ``audit_cutoff``; returns how many sessions went."""
     s = schema.sessions
@@ -50,7 +50,7 @@ async def purge(engine: AsyncEngine, cutoff: datetime, audit_cutoff: datetime) -
     return purged
 
 
-async def end_cut_off_executions(engine: AsyncEngine, gateway_name: str) -> list[tuple[str, str]]:
+async def end_cut_off_executions(engine: StoreEngine, gateway_name: str) -> list[tuple[str, str]]:
     """Rows still ``running`` in this gateway name's open sessions belong to
     cells a gateway death cut off (a live gateway ends every cell it runs):
     mark them dead so history and notebook export show them; returns their

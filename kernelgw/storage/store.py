@@ -22,30 +22,30 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, insert, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from kernelgw import events as ev
 from kernelgw.errors import StorageUnavailable
 from kernelgw.events import EVENT_LIST_ADAPTER
 from kernelgw.runtime.recorder import TAIL_BYTES, StoredCell, StoredSession
-from kernelgw.storage import audit, queries, retention, schema
+from kernelgw.storage import audit, queries, schema
+from kernelgw.storage.cleanup import Cleanup
 from kernelgw.storage.database import Database
 from kernelgw.storage.engine import DB_FILE, async_database_url, database_url_for
 from kernelgw.storage.health import WriteHealth
-from kernelgw.storage.journal import DIRECTORY as JOURNAL_DIRECTORY
-from kernelgw.storage.journal import MAX_RECORD_BYTES, Journal, JournalRecord, read_segments
+from kernelgw.storage.journal import MAX_RECORD_BYTES, Journal
 from kernelgw.storage.kernels import CRASHED_REASON, kernel_values, open_session_rows, stored_session
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
 from kernelgw.storage.retention import CUT_OFF_REASON, RUNNING
+from kernelgw.storage.thread_engine import StoreEngine
 from kernelgw.storage.writer import Write, Writer
-from kernelgw.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
     from kernelgw.config import Settings
     from kernelgw.runtime.fanout import Published
     from kernelgw.runtime.recorder import RecordedExecution, RecordedSession
@@ -87,29 +87,6 @@ def _replay_values(execution: RecordedExecution) -> dict[str, Any]:
         "replay_of": execution.replay_of,
         "no_replay": True if not execution.replayable else None,
     }
-
-
-async def _replay_row(conn: AsyncConnection, record: JournalRecord) -> bool:
-    """Write a journalled end row unless it is stored already; whether it was written."""
-    row = dict(record.row)
-    row["started_at"] = datetime.fromisoformat(row["started_at"])
-    table = schema.executions
-    where = (
-        (table.c.session_id == row["session_id"])
-        & (table.c.position == row["position"])
-        & (table.c.execution_id == row["execution_id"])
-    )
-    found = (await conn.execute(select(table.c.status).where(where))).first()
-    if found is not None and found.status != RUNNING:
-        return False
-    if found is not None:  # its running row was committed, its end was not
-        keys = ("session_id", "position", "execution_id")
-        await conn.execute(
-            update(table).where(where).values(events=record.events, **{k: v for k, v in row.items() if k not in keys})
-        )
-    else:
-        await conn.execute(insert(table).values(events=record.events, **row))
-    return True
 
 
 # Constant statements (parameters passed apart) are compiled once: building and
@@ -181,8 +158,9 @@ class Store:
     """History storage on SQLite or PostgreSQL; implements `kernelgw.runtime.recorder.Recorder`.
 
     ``start`` (in the app's lifespan) connects, upgrades the schema to the head
-    revision (`kernelgw.storage.migrate`), purges history older than the
-    retention and starts the writer. The sessions a predecessor of the same
+    revision (`kernelgw.storage.migrate`), cleans up after its predecessor,
+    starts the writer, and then purges history older than the retention now
+    and then (`kernelgw.storage.cleanup`). The sessions a predecessor of the same
     ``gateway_name`` left open are the manager's to reattach or end
     (``open_sessions``, ``session_lost``).
     ``close`` commits what is queued, then disconnects.
@@ -205,16 +183,18 @@ class Store:
         ``synchronous=NORMAL``); "fsync": also power loss (``synchronous=FULL``)."""
         self._started: dict[tuple[str, str], _StartRow] = {}
         """(session, execution) -> the ``running`` row queued for it."""
-        self._cut_off: set[tuple[str, str]] = set()
-        """(session id, execution id) of the cells this start marked as cut off."""
         self.gateway_name = gateway_name
-        self.retention_days = retention_days
-        self.audit_retention_days = audit_retention_days
-        self.purge_interval_s = purge_interval_s
         self._positions: dict[str, int] = {}
         self._db = Database(self.url, durability)
         self._writer = Writer(self._db, max_pending)
-        self._purger: asyncio.Task[None] | None = None
+        self._cleanup = Cleanup(
+            self._db,
+            gateway_name,
+            durability=durability,
+            retention_days=retention_days,
+            audit_retention_days=audit_retention_days,
+            purge_interval_s=purge_interval_s,
+        )
         self._journal: Journal | None = None
         """Small cells' end rows answered before their commit (`kernelgw.storage.journal`)."""
 
@@ -228,6 +208,24 @@ class Store:
             purge_interval_s=settings.history_purge_interval_s,
             durability=settings.durability,
         )
+
+    @property
+    def retention_days(self) -> float:
+        """How long ended sessions' history is kept (settable: the next purge uses it)."""
+        return self._cleanup.retention_days
+
+    @retention_days.setter
+    def retention_days(self, days: float) -> None:
+        self._cleanup.retention_days = days
+
+    @property
+    def audit_retention_days(self) -> float:
+        """How long audit rows are kept (settable: the next purge uses it)."""
+        return self._cleanup.audit_retention_days
+
+    @audit_retention_days.setter
+    def audit_retention_days(self, days: float) -> None:
+        self._cleanup.audit_retention_days = days
 
     @property
     def dialect(self) -> str:
@@ -261,25 +259,18 @@ class Store:
                 raise StorageUnavailable(f"The database at {self.display_url} is unavailable: {self._db.last_error}")
             return
         if await self._db.ensure_ready(force=True):
-            try:
-                await self._replay_journal()
-                await self._end_cut_off_executions()
-                await self.purge()
-            except Exception:
-                log.exception("history storage: start-up clean-up failed")
-        if (directory := self._journal_directory()) is not None:
+            await self._cleanup.after_predecessor()
+        if (directory := self._cleanup.journal_directory()) is not None:
             self._journal = Journal(directory, self.gateway_name)
         self._writer.start()
-        if self.purge_interval_s > 0:
-            self._purger = asyncio.create_task(self._purge_loop(), name="history-purge")
+        self._cleanup.start_purging(self.purge)
 
     async def close(self) -> None:
         await self._writer.close()
         if self._journal is not None:
             self._journal.close()
             self._journal = None
-        await cancel_and_wait(self._purger)
-        self._purger = None
+        await self._cleanup.stop_purging()
         await self._db.close()
 
     def enqueue(
@@ -575,11 +566,14 @@ class Store:
             cells: list[StoredCell] = []
             for execution_id, events in read.latest:
                 try:
-                    parsed = EVENT_LIST_ADAPTER.validate_json(events)
+                    # pydantic's JSON parser refuses lone surrogates (escaped or
+                    # raw), so the events' walk of every string for them is skipped:
+                    # a third of a restart's open_sessions
+                    parsed = EVENT_LIST_ADAPTER.validate_json(events, context=ev.TEXT_CHECKED)
                 except ValueError:
                     log.warning("session %s: stored events of %s are unreadable", session.session_id, execution_id)
                     parsed = []
-                cut_off = (session.session_id, execution_id) in self._cut_off
+                cut_off = (session.session_id, execution_id) in self._cleanup.cut_off
                 cells.append(StoredCell(execution_id=execution_id, events=parsed, cut_off=cut_off))
             stored.append(dataclasses.replace(session, cells=cells, lineage=read.lineage))
         return stored
@@ -624,7 +618,7 @@ class Store:
         return await future
 
     # ------------------------------------------------------------ queries
-    async def read_engine(self) -> AsyncEngine:
+    async def read_engine(self) -> StoreEngine:
         """The engine, after every queued write is committed: readers see their own writes."""
         await self.flush()
         if self._writer.holding:
@@ -663,56 +657,8 @@ class Store:
 
         self.enqueue(f"answers of {len(execution_ids)} Jupyter cells of session {session_id}", write, deferrable=True)
 
-    # ------------------------------------------------------------ retention
+    # ------------------------------------------------------------ retention (`kernelgw.storage.cleanup`)
     async def purge(self, now: datetime | None = None) -> int:
         """Delete sessions that ended more than ``retention_days`` ago, with their
-        executions and notes; returns how many sessions went."""
-        engine = await self.read_engine()
-        now = now or _now()
-        purged = await retention.purge(
-            engine, now - timedelta(days=self.retention_days), now - timedelta(days=self.audit_retention_days)
-        )
-        if purged:
-            log.info("history storage: purged %d sessions older than %g days", purged, self.retention_days)
-        return purged
-
-    def _journal_directory(self) -> Path | None:
-        """Where this gateway's answer journal lives, if it keeps one: beside a
-        SQLite file, with the default durability (see `kernelgw.storage.journal`)."""
-        path = self._db.sqlite_file
-        if path is None or self.durability != "process":
-            return None
-        return path.parent / JOURNAL_DIRECTORY
-
-    async def _replay_journal(self) -> None:
-        """Write into the database the end rows a previous gateway of this name
-        answered and did not commit (it was killed), then remove its journal."""
-        if (directory := self._journal_directory()) is None:
-            return
-        records, paths = await asyncio.to_thread(read_segments, directory, self.gateway_name)
-        if records:
-            assert self._db.engine is not None
-            async with self._db.engine.begin() as conn:
-                written = [await _replay_row(conn, record) for record in records]
-            log.warning(
-                "history storage: %d cells answered before a gateway stop were written from its journal "
-                "(%d were already stored)",
-                written.count(True),
-                written.count(False),
-            )
-        for path in paths:
-            await asyncio.to_thread(path.unlink, missing_ok=True)
-
-    async def _end_cut_off_executions(self) -> None:
-        assert self._db.engine is not None
-        if cut_off := await retention.end_cut_off_executions(self._db.engine, self.gateway_name):
-            self._cut_off.update(cut_off)
-            log.warning("history storage: %d cells were cut off by a gateway stop; marked dead", len(cut_off))
-
-    async def _purge_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.purge_interval_s)
-            try:
-                await self.purge()
-            except Exception:
-                log.exception("history storage: purging old history failed")
+        executions and notes; returns how many sessions went (`Cleanup.purge`)."""
+        return await self._cleanup.purge(await self.read_engine(), now or _now())

@@ -20,16 +20,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DataError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from kernelgw.errors import StorageUnavailable
 from kernelgw.storage.database import Database
 from kernelgw.storage.health import DatabaseFileReplaced, WriteHealth
 from kernelgw.tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ RETRY_INTERVAL_S = 1.0
 CLOSE_TIMEOUT_S = 30.0
 """Longest a shutdown waits for queued rows to be committed."""
 
-Write = Callable[[AsyncConnection], Awaitable[Any]]
+Write = Callable[["AsyncConnection"], Awaitable[Any]]
 
 
 class HistoryWriteAwaitedElsewhere(RuntimeError):
@@ -72,7 +74,7 @@ class _InThread:
 
 def _run_to_end(write: Write, conn: Connection) -> Any:
     """Run ``write`` to its end without an event loop (it awaits only `_InThread`)."""
-    steps = write(cast(AsyncConnection, _InThread(conn))).__await__()
+    steps = write(cast("AsyncConnection", _InThread(conn))).__await__()
     try:
         steps.send(None)
     except StopIteration as end:
@@ -327,7 +329,8 @@ class Writer:
                 if db.wal is not None:
                     db.wal.committed([op.size for op in batch])
                 return
-            async with db.engine.connect() as conn:
+            engine = cast("AsyncEngine", db.engine)  # PostgreSQL: SQLite's writes went to the thread above
+            async with engine.connect() as conn:
                 async with conn.begin():
                     results = [await op.write(conn) for op in batch]
                     if db.sqlite_file is not None:

@@ -35,6 +35,9 @@ LAZY = {
     "rich": "image builds' progress",
     "alembic": "a store whose schema is behind (kernelgw.storage.migrate)",
     "asyncpg": "a PostgreSQL store",
+    "sqlalchemy.ext.asyncio": "a PostgreSQL store, a cluster's registry (SQLite: kernelgw.storage.thread_engine)",
+    "sqlalchemy.orm": "nothing of ours (SQLAlchemy's asyncio engine imports it)",
+    "aiosqlite": "a cluster's registry on SQLite (the store's engine runs pysqlite in threads)",
     "psycopg": "a PostgreSQL store",
 }
 
@@ -134,3 +137,15 @@ def test_an_allowlist_still_imports_packaging_when_set(tmp_path: Path, monkeypat
     with pytest.raises(ValueError, match="not a requirement"):
         Settings.load(None, package_allowlist=["sympy>=>1"])
     assert Settings.load(None, package_allowlist=["sympy>=1.12"]).package_allowlist == ["sympy>=1.12"]
+
+
+def test_the_cli_imports_no_storage() -> None:
+    """Every ``kernelgw`` command imports the CLI first; ``serve`` pauses the cyclic
+    collector only after that, and ``run`` never opens a database. The audit
+    command's ``--kind`` choices once imported the whole store (SQLAlchemy) there."""
+    code = "import json, sys, kernelgw.cli.main; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    loaded = set(json.loads(done.stdout))
+    assert "kernelgw.cli.admin" in loaded  # the audit command is defined
+    eager = sorted(m for m in loaded if m.startswith(("sqlalchemy", "kernelgw.storage", "kernelgw.server")))
+    assert not eager, f"importing the CLI imports {eager[:5]}"

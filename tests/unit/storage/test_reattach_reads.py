@@ -94,3 +94,21 @@ async def test_each_session_gets_its_own_lineage_and_latest_cells(store: Store) 
     assert all(r.latest == [] for r in none.values())
     assert none[a].lineage == reads[a].lineage
     assert await queries.reattach_reads(engine, {}, 1024) == {}
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['"\\ud800"', '"a\\udc00b"', '"\ud800"'],
+    ids=["escaped high", "escaped low", "raw"],
+)
+def test_stored_events_with_a_lone_surrogate_do_not_parse(text: str) -> None:
+    """`Store.open_sessions` parses stored events with ``TEXT_CHECKED`` (their models
+    skip the walk of every string for lone surrogates) because pydantic's JSON
+    parser refuses them: such a cell is read as unreadable, never kept with
+    text no UTF-8 encoder takes. A pydantic that parsed them would fail here."""
+    from kernelgw import events as ev
+
+    stored = '[{"type": "stream", "name": "stdout", "text": ' + text + "}]"
+    with pytest.raises(ValueError):
+        ev.EVENT_LIST_ADAPTER.validate_json(stored, context=ev.TEXT_CHECKED)
+    assert ev.EVENT_LIST_ADAPTER.validate_json(stored.replace(text, '"\\ud83d\\ude00"'), context=ev.TEXT_CHECKED)
