@@ -472,7 +472,12 @@ def durability(d: Path, out: Path, reattach: Any, ack: Any, crash: Any) -> list[
             f"\nThis tree minus the tree before: p50 {ack['after_over_before_p50_ms']:+.2f} ms, p95 "
             f"{ack['after_over_before_p95_ms']:+.2f} ms. Goal (within {ack.get('goal_ms', ACK_OVER_RAW_MS):g} ms of the "
             f"floor at p50): {verdict(ack['after_over_floor_p50_ms'] <= ack.get('goal_ms', ACK_OVER_RAW_MS))}; the "
-            f"tree before was {ack['before_over_floor_p50_ms']:+.2f} ms over the same floor in the same rounds.\n"
+            f"tree before was {ack['before_over_floor_p50_ms']:+.2f} ms over the same floor in the same rounds. "
+            "Both gateways run the same kernel image, so a change in the kernel moves both: since 2026-11-27 "
+            "(afternoon) the kernel answers the gateway's two expressions of every cell without IPython's display "
+            "formatter (`images/python/kernelgw_kernel/expressions.py`, about 0.2 ms of kernel time a cell), and "
+            "the tree before, 38171e0, went from +0.80 to +1.11 ms (six runs that morning, the image before) to "
+            "+0.06 to +0.66 ms over the floor.\n"
         )
         w(f"![acknowledged means stored]({rel(d / 'ack.png', out)})\n")
         store = ack.get("store_write_latency") or []
@@ -734,8 +739,9 @@ def isolation_section(d: Path, out: Path, iso: dict[str, Any] | None) -> list[st
         "- What changed on 2026-11-27 (second session): a flood now waits for its reader. The Python kernel's iopub "
         "never drops and blocks past a 32-message queue, and a cell's `print` or `display` waits once that queue is "
         "full (`images/python/kernelgw_kernel/backpressure.py`); while another session has had output within the "
-        "last second, the gateway reads a session's output at most at 2 MiB/s and 100 messages/s after a "
-        "one-second burst (`runtime/output_rate.py`). Before it, the flooding kernel took 0.78 (print) to 0.87 "
+        "last second, the gateway reads a session's output at most at 2 MiB/s and 100 output messages/s after a "
+        "one-second burst (`runtime/output_rate.py`; since that afternoon only streams and displays count as "
+        "messages: a loop of small cells, four status, input and result messages each, was paced too). Before it, the flooding kernel took 0.78 (print) to 0.87 "
         "(display) of a core whatever the gateway did, and the floor itself went 2.17x and 9.39x at p95; the "
         "'flooding kernel' column above shows what it takes now. Alone, a session's output is read at full speed. "
         "Other runs the same hour: at 4 MiB/s and 100 messages/s print 1.24x/1.47x, display 1.14x/1.33x, line "
