@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kernelgw import events as ev
 from kernelgw.errors import KernelGWError, KernelStartFailed, NotForThisKernel, SessionBusy
@@ -620,13 +620,11 @@ class KernelSession:
             log.warning("session %s could not be resumed for its queued cells: %s", self.id, exc)
             await self._executions.fail_queued(f"the session is paused and could not be resumed: {exc}")
 
-    def send_stdin(self, msg: dict[str, Any]) -> bool:
-        """A Jupyter client's ``input_reply`` for the running cell's ``input_request``."""
-        return self._link.send_message("stdin", msg)
-
-    def send_shell(self, msg: dict[str, Any]) -> bool:
-        """A Jupyter client's reply-less shell message, in order with the cells (`KernelLink.send_message`)."""
-        return self._link.send_message("shell", msg)
+    def send_message(self, channel: Literal["shell", "stdin"], msg: dict[str, Any]) -> bool:
+        """A Jupyter client's message on the session's own socket: an ``input_reply``
+        for the running cell's ``input_request``, or a reply-less shell message in
+        order with the cells (`KernelLink.send_message`)."""
+        return self._link.send_message(channel, msg)
 
     @property
     def current_execution(self) -> QueuedExecution | None:

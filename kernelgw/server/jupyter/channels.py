@@ -442,12 +442,12 @@ class ChannelsConnection:
             return
         if msg.msg_type == "input_reply" and self._cells.owns(self.session.current_execution):
             # our cell's input_request came through the session's own socket
-            self.session.send_stdin(msg.to_zmq())
+            self.session.send_message("stdin", msg.to_zmq())
             return
         if msg.channel == "shell" and msg.msg_type in IN_ORDER_WITH_CELLS:
             # on the session's socket, before any cell the client sends after it
             # (a widget's new value, then the cell that reads it)
-            if self.session.send_shell(msg.to_zmq()):
+            if self.session.send_message("shell", msg.to_zmq()):
                 self.session.touch()
             return
         kc = self._kc
