@@ -15,6 +15,7 @@ jupyter_client at p50.
 
 Run:  git archive d7b8a43 | tar -x -C /tmp/kgw_before
       .venv/bin/python benchmarks/bench_ack.py --before /tmp/kgw_before [--before-commit d7b8a43] [--rounds 400]
+      [--idle-sessions 11 --block 20 --rounds 20]  (blocks of samples, beside idle sessions)
 """
 
 from __future__ import annotations
@@ -139,13 +140,19 @@ def process_cpu_s(pid: int) -> float:
     return total / 1e9
 
 
-async def measure(before: Gateway, after: Gateway, rounds: int, warmup: int) -> dict[str, Any]:
+async def measure(
+    before: Gateway, after: Gateway, rounds: int, warmup: int, idle_sessions: int = 0, block: int = 1
+) -> dict[str, Any]:
+    """``idle_sessions`` more sessions on each gateway do nothing meanwhile; each
+    round takes ``block`` samples of one row after another (rows in shuffled order)."""
     sids = {}
     for label, gw in (("before", before), ("after", after)):
         async with httpx.AsyncClient(base_url=gw.url, timeout=120) as http:
             resp = await http.post("/v1/sessions", json={})
             resp.raise_for_status()
             sids[label] = resp.json()["id"]
+            for _ in range(idle_sessions):
+                (await http.post("/v1/sessions", json={})).raise_for_status()
     samples: dict[str, list[float]] = {FLOOR: [], BEFORE: [], AFTER: []}
     loads: list[float] = []
     async with WsConn(before.ws_url(sids["before"])) as ws_b, WsConn(after.ws_url(sids["after"])) as ws_a:
@@ -161,13 +168,14 @@ async def measure(before: Gateway, after: Gateway, rounds: int, warmup: int) -> 
                 order = list(rows)
                 random.shuffle(order)
                 for name in order:
-                    pid = pids.get(name)
-                    start = process_cpu_s(pid) if pid is not None and i >= warmup else 0.0
-                    ms, _ = await rows[name]("1+1")
-                    if i >= warmup:
-                        samples[name].append(ms)
-                        if pid is not None:
-                            own[name] += process_cpu_s(pid) - start
+                    for _ in range(block):
+                        pid = pids.get(name)
+                        start = process_cpu_s(pid) if pid is not None and i >= warmup else 0.0
+                        ms, _ = await rows[name]("1+1")
+                        if i >= warmup:
+                            samples[name].append(ms)
+                            if pid is not None:
+                                own[name] += process_cpu_s(pid) - start
                 if i % 50 == 0:
                     loads.append(os.getloadavg()[0])
     # each gateway served `rounds` cells meanwhile; "during" counts only the time from
@@ -175,8 +183,8 @@ async def measure(before: Gateway, after: Gateway, rounds: int, warmup: int) -> 
     # the raw client shares its session's kernel)
     cpu_us = {
         label: {
-            "whole_run": round((process_cpu_s(pids[name]) - cpu[name]) / rounds * 1e6),
-            "during_its_cells": round(own[name] / rounds * 1e6),
+            "whole_run": round((process_cpu_s(pids[name]) - cpu[name]) / (rounds * block) * 1e6),
+            "during_its_cells": round(own[name] / (rounds * block) * 1e6),
         }
         for label, name in (("before", BEFORE), ("after", AFTER))
     }
@@ -190,6 +198,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=400)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--quick", action="store_true", help="--rounds 100")
+    parser.add_argument(
+        "--idle-sessions", type=int, default=0, help="more sessions on each gateway that stay idle meanwhile"
+    )
+    parser.add_argument("--block", type=int, default=1, help="samples of one row in a row, per round")
     parser.add_argument("--image", default=DEFAULT_IMAGE)
     parser.add_argument("--json", type=Path, default=DOCS_BENCH / "ack.json")
     parser.add_argument("--chart", type=Path, default=DOCS_BENCH / "ack.png")
@@ -206,7 +218,7 @@ def main() -> int:
         TreeGateway("ackold", before_tree, args.image) as before,
         TreeGateway("acknew", _common.REPO, args.image) as after,
     ):
-        out = asyncio.run(measure(before, after, args.rounds, args.warmup))
+        out = asyncio.run(measure(before, after, args.rounds, args.warmup, args.idle_sessions, args.block))
     # stopped now: each store's queue-to-commit times (in the tree before, nobody waited for them)
     store_rows = [
         summary(f"{label}: all rows", gw.store_latency["all_ms"])
@@ -232,6 +244,7 @@ def main() -> int:
         "floor": FLOOR,
         "rows": rows,
         "rounds": args.rounds,
+        "samples_per_row": args.rounds * args.block,
         "warmup": args.warmup,
         "loadavg_1min_during": out["loadavg_1min_during"],
         "gateway_cpu_us_per_cell": out["gateway_cpu_us_per_cell"],
@@ -244,7 +257,10 @@ def main() -> int:
         "met": over <= GOAL_MS,
         "activity_end": other_activity(),
     }
-    print_table(f"1+1 over the WebSocket, interleaved in {args.rounds} rounds ({date})", rows, floor=FLOOR)
+    how = f"interleaved in {args.rounds} rounds" + (f" of {args.block}-sample blocks" if args.block > 1 else "")
+    if args.idle_sessions:
+        how += f", {args.idle_sessions} more sessions idle on each gateway"
+    print_table(f"1+1 over the WebSocket, {how} ({date})", rows, floor=FLOOR)
     print(
         f"\nthis tree's WebSocket p50 - raw p50: {over:+.2f} ms (goal <= {GOAL_MS:g} ms: "
         f"{'MET' if result['met'] else 'MISSED'}); before's: {result['before_over_floor_p50_ms']:+.2f} ms; "

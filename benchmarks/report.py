@@ -296,7 +296,8 @@ def durability(d: Path, out: Path, reattach: Any, ack: Any, crash: Any) -> list[
         goal = ack.get("goal_ms", ACK_OVER_RAW_MS)
         lines.append(
             f"| `1+1` over the WebSocket within {goal:g} ms of raw jupyter_client at p50 | "
-            f"{ack['after_over_floor_p50_ms']:+.2f} ms over the floor (n={ack['rounds']}; the tree before: "
+            f"{ack['after_over_floor_p50_ms']:+.2f} ms over the floor (n={ack.get('samples_per_row', ack['rounds'])}; "
+            "the tree before: "
             f"{ack['before_over_floor_p50_ms']:+.2f} ms) | {verdict(ack['after_over_floor_p50_ms'] <= goal)} |"
         )
     if crash:
