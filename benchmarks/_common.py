@@ -546,6 +546,16 @@ class Gateway:
         vals = [v for k, v in m.items() if k.split("{")[0] in (prefix, prefix + "_total")]
         return sum(vals) if vals else None
 
+    def wait_pool_ready(self, size: int, timeout: float = 120) -> float | None:
+        """Wait until /metrics reports ``size`` ready pool kernels; returns how many
+        are ready then (fewer: it timed out), None when the gateway has no pool metric."""
+        deadline = time.monotonic() + timeout
+        while (ready := self.metric("kernelgw_pool_ready")) is not None and ready < size:
+            if time.monotonic() > deadline:
+                return ready
+            time.sleep(0.1)
+        return ready
+
     def containers(self) -> list[Any]:
         import docker
 

@@ -54,6 +54,8 @@ FLOOR = "raw jupyter_client (floor)"
 BEFORE = "kernelgw WebSocket, before"
 AFTER = "kernelgw WebSocket, this tree"
 GOAL_MS = 1.0
+POOL_SIZE = 2
+"""The gateways' warm pool (the default `pool_size`)."""
 
 
 # Runs the gateway's CLI; when its history store closes (the gateway stops), writes to
@@ -153,6 +155,9 @@ async def measure(
             sids[label] = resp.json()["id"]
             for _ in range(idle_sessions):
                 (await http.post("/v1/sessions", json={})).raise_for_status()
+    for gw in (before, after):
+        # the pool's refills (cold kernel starts) are over before anything is measured
+        await asyncio.to_thread(gw.wait_pool_ready, POOL_SIZE)
     samples: dict[str, list[float]] = {FLOOR: [], BEFORE: [], AFTER: []}
     loads: list[float] = []
     async with WsConn(before.ws_url(sids["before"])) as ws_b, WsConn(after.ws_url(sids["after"])) as ws_a:

@@ -37,11 +37,8 @@ from _common import (
 
 
 def wait_pool_full(gw: Gateway, size: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while (gw.metric("kernelgw_pool_ready") or 0) < size:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the pool never filled")
-        time.sleep(0.2)
+    if (gw.wait_pool_ready(size, timeout) or 0) < size:
+        raise RuntimeError("the pool never filled")
 
 
 def demand(gw: Gateway, interval: float, creates: int) -> tuple[list[float], int]:

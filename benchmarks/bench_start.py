@@ -146,16 +146,10 @@ def llmsb_default_setup() -> list[dict[str, Any]]:
 
 def wait_pool_full(gw: Gateway, size: int, timeout: float = 60) -> float | None:
     """Wait until /metrics reports `size` ready kernels; None when the gateway has no pool metric."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready = gw.metric("kernelgw_pool_ready")
-        if ready is None:
-            time.sleep(1.0)  # no pool here: nothing to wait for
-            return None
-        if ready >= size:
-            return ready
-        time.sleep(0.1)
-    return gw.metric("kernelgw_pool_ready")
+    ready = gw.wait_pool_ready(size, timeout)
+    if ready is None:
+        time.sleep(1.0)  # no pool here: nothing to wait for
+    return ready
 
 
 def main() -> None:
