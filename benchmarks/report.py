@@ -481,6 +481,21 @@ def durability(d: Path, out: Path, reattach: Any, ack: Any, crash: Any) -> list[
             "+0.06 to +0.66 ms over the floor.\n"
         )
         w(f"![acknowledged means stored]({rel(d / 'ack.png', out)})\n")
+        blocks = load(d, "ack_blocks")
+        if blocks:
+            args = blocks["args"]
+            w(
+                f"The same comparison as issue 15 describes its held-out runs (`--idle-sessions "
+                f"{args.get('idle_sessions')} --block {args.get('block')} --rounds {blocks['rounds']}`), measured "
+                f"{_when(blocks)}: samples in blocks of {args.get('block')} of one row after another, with "
+                f"{args.get('idle_sessions')} more sessions idle on each gateway. This tree was "
+                f"{blocks['after_over_floor_p50_ms']:+.2f} ms over the floor at p50 (the tree before: "
+                f"{blocks['before_over_floor_p50_ms']:+.2f} ms). Goal (within "
+                f"{blocks.get('goal_ms', ACK_OVER_RAW_MS):g} ms): "
+                f"{verdict(blocks['after_over_floor_p50_ms'] <= blocks.get('goal_ms', ACK_OVER_RAW_MS))}.\n"
+            )
+            w(table(blocks["rows"], blocks["floor"]))
+            w("")
         store = ack.get("store_write_latency") or []
         if store:
             waited = next((r for r in store if r.get("waited") and r.get("kind") == "execution of session"), None)
