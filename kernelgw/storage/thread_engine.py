@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
@@ -122,14 +122,21 @@ class _Inline(ThreadConnection):
         return fn(*args)
 
 
-def _run_to_end(work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` to its end without an event loop (it awaits only an `_Inline`)."""
+class AwaitedElsewhere(RuntimeError):
+    """Work run inline in a worker thread (`run_inline`) awaited something other than its connection."""
+
+
+def run_inline(work: Callable[[ThreadConnection], Awaitable[T]], conn: Connection, what: str) -> T:
+    """``work`` on ``conn`` to its end in this (worker) thread, without an event
+    loop: it may await only its connection, whose calls run where they are (the
+    history writer's batches, `ThreadEngine.run`). ``what`` names it in the error."""
+    steps = work(_Inline(conn)).__await__()
     try:
-        work.send(None)
+        steps.send(None)
     except StopIteration as end:
         return end.value  # type: ignore[no-any-return]
-    work.close()
-    raise RuntimeError("a store read run in one thread hop awaited something other than its connection")
+    steps.close()
+    raise AwaitedElsewhere(f"{what} awaited something other than its connection")
 
 
 async def on_one_connection(engine: StoreEngine, work: Callable[[StoreConnection], Coroutine[Any, Any, T]]) -> T:
@@ -186,7 +193,7 @@ class ThreadEngine:
 
         def in_thread() -> T:
             with self.sync_engine.connect() as conn:
-                return _run_to_end(work(_Inline(conn)))
+                return run_inline(work, conn, "a store read run in one thread hop")
 
         return await asyncio.to_thread(in_thread)
 

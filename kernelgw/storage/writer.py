@@ -28,6 +28,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 from kernelgw.errors import StorageUnavailable
 from kernelgw.storage.database import Database
 from kernelgw.storage.health import DatabaseFileReplaced, WriteHealth
+from kernelgw.storage.thread_engine import ThreadConnection, run_inline
 from kernelgw.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -57,30 +58,9 @@ CLOSE_TIMEOUT_S = 30.0
 Write = Callable[["AsyncConnection"], Awaitable[Any]]
 
 
-class HistoryWriteAwaitedElsewhere(RuntimeError):
-    """A queued write awaited something other than the database: it cannot run in the writer thread."""
-
-
-class _InThread:
-    """An `AsyncConnection` stand-in over a sync connection, so a `Write` runs in the
-    SQLite writer thread: its ``await conn.execute(...)`` never suspends."""
-
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-
-    async def execute(self, statement: Any, *args: Any) -> Any:
-        return self._conn.execute(statement, *args)
-
-
-def _run_to_end(write: Write, conn: Connection) -> Any:
-    """Run ``write`` to its end without an event loop (it awaits only `_InThread`)."""
-    steps = write(cast("AsyncConnection", _InThread(conn))).__await__()
-    try:
-        steps.send(None)
-    except StopIteration as end:
-        return end.value
-    steps.close()
-    raise HistoryWriteAwaitedElsewhere("a history write awaited something other than the database")
+def _run_in_thread(write: Write, conn: Connection) -> Any:
+    """A `Write` in the SQLite writer thread: its ``await conn.execute(...)`` never suspends."""
+    return run_inline(cast("Callable[[ThreadConnection], Awaitable[Any]]", write), conn, "a history write")
 
 
 async def _nothing(conn: AsyncConnection) -> None:
@@ -254,7 +234,7 @@ class Writer:
         try:
             conn = self._connection(engine)
             with conn.begin():
-                results = [_run_to_end(op.write, conn) for op in batch]
+                results = [_run_in_thread(op.write, conn) for op in batch]
                 self.db.check_file()
         except BaseException:
             self._release_connection()  # a failed transaction's connection is not reused
