@@ -5,7 +5,12 @@ gateway's reading relies on. A kernel has answered once a kernel_info request
 got its reply *and* an iopub message came (the readiness nudge, as
 jupyter_server's): before that, the first execution could lose output to a SUB
 socket that had not joined yet. The same nudge brings iopub back after ZMQ
-dropped it for an oversized message.
+dropped it for an oversized message. It is ready once, besides, our stdin
+socket has joined: stdin carries no reply to prove it, and a kernel's ROUTER
+drops an ``input_request`` to a peer it does not know yet, leaving the cell
+waiting for an answer forever (measured: 1 of 5 local ipykernels answered
+kernel_info 42 ms before our stdin socket's handshake). Its first handshake is
+watched with a socket monitor attached before the socket connects.
 
 One request at a time: each kernel_info request goes out only after the reply
 to the one before (see `kernel_link`'s docstring for why).
@@ -14,6 +19,7 @@ to the one before (see `kernel_link`'s docstring for why).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import time
 from collections.abc import Mapping
@@ -54,7 +60,56 @@ and the compiled languages' kernels do not slice what their programs print.
 it then has 1,064 messages of slack instead of 101,000.)"""
 
 
-def kernel_client(handle: KernelHandle, kernel: str, max_message_bytes: int) -> AsyncKernelClient:
+class HandshakeWatch:
+    """The first completed handshake of one socket, watched from before it connects
+    (a monitor attached later can miss it). Closed after that first one: libzmq
+    sends monitor events blocking, so a monitor nobody reads (a restarting
+    kernel's reconnects) must not stay attached."""
+
+    def __init__(self, socket: zmq.Socket[Any]) -> None:
+        self._socket = socket
+        self._monitor: zmq.Socket[Any] | None = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+
+    async def wait(self, timeout: float) -> bool:
+        """True once the socket has joined its peer; False after ``timeout`` seconds."""
+        monitor = self._monitor
+        if monitor is None:
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                await monitor.recv_multipart()  # the only event it reports
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        monitor, self._monitor = self._monitor, None
+        if monitor is not None:
+            # disabled before its pipe's end closes (see `KernelLink.stop`)
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.disable_monitor()
+            monitor.close(linger=0)
+
+
+class KernelClient(AsyncKernelClient):  # type: ignore[misc]
+    """jupyter_client's asyncio client whose stdin socket is watched until it joins."""
+
+    stdin_joined: HandshakeWatch | None = None
+
+    def connect_stdin(self, identity: bytes | None = None) -> zmq.Socket[Any]:
+        # as jupyter_client's _create_connected_socket, with the watch before connect
+        socket = self.context.socket(zmq.DEALER)
+        socket.linger = 1000
+        if identity:
+            socket.identity = identity
+        self.stdin_joined = HandshakeWatch(socket)
+        socket.connect(self._make_url("stdin"))
+        return socket
+
+
+def kernel_client(handle: KernelHandle, kernel: str, max_message_bytes: int) -> KernelClient:
     """A client of the kernel ``handle`` names (of kind ``kernel``), its channels
     started: shell, iopub, stdin (a Jupyter client's cell may call input()) and control."""
     # Socket options must be set before connect: use a context whose defaults
@@ -64,7 +119,7 @@ def kernel_client(handle: KernelHandle, kernel: str, max_message_bytes: int) -> 
     # A frame over the cap makes ZMQ drop the connection instead of
     # allocating it: what a kernel sends cannot grow our memory unbounded.
     context.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
-    kc = AsyncKernelClient(context=context)
+    kc = KernelClient(context=context)
     kc.load_connection_info(cast(KernelConnectionInfo, handle.connection))
     if kernel in DEEP_SEND_QUEUE:
         # made (and connected) before the others, with its own receive HWM
@@ -78,7 +133,7 @@ def kernel_client(handle: KernelHandle, kernel: str, max_message_bytes: int) -> 
 
 
 async def wait_ready(
-    kc: AsyncKernelClient,
+    kc: KernelClient,
     shell: KernelMessageSender,
     readers: Mapping[str, KernelMessageReader],
     backend: Backend,
@@ -86,9 +141,9 @@ async def wait_ready(
     timeout: float,
     channel: Literal["shell", "control"] = "shell",
 ) -> dict[str, Any]:
-    """Repeat kernel_info until a reply and an iopub message both arrive; returns
-    the reply's content. `KernelStartFailed` once the container stopped or
-    ``timeout`` seconds passed.
+    """Repeat kernel_info until a reply and an iopub message both arrive, then wait
+    for stdin to have joined; returns the reply's content. `KernelStartFailed`
+    once the container stopped or ``timeout`` seconds passed.
 
     A reattached kernel is asked on ``control``: it may still be running the
     cell the previous gateway process was cut off from, and ipykernel answers
@@ -138,6 +193,10 @@ async def wait_ready(
         # Leftover handshake messages need no draining: the readers drop
         # anything whose parent is not a pending execution.
         assert info is not None
+        if kc.stdin_joined is not None and not await kc.stdin_joined.wait(max(0.0, deadline - time.monotonic())):
+            raise KernelStartFailed(
+                f"The kernel answered on shell and iopub, but its stdin socket did not connect within {timeout:g}s."
+            )
         return info
     raise KernelStartFailed(f"The kernel did not answer within {timeout:g}s.")
 

@@ -31,12 +31,17 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import zmq.asyncio
-from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.session import Session
 
 from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec, KernelState
 from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, ARTIFACTS_KEY, END_KEY, QueuedExecution
-from kernelgw.runtime.kernel_connection import DEEP_SEND_QUEUE, kernel_client, wait_ready, wait_resubscribed
+from kernelgw.runtime.kernel_connection import (
+    DEEP_SEND_QUEUE,
+    KernelClient,
+    kernel_client,
+    wait_ready,
+    wait_resubscribed,
+)
 from kernelgw.runtime.kernel_messages import (
     InvalidKernelMessage,
     KernelMessageReader,
@@ -103,7 +108,7 @@ class KernelLink:
         self.disconnect_pending = False
         """A socket disconnected and it is not yet known whether ZMQ will retry:
         the running execution must not be finished as "idle lost" meanwhile."""
-        self._kc: AsyncKernelClient | None = None
+        self._kc: KernelClient | None = None
         self._senders: dict[Literal["shell", "stdin"], KernelMessageSender] = {}
         """What the link sends on the shell and stdin, each waking its socket's reader."""
         self._readers: list[asyncio.Task[None]] = []
@@ -180,7 +185,7 @@ class KernelLink:
 
     async def _wait_ready(
         self,
-        kc: AsyncKernelClient,
+        kc: KernelClient,
         handle: KernelHandle,
         timeout: float | None = None,
         channel: Literal["shell", "control"] = "shell",
@@ -202,6 +207,8 @@ class KernelLink:
             for channel in (self._kc.iopub_channel, self._kc.shell_channel):
                 with contextlib.suppress(Exception):
                     channel.socket.disable_monitor()
+            if self._kc.stdin_joined is not None:
+                self._kc.stdin_joined.close()
         await cancel_and_wait(*self._readers)
         self._readers = []
         for reader in self._message_readers.values():
