@@ -66,9 +66,9 @@ class HandshakeWatch:
     sends monitor events blocking, so a monitor nobody reads (a restarting
     kernel's reconnects) must not stay attached."""
 
-    def __init__(self, socket: zmq.Socket[Any]) -> None:
+    def __init__(self, socket: zmq.asyncio.Socket) -> None:
         self._socket = socket
-        self._monitor: zmq.Socket[Any] | None = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._monitor: zmq.asyncio.Socket | None = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 
     async def wait(self, timeout: float) -> bool:
         """True once the socket has joined its peer; False after ``timeout`` seconds."""
@@ -93,12 +93,12 @@ class HandshakeWatch:
             monitor.close(linger=0)
 
 
-class KernelClient(AsyncKernelClient):  # type: ignore[misc]
+class KernelClient(AsyncKernelClient):
     """jupyter_client's asyncio client whose stdin socket is watched until it joins."""
 
     stdin_joined: HandshakeWatch | None = None
 
-    def connect_stdin(self, identity: bytes | None = None) -> zmq.Socket[Any]:
+    def connect_stdin(self, identity: bytes | None = None) -> zmq.asyncio.Socket:
         # as jupyter_client's _create_connected_socket, with the watch before connect
         socket = self.context.socket(zmq.DEALER)
         socket.linger = 1000

@@ -51,11 +51,11 @@ from kernelgw.runtime.kernel_messages import (
 from kernelgw.runtime.loop_share import LoopShare
 from kernelgw.runtime.message_routes import LinkListener, MessageRoutes
 from kernelgw.runtime.output_backlog import OutputBacklog
+from kernelgw.runtime.output_kinds import UNBOUNDED_OUTPUT
 from kernelgw.runtime.output_rate import (
     FLOOD_BYTES_PER_S,
     FLOOD_MESSAGES_PER_S,
     FLOOD_OUTPUT_BURST_S,
-    OUTPUT_TYPES,
     OutputRate,
 )
 from kernelgw.runtime.refused import watch_refused
@@ -349,7 +349,7 @@ class KernelLink:
                 # once it has spent its share of the loop, until that refills
                 await asyncio.sleep(budget.spent(time.thread_time() - reader.busy_since, time.perf_counter()))
                 # and while others have output, at most its rate (its kernel waits too)
-                outputs = sum(1 for msg in batch if msg["header"]["msg_type"] in OUTPUT_TYPES)
+                outputs = sum(1 for msg in batch if msg["header"]["msg_type"] in UNBOUNDED_OUTPUT)
                 await rate.pace(reader.last_bytes, outputs, self._paced, self._rate_waited)
         finally:
             budget.close()

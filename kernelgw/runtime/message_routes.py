@@ -33,14 +33,10 @@ from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from kernelgw.runtime.execution import MAX_SEEN_ORDERS, EndedCell, QueuedExecution, answers, message_order
+from kernelgw.runtime.output_kinds import CAPPED_OUTPUT, LATE_OUTPUT
 
 ENDED_REMEMBERED = 64
 """Ended cells whose late messages are still recognised (and reported)."""
-LATE_OUTPUT = frozenset({"stream", "display_data", "update_display_data", "execute_result", "error"})
-"""Messages that must not come for a cell after its end (a status may: an idle
-the gateway stopped waiting for)."""
-CAPPED_OUTPUT = frozenset({"stream", "display_data", "update_display_data", "execute_result", "clear_output"})
-"""Messages a cell past its output cap drops unread (`CellOutput`); errors are kept."""
 
 
 class LinkListener(Protocol):

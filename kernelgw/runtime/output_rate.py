@@ -51,15 +51,6 @@ MAX_WAIT_S = 0.25
 """Longest sleep of one wait (`OutputRate.pace`) before it looks again (another
 session may have gone quiet, or an interrupt come)."""
 
-OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "clear_output"})
-"""The iopub messages a cell may send without bound: what the message rate counts.
-The others come once per request
-(``status``, ``execute_input``; ``execute_result`` and ``error`` once per cell):
-a session running many small cells is not a flood, and counting them paced a
-loop of ``1+1`` (eight messages a round with a Jupyter client beside it) for a
-second after a pool kernel's warm-up, 60-80 ms a cell. Their bytes still count,
-and the loop's share (`LoopShare`) bounds what any message costs the gateway."""
-
 OUTPUTS = Readers()
 """The gateway process's sessions (when each one's output was last read)."""
 
@@ -92,7 +83,7 @@ class OutputRate:
 
     def spent(self, size: int, messages: int, now: float) -> float:
         """The session's reader took ``size`` bytes holding ``messages`` output
-        messages (`OUTPUT_TYPES`) at ``now`` (monotonic seconds): how long it
+        messages (`output_kinds.UNBOUNDED_OUTPUT`) at ``now`` (monotonic seconds): how long it
         should wait before reading more. Whatever it read, the session is one
         the others share with (a bystander's ``1+1`` is what pacing protects)."""
         self._refill(now)
