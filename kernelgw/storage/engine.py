@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
 
 from kernelgw.storage.thread_engine import StoreEngine, ThreadEngine
@@ -57,24 +57,20 @@ def sqlite_file(url: str) -> Path | None:
     return Path(parsed.database).expanduser()
 
 
+SQLITE_BUSY_TIMEOUT_S = 30
+"""How long a SQLite connection waits for another's lock before "database is locked"."""
+
+
 def create_database_engine(url: str, durability: str) -> StoreEngine:
     """The store's engine: in threads on SQLite (a file's directory is made first),
     else `create_store_engine`'s."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_store_engine(url, durability)
-    path = sqlite_file(url)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
     # its statements hop between worker threads, one at a time; an in-memory
     # database is one connection (each would otherwise be a database of its own)
-    engine = create_engine(
-        parsed.set(drivername="sqlite+pysqlite"),
-        connect_args={"timeout": 30, "check_same_thread": False},
-        **({} if path is not None else {"poolclass": StaticPool}),
-    )
-    sqlite_pragmas(engine, durability)
-    return ThreadEngine(engine)
+    in_file = _make_directory(url) is not None
+    return ThreadEngine(_sync_sqlite_engine(parsed, durability, **({} if in_file else {"poolclass": StaticPool})))
 
 
 def create_store_engine(url: str, durability: str) -> AsyncEngine:
@@ -84,9 +80,8 @@ def create_store_engine(url: str, durability: str) -> AsyncEngine:
 
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        if (path := sqlite_file(url)) is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(parsed, connect_args={"timeout": 30})
+        _make_directory(url)
+        engine = create_async_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
         sqlite_pragmas(engine.sync_engine, durability)
         return engine
     return create_async_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5, connect_args={"timeout": 10})
@@ -95,14 +90,31 @@ def create_store_engine(url: str, durability: str) -> AsyncEngine:
 def create_sqlite_writer_engine(path: Path, durability: str) -> Engine:
     """The writer thread's sync engine on the same file (shared across threads).
     Its commits never checkpoint the WAL: `kernelgw.storage.wal` does, beside it."""
-    engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": 30, "check_same_thread": False})
-    sqlite_pragmas(engine, durability)
+    engine = _sync_sqlite_engine(make_url(f"sqlite:///{path}"), durability)
 
     @event.listens_for(engine, "connect")
     def _no_autocheckpoint(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")
 
     return engine
+
+
+def _sync_sqlite_engine(url: URL, durability: str, **options: Any) -> Engine:
+    """A sync engine on SQLite whose connections any thread may use (one at a time)."""
+    engine = create_engine(
+        url.set(drivername="sqlite+pysqlite"),
+        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+        **options,
+    )
+    sqlite_pragmas(engine, durability)
+    return engine
+
+
+def _make_directory(url: str) -> Path | None:
+    """The SQLite file ``url`` names, its directory made; None when in memory."""
+    if (path := sqlite_file(url)) is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 WAL_SWITCH_TIMEOUT_S = 30.0
@@ -142,5 +154,5 @@ def sqlite_pragmas(engine: Engine, durability: str) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
         cursor.close()
