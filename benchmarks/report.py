@@ -13,6 +13,7 @@ import json
 import os
 import statistics
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -1080,6 +1081,17 @@ def continuity_section(d: Path, out: Path, cont: dict[str, Any] | None) -> list[
     return lines
 
 
+def provenance(result: dict[str, Any]) -> tuple[str, str, str]:
+    """(script, date, kernelgw commit) of one script's results."""
+    m = result["machine"] if isinstance(result["machine"], dict) else result.get("machine_info", {})
+    name = str(result.get("benchmark", "core")).removeprefix("bench_")
+    return name, str(result["date"])[:16].replace("T", " "), str(m.get("kernelgw_commit") or "an unknown commit")
+
+
+def hours_between(first: str, last: str) -> float:
+    return (datetime.fromisoformat(last) - datetime.fromisoformat(first)).total_seconds() / 3600
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, default=DOCS_BENCH, help="where the JSON results and charts are")
@@ -1100,10 +1112,21 @@ def main() -> None:
     md: list[str] = []
     w = md.append
     w("# Benchmarks\n")
-    w(
-        f"Measured {dates[0][:16].replace('T', ' ')} to {dates[-1][:16].replace('T', ' ')} UTC, all in one run of "
-        f"`scripts/bench.sh{' --quick' if quick else ''}` on one machine:\n"
-    )
+    runs = [provenance(x) for x in present]
+    one_run = len({commit for _, _, commit in runs}) == 1 and hours_between(dates[0], dates[-1]) < 3
+    if one_run:
+        w(
+            f"Measured {dates[0][:16].replace('T', ' ')} to {dates[-1][:16].replace('T', ' ')} UTC, all in one run "
+            f"of `scripts/bench.sh{' --quick' if quick else ''}` on one machine:\n"
+        )
+    else:
+        each = "; ".join(f"{name} {when} UTC at {commit}" for name, when, commit in sorted(runs, key=lambda r: r[1]))
+        w(
+            f"Measured {dates[0][:16].replace('T', ' ')} to {dates[-1][:16].replace('T', ' ')} UTC on one machine by "
+            "the scripts of `scripts/bench.sh`, not all in one run: each script's results were refreshed when the "
+            f"code it measures changed. The sections up to Findings come from {each}; the later sections give "
+            "their own date and commit.\n"
+        )
     w(
         f"- machine: {m.get('cores')} cores ({m.get('cpu')}), {m.get('ram_gib')} GiB RAM, {m.get('os')}, "
         f"Linux kernel {m.get('kernel')}"
@@ -1116,12 +1139,13 @@ def main() -> None:
         f"- image `{m.get('image')}` ({m.get('image_id')}, {m.get('image_size_mb')} MB), Python {m.get('python')} "
         f"on the host"
     )
-    commit = m.get("kernelgw_commit")
-    dirty = m.get("kernelgw_uncommitted") or []
-    w(
-        f"- kernelgw at commit {commit}"
-        + (f" plus uncommitted changes in {', '.join(f'`{p}`' for p in dirty)}" if dirty else "")
-    )
+    if one_run:
+        commit = m.get("kernelgw_commit")
+        dirty = m.get("kernelgw_uncommitted") or []
+        w(
+            f"- kernelgw at commit {commit}"
+            + (f" plus uncommitted changes in {', '.join(f'`{p}`' for p in dirty)}" if dirty else "")
+        )
     w(f"- llm-sandbox {llmsb} from PyPI (the `bench` extra), Docker backend, the same image\n")
     if quick:
         w("**This is a `--quick` run: small n, percentiles are rough.**\n")
