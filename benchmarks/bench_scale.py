@@ -122,7 +122,15 @@ async def create_all(url: str, n: int, concurrency: int) -> tuple[list[str], lis
         return ids, lat, time.perf_counter() - t0
 
 
-async def ping_all(url: str, ids: list[str], concurrency: int, code: str = "1+1", min_events: int = 0) -> list[float]:
+def last_seqs(url: str, ids: list[str]) -> list[int]:
+    """Each session's last published sequence number (its event count)."""
+    sessions = {s["id"]: s for s in httpx.get(f"{url}/v1/sessions", timeout=60).json()["sessions"]}
+    return [int(sessions[sid]["last_seq"]) for sid in ids]
+
+
+async def ping_all(
+    url: str, ids: list[str], concurrency: int, code: str = "1+1", stdout: str | None = None
+) -> list[float]:
     sem = asyncio.Semaphore(concurrency)
     lat: list[float] = []
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
@@ -134,7 +142,9 @@ async def ping_all(url: str, ids: list[str], concurrency: int, code: str = "1+1"
                 r.raise_for_status()
                 body = r.json()
                 assert body["status"] == "ok", body["status"]
-                assert len(body["events"]) >= min_events, f"events lost: {len(body['events'])} < {min_events}"
+                if stdout is not None:
+                    got = "".join(e["text"] for e in body["events"] if e["type"] == "stream" and e["name"] == "stdout")
+                    assert got == stdout, f"output lost: {len(got)} of {len(stdout)} characters"
                 lat.append((time.perf_counter() - t0) * 1000)
 
         await asyncio.gather(*(one(s) for s in ids))
@@ -298,19 +308,21 @@ def main() -> None:
         if not args.skip_replay_fill:
             print(f"filling {n} replay buffers ({args.replay_buffer} events each)...", flush=True)
             t0 = time.perf_counter()
-            # in cells of 200 lines: a burst of thousands of messages can outrun ZMQ's high-water marks
-            # and lose iopub messages (see probe_iopub_hwm.py); 200 per cell stays far below them
-            for _ in range(-(-args.replay_buffer // 200)):
-                # every line arrives: queued, busy, 200 x stream, done
-                asyncio.run(ping_all(gw.url, ids, 4, code=FILL_CODE.format(n=200), min_events=203))
+            # in cells of 200 flushed lines, until every session has published as many
+            # events as its buffer holds (the gateway merges lines that arrive together
+            # into one stream event, so a cell makes from a few to 203 events)
+            lines = "".join(f"line {i}\n" for i in range(200))
+            cells = 0
+            while cells < args.replay_buffer and min(last_seqs(gw.url, ids)) < args.replay_buffer:
+                asyncio.run(ping_all(gw.url, ids, 4, code=FILL_CODE.format(n=200), stdout=lines))
+                cells += 1
             time.sleep(2)
             res["replay_full"] = {
                 "events_per_session": args.replay_buffer,
+                "lines_per_session": cells * 200,
                 "seconds": time.perf_counter() - t0,
                 "gateway_rss_mib": gw.rss_kib() / 1024,
-                "last_seq_min": min(
-                    s["last_seq"] for s in httpx.get(f"{gw.url}/v1/sessions", timeout=60).json()["sessions"]
-                ),
+                "last_seq_min": min(last_seqs(gw.url, ids)),
             }
             res["gateway_vmhwm_mib"] = proc_status_kib(gw.pid, "VmHWM") / 1024
 
