@@ -377,6 +377,9 @@ class _SessionBase(Generic[C]):
             lambda r: UploadResult.model_validate(r.json()),
             content=content,
             headers={"content-length": str(length), "content-type": "application/octet-stream"},
+            # a session's first file starts its workspace store (a container): the
+            # answer may take as long as a kernel's start
+            timeout=self._client._start_timeout(),
         )
 
     def _files_call(self, path: str, recursive: bool) -> _Call[list[FileEntry]]:

@@ -84,6 +84,15 @@ def test_create_body_leaves_out_unset_options():
         assert call.timeout.read == client.start_timeout
 
 
+def test_an_upload_waits_as_long_as_a_start():
+    """A session's first file starts its workspace store, a container."""
+    with Client(timeout=5) as client:
+        session = Session(client, SessionInfo.model_validate(INFO))
+        call = session._upload_call("data.csv", b"x", 1)
+        assert call.timeout.connect == 5
+        assert call.timeout.read == client.start_timeout
+
+
 def test_execute_http_timeout_is_the_execution_timeout_plus_a_margin():
     with Client(timeout=5) as client:
         session = Session(client, SessionInfo.model_validate(INFO), default_timeout=20)
