@@ -1083,7 +1083,7 @@ def continuity_section(d: Path, out: Path, cont: dict[str, Any] | None) -> list[
     return lines
 
 
-STORE_WAIT_MS = 50
+SLOW_TURN_MS = 50
 """A turn more than this over the floor at p50 is named in the agent section."""
 
 
@@ -1097,17 +1097,19 @@ def agent_overhead(agent: dict[str, Any]) -> str:
     extra = {
         t["name"]: per_turn[ours][t["name"]]["p50_ms"] - per_turn[floor][t["name"]]["p50_ms"] for t in agent["turns"]
     }
-    slow = {name: ms for name, ms in extra.items() if ms > STORE_WAIT_MS}
-    usual = [ms for name, ms in extra.items() if name not in slow]
+    slow = {name: ms for name, ms in extra.items() if ms > SLOW_TURN_MS}
+    usual = [ms for name, ms in extra.items() if name not in slow] or [0.0]
     text = (
         "The trace is dominated by the turns' own work (generating the CSV, the plot). "
         f"kernelgw adds {min(usual):+.0f} to {max(usual):+.0f} ms per turn at p50 over the floor"
         + (" except " + ", ".join(f"{name} ({ms:+.0f} ms)" for name, ms in slow.items()) if slow else "")
         + "."
     )
-    if slow:
+    after_first_file = agent["turns"][1]["name"] if len(agent["turns"]) > 1 else None  # the first turn writes the CSV
+    if after_first_file in slow:
         text += (
-            " That turn is the first cell after the session's first file (the CSV): before it runs, the session's "
+            f" The {after_first_file} turn is the first cell after the session's first file (the CSV): before it "
+            "runs, the session's "
             "workspace store starts, the small container that keeps /workspace and the installed packages past "
             "the kernel's container (`persistent_workspace`, on by default), so that a kernel killed in the next "
             "cell cannot take the files with it. It is started once per session, on its first file, and costs a "
@@ -1124,11 +1126,18 @@ def filled_lines(replay_full: dict[str, Any]) -> int:
     return int(replay_full.get("lines_per_session", replay_full["events_per_session"]))
 
 
+def machine_of(result: dict[str, Any]) -> dict[str, Any]:
+    """What a script's results say of the machine (bench_core keeps it under
+    ``machine_info``, with a one-line ``machine``)."""
+    m = result["machine"]
+    return m if isinstance(m, dict) else result.get("machine_info", {})
+
+
 def provenance(result: dict[str, Any]) -> tuple[str, str, str]:
     """(script, date, kernelgw commit) of one script's results."""
-    m = result["machine"] if isinstance(result["machine"], dict) else result.get("machine_info", {})
     name = str(result.get("benchmark", "core")).removeprefix("bench_")
-    return name, str(result["date"])[:16].replace("T", " "), str(m.get("kernelgw_commit") or "an unknown commit")
+    commit = machine_of(result).get("kernelgw_commit") or "an unknown commit"
+    return name, str(result["date"])[:16].replace("T", " "), str(commit)
 
 
 def hours_between(first: str, last: str) -> float:
@@ -1145,9 +1154,7 @@ def main() -> None:
     present = [x for x in (start, exec_, scale, flood, agent, core) if x]
     if not present:
         sys.exit(f"no results in {d}")
-    m = present[0]["machine"]
-    if isinstance(m, str):  # bench_core's older format
-        m = present[0].get("machine_info", {})
+    m = machine_of(present[0])
     dates = sorted([x["date"] for x in present] + [x["finished"] for x in present if x.get("finished")])
     llmsb = next((x.get("llm_sandbox_version") for x in present if x.get("llm_sandbox_version")), None)
     quick = any(x.get("args", {}).get("quick") for x in present)

@@ -191,7 +191,8 @@ class KernelLink:
         channel: Literal["shell", "control"] = "shell",
     ) -> dict[str, Any]:
         """The kernel's kernel_info once it answered on shell (or control) and iopub
-        (`kernel_connection.wait_ready`), read with the link's own readers."""
+        and our stdin socket joined it (`kernel_connection.wait_ready`), read with
+        the link's own readers."""
         timeout = self.config.kernel_start_timeout_s if timeout is None else timeout
         shell = self._senders["shell"]
         return await wait_ready(kc, shell, self._message_readers, self.backend, handle, timeout, channel)

@@ -43,7 +43,7 @@ STORE_COMMAND = ["sleep", "infinity"]
 STORE_CPUS = 0.25
 """The store's CPU quota. Its ``sleep`` uses none, but its container's start
 runs in its cgroup: at 0.05 of a core that start took 0.27-0.54 s here against
-0.19-0.20 s at 0.25 or more, and the first cell after a session's first file
+0.17-0.24 s at 0.25 to 1, and the first cell after a session's first file
 waits for it."""
 STORE_MOUNT_MODE = "rw,nocopy"
 """nocopy: the engine would otherwise copy the image's directory (and its owner
