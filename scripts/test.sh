@@ -7,14 +7,83 @@
 # built.
 # Extra arguments go to every pytest run. The exit status is non-zero when the
 # static checks fail, or any pass fails or collects no tests.
+# Servers it started (PostgreSQL, and anything a test left running) are stopped
+# when it exits; ones running before it started are left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Every server this run starts is stopped when it exits, however it exits; servers
+# that were already running before it started are left alone. The PostgreSQL
+# server is stopped with pg_ctl when this run started it; any other process left
+# behind (an HAProxy, a gateway, a browser a test did not stop) carries this run's
+# marker in its environment and is ended by it.
+KERNELGW_TEST_RUN_MARK="kernelgw-test-$$-$(date +%s%N)"
+export KERNELGW_TEST_RUN_MARK
+started_postgres_dir=""
+# the processes still carrying this run's marker, this shell aside (bash builtins
+# only: no child process of the scan itself is listed)
+marked_processes() {
+  local environ pid line
+  for environ in /proc/[0-9]*/environ; do
+    pid=${environ#/proc/}
+    pid=${pid%/environ}
+    if [ "$pid" = "$$" ] || [ "$pid" = "$BASHPID" ]; then continue; fi
+    while IFS= read -r -d '' line; do
+      if [ "$line" = "KERNELGW_TEST_RUN_MARK=$KERNELGW_TEST_RUN_MARK" ]; then
+        echo "$pid"
+        break
+      fi
+    done 2>/dev/null <"$environ" || true
+  done
+}
+stop_started_servers() {
+  local status=$? pids
+  trap - EXIT INT TERM
+  set +e  # clean up everything, whatever fails on the way
+  if [ -n "$started_postgres_dir" ]; then
+    echo "==> stopping the PostgreSQL server this run started ($started_postgres_dir)" >&2
+    local bin
+    bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+    if [ "$(id -u)" -eq 0 ]; then
+      runuser -u postgres -- "$bin/pg_ctl" -D "$started_postgres_dir/data" -m fast -w stop >&2 || true
+    else
+      "$bin/pg_ctl" -D "$started_postgres_dir/data" -m fast -w stop >&2 || true
+    fi
+  fi
+  pids=$(marked_processes)
+  if [ -n "$pids" ]; then
+    echo "==> stopping what this run left running: $(echo $pids)" >&2
+    kill -TERM $pids 2>/dev/null || true
+    for _ in $(seq 1 50); do
+      pids=$(for p in $pids; do [ -e "/proc/$p" ] && echo "$p"; done)
+      [ -z "$pids" ] && break
+      sleep 0.1
+    done
+    [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
+  fi
+  exit "$status"
+}
+trap stop_started_servers EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
 bash scripts/setup.sh
 echo "==> gVisor (runsc) for the second pass"
 bash scripts/ensure-runsc.sh
 echo "==> PostgreSQL for the storage tests"
 # the history tests run on SQLite and on this real PostgreSQL server
-KERNELGW_TEST_DATABASE_URL=${KERNELGW_TEST_DATABASE_URL:-$(bash scripts/ensure-postgres.sh)}
+if [ -z "${KERNELGW_TEST_DATABASE_URL:-}" ]; then
+  pg_port=${KERNELGW_PG_PORT:-54329}
+  pg_ready_before=0
+  pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+  if [ -n "$pg_bin" ] && "$pg_bin/pg_isready" -q -h 127.0.0.1 -p "$pg_port" -U postgres; then
+    pg_ready_before=1
+  fi
+  KERNELGW_TEST_DATABASE_URL=$(bash scripts/ensure-postgres.sh)
+  if [ "$pg_ready_before" -eq 0 ]; then
+    started_postgres_dir=${KERNELGW_PG_DIR:-/tmp/kernelgw-pg-$pg_port}
+  fi
+fi
 export KERNELGW_TEST_DATABASE_URL
 echo "$KERNELGW_TEST_DATABASE_URL"
 echo "==> Chromium for the web page tests"
