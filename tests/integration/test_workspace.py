@@ -218,3 +218,71 @@ def test_a_session_ended_before_its_files_are_kept_gets_no_store(docker_client: 
         asyncio.run(backend.end_session(kept.session_id))
     assert not docker_client.containers.list(all=True, filters=label)
     assert not docker_client.volumes.list(filters=label)
+
+
+def test_a_store_start_whose_caller_is_cancelled_is_removed_by_the_end(docker_client: docker.DockerClient) -> None:
+    """The leak of a store outliving its gateway: a cell that wrote a file makes
+    the queue's worker start the session's store; a delete then cancels that
+    worker while the engine call runs on a thread. The end must wait for that
+    call and remove what it made. The race is forced: the store's start is held
+    on its thread until the end has done what it does without waiting."""
+    import threading
+    from contextlib import suppress
+    from typing import Any
+
+    from tests.integration.languages import RUNTIME_DIR, kernel_spec
+
+    name = f"ws{os.getpid() % 100000}{secrets.token_hex(2)}"
+    backend = DockerBackend(gateway_name=name, runtime_dir=RUNTIME_DIR)
+    spec = kernel_spec("kernelgw/python:latest", runtime="runc")
+    label = {"label": f"kernelgw.gateway={name}"}
+    store = backend.workspaces
+    entered, go, made = threading.Event(), threading.Event(), threading.Event()
+    real_start, real_run = store._run_container, store._run
+    submitted: list[str] = []
+
+    def held_start(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        assert go.wait(60), "the test never let the store start"
+        try:
+            return real_start(*args, **kwargs)
+        finally:
+            made.set()
+
+    def recorded_run(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        submitted.append(fn.__name__)  # when each engine call is handed to a thread
+        return real_run(fn, *args, **kwargs)
+
+    store._run_container = held_start
+    store._run = recorded_run
+
+    async def race() -> None:
+        loop = asyncio.get_running_loop()
+        keep = asyncio.create_task(backend.keep_workspace(spec))
+        assert await loop.run_in_executor(None, entered.wait, 60), "the store's start never began"
+        keep.cancel()  # the worker, cancelled by the session's delete
+        with suppress(asyncio.CancelledError):
+            await keep
+        end = asyncio.create_task(backend.end_session(spec.session_id))
+        await asyncio.sleep(0)  # a yield, not a wait: the end's first step runs
+        if "_remove" in submitted:
+            # (without the fix) the end did not wait for the start under way:
+            # let it finish first, so the store is made after it, as in the leak
+            await end
+        go.set()
+        await end
+
+    try:
+        asyncio.run(race())
+        # the start's thread ends on its own time, whoever waited for it: wait for it here
+        assert made.wait(120), "the store's start never ended"
+        assert [c.name for c in docker_client.containers.list(all=True, filters=label)] == []
+        assert [v.name for v in docker_client.volumes.list(filters=label)] == []
+    finally:
+        go.set()
+        made.wait(120)
+        for container in docker_client.containers.list(all=True, filters=label):
+            container.remove(force=True, v=True)
+        for volume in docker_client.volumes.list(filters=label):
+            volume.remove(force=True)
+        asyncio.run(backend.close())

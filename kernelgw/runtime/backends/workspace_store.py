@@ -110,11 +110,23 @@ class WorkspaceStore:
         """Start the session's store unless it runs (``Backend.keep_workspace``)."""
         if not self.keeps(spec) or spec.session_id in self._ended:
             return  # ended: a store made now would outlive its session
-        # end waits for it: a store must not appear after its session ended
-        store = asyncio.ensure_future(self._run(self._ensure_running, spec))
-        self._starts[spec.session_id] = store
-        store.add_done_callback(lambda _: self._starts.pop(spec.session_id, None))
-        await store
+        store = self._starts.get(spec.session_id)
+        if store is None:
+            # end waits for it: a store must not appear after its session ended
+            store = asyncio.ensure_future(self._run(self._ensure_running, spec))
+            self._starts[spec.session_id] = store
+            store.add_done_callback(lambda done: self._started(spec.session_id, done))
+        # shielded: a caller cancelled meanwhile (the queue's worker, stopped by a
+        # delete) must not cancel the start itself. Its engine call goes on in a
+        # thread, and `end` must wait until that call made the store, to remove it.
+        await asyncio.shield(store)
+
+    def _started(self, session_id: str, store: asyncio.Future[None]) -> None:
+        """A store's start ended: forget it, and take its exception (the caller
+        that would have may have been cancelled; it was logged there if not)."""
+        self._starts.pop(session_id, None)
+        if not store.cancelled():
+            store.exception()
 
     async def end(self, session_id: str) -> None:
         """Remove the session's store and volumes, after a start under way."""
