@@ -22,7 +22,69 @@ from kernelgw.events import DoneStatus, Event, holds_surrogate
 
 MAX_ENV_VARS = 100
 MAX_ENV_BYTES = 64 * 1024
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+MAX_ENV_NAME = 256
+MAX_ENV_VALUE = 32 * 1024
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+REFUSED_ENV_PREFIXES = ("LD_",)
+REFUSED_ENV = frozenset(
+    {
+        # where programs are looked up, and what runs before a program's own code:
+        # the dynamic loader (LD_*) and the C library (gconv modules, tunables,
+        # locale and message catalogues, malloc's trace file)
+        "PATH",
+        "GCONV_PATH",
+        "GLIBC_TUNABLES",
+        "LOCPATH",
+        "NLSPATH",
+        "MALLOC_TRACE",
+        # code a shell runs at start; the interpreter's own library
+        "BASH_ENV",
+        "ENV",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "PYTHONHOME",
+    }
+)
+"""Names a session's ``env`` may not set. The gateway's helpers run under
+``env -i`` (see ``runtime/backends/base.py``), but ``docker exec`` starts that
+first program in the container's environment: what acts before its ``main``
+(the loader, libc) or decides which program runs must never come from a
+session. Everything else (PYTHONPATH included) reaches the kernel's processes
+only."""
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """The one rule for an ``env`` given at any face (``/v1``, the Jupyter API):
+    shell-identifier names, no loader or lookup variables, no NUL, bounded
+    sizes. Raises ValueError naming the first variable at fault."""
+    if len(env) > MAX_ENV_VARS:
+        raise ValueError(f"{len(env)} environment variables; at most {MAX_ENV_VARS} are accepted")
+    for name, value in env.items():
+        shown = repr(name[:80])
+        if len(name) > MAX_ENV_NAME:
+            raise ValueError(f"environment variable name {shown}... is longer than {MAX_ENV_NAME} characters")
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(
+                f"{shown} is not a valid environment variable name "
+                "(letters, digits and underscores, not starting with a digit)"
+            )
+        if name in REFUSED_ENV or name.startswith(REFUSED_ENV_PREFIXES):
+            raise ValueError(
+                f"environment variable {name} cannot be set for a session: it changes which programs run or "
+                "what the loader injects into them (refused: PATH, LD_*, "
+                f"{', '.join(sorted(REFUSED_ENV - {'PATH'}))}); set it inside the kernel instead (os.environ)"
+            )
+        if "\x00" in value:
+            raise ValueError(f"environment variable {name} holds a NUL character, which no environment can carry")
+        if len(value) > MAX_ENV_VALUE:
+            raise ValueError(
+                f"environment variable {name} is {len(value)} characters long; the limit is {MAX_ENV_VALUE}"
+            )
+    size = sum(len(k) + len(v) for k, v in env.items())
+    if size > MAX_ENV_BYTES:
+        raise ValueError(f"environment variables total {size} characters; the limit is {MAX_ENV_BYTES}")
+    return env
 
 
 class _Body(BaseModel):
@@ -83,16 +145,8 @@ class CreateSession(_Body):
 
     @field_validator("env")
     @classmethod
-    def _small_env(cls, env: dict[str, str]) -> dict[str, str]:
-        if len(env) > MAX_ENV_VARS:
-            raise ValueError(f"at most {MAX_ENV_VARS} environment variables")
-        for name in env:
-            if not _ENV_NAME.match(name):
-                raise ValueError(f"{name[:80]!r} is not a valid environment variable name")
-        size = sum(len(k) + len(v) for k, v in env.items())
-        if size > MAX_ENV_BYTES:
-            raise ValueError(f"environment variables total {size} characters; the limit is {MAX_ENV_BYTES}")
-        return env
+    def _checked_env(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_env(env)
 
     @model_validator(mode="after")
     def _one_source(self) -> CreateSession:

@@ -49,6 +49,7 @@ LIST_ATTEMPTS = 2
 """A listing changes nothing: one whose answer was lost (`HelperOutputLost`) is asked again once."""
 
 PYTHON = "/opt/kernel/bin/python"
+TAR = "/usr/bin/tar"
 FS_HELPER = [PYTHON, "-I", "-m", "kernelgw_kernel.fs"]
 """``-I``: neither the working directory nor PYTHON* variables can substitute it."""
 SEND_CHUNK = 1 << 20
@@ -402,7 +403,7 @@ async def read_tree(
 ) -> AsyncGenerator[bytes, None]:
     """A directory of a kernel's container (or ``members`` of it) as a tar stream,
     made by ``tar c`` as the kernel's user."""
-    proc = await backend.exec(handle, ["tar", "-C", path, "-cf", "-", "--", *members], timeout=timeout)
+    proc = await backend.exec(handle, [TAR, "-C", path, "-cf", "-", "--", *members], timeout=timeout)
     try:
         while chunk := await proc.read():
             yield chunk
@@ -420,7 +421,7 @@ async def write_tree(
     user (``tar x``); returns the bytes it took. A full tmpfs is a 413."""
     proc = await backend.exec(
         handle,
-        ["tar", "-C", path, "-xf", "-", "--no-same-owner", "--delay-directory-restore"],
+        [TAR, "-C", path, "-xf", "-", "--no-same-owner", "--delay-directory-restore"],
         stdin=True,
         timeout=timeout,
     )

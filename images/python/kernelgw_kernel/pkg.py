@@ -97,9 +97,11 @@ def cmd_install(target: str) -> None:
         proc = subprocess.run(
             [
                 sys.executable,
+                "-I",  # no user site, working directory or PYTHON* variable: the kernel writes those
                 "-m",
                 "pip",
                 "install",
+                "--isolated",  # nor pip's user configuration or PIP_* variables
                 "--no-index",
                 "--no-deps",
                 "--no-cache-dir",

@@ -21,6 +21,43 @@ PACKAGES_DIR = "/opt/kernelgw/packages"
 SESSION_DIRS = (WORKSPACE_DIR, PACKAGES_DIR)
 """What a session keeps across its kernels, and what a fork copies."""
 
+HELPER_ENV = (
+    "PATH=/usr/bin:/bin",
+    "LANG=C.UTF-8",
+    "HOME=/nonexistent",
+    "PYTHONNOUSERSITE=1",
+    "PYTHONSAFEPATH=1",
+    "PIP_CONFIG_FILE=/dev/null",
+)
+"""The whole environment of a gateway helper in a container, whatever the
+session's ``env``: programs from the image's read-only /usr/bin and /bin; no
+home, user site, working directory or pip configuration a kernel could have
+written a ``.pth``, a ``pip.py`` or a ``pip.conf`` into (pkg.py runs pip
+without ``-I``; pip reads no configuration file when this names /dev/null)."""
+HELPER_LOADER_RESET = {
+    name: ""
+    for name in ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "MALLOC_TRACE")
+}
+"""Set (empty, which the loader ignores) on the ``docker exec`` itself: the
+engine starts ``env`` in the container's environment, so a loader variable
+there (a container started before sessions' ``env`` was checked) would reach
+``env`` before ``-i`` clears it."""
+
+
+class HelperPathNotAbsolute(ValueError):
+    """A helper was named by a bare name, which a search path would resolve."""
+
+
+def helper_command(argv: list[str]) -> list[str]:
+    """``argv`` as the gateway runs it in a kernel's container: under
+    ``/usr/bin/env -i`` with `HELPER_ENV` only, so nothing from the session's
+    environment (PATH, LD_*, PYTHON*, TAR_OPTIONS ...) reaches it. The program
+    must be an absolute path: no lookup, in any directory the kernel can write."""
+    if not argv or not argv[0].startswith("/"):
+        raise HelperPathNotAbsolute(f"a helper must be named by an absolute path, not {argv[:1]!r}")
+    return ["/usr/bin/env", "-i", *HELPER_ENV, *argv]
+
+
 IPC_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 """With ipc transport a "port" only names a socket file: ``{ip}-{port}``."""
 

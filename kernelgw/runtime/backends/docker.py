@@ -45,6 +45,7 @@ from docker.models.containers import Container
 from kernelgw.config import DEFAULT_KERNEL_UID
 from kernelgw.errors import BackendError, EngineUnavailable, ImageNotFound, KernelDied, KernelStartFailed
 from kernelgw.runtime.backends.base import (
+    HELPER_LOADER_RESET,
     IPC_PORTS,
     WORKSPACE_DIR,
     EngineHealth,
@@ -53,6 +54,7 @@ from kernelgw.runtime.backends.base import (
     KernelSpec,
     KernelState,
     connection_info,
+    helper_command,
 )
 from kernelgw.runtime.backends.labels import LABEL_GATEWAY, LABEL_KERNEL, LABEL_SESSION, LABEL_STORE
 from kernelgw.runtime.backends.workspace_store import STORE_MOUNT_MODE, WorkspaceStore, session_mounts
@@ -489,13 +491,14 @@ class DockerBackend:
         try:
             created = api.exec_create(
                 handle.container_id,
-                argv,
+                helper_command(argv),
                 stdin=stdin,
                 stdout=True,
                 stderr=True,
                 tty=False,
                 user=f"{self.uid}:{self.gid}",
                 workdir="/",
+                environment=HELPER_LOADER_RESET,
             )
             sock = api.exec_start(created["Id"], socket=True)
         except docker.errors.NotFound as exc:

@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from kernelgw.models import CreateSession
+from kernelgw.models import check_env
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -38,7 +38,7 @@ class StartKernel(BaseModel):
         if other:
             shown = ", ".join(repr(k[:60]) for k in other[:5])
             raise ValueError(f"only KERNEL_* variables are accepted; got {shown}")
-        return CreateSession(env=env).env  # the /v1 limits: count, names, total size
+        return check_env(env)  # the /v1 rules: names, NUL, sizes
 
 
 def json_body(model: type[Body]) -> Callable[[Request], Awaitable[Body | None]]:
