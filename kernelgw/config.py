@@ -197,6 +197,15 @@ class Settings(BaseSettings):
     snapshot_max_bytes: int = Field(4 * 1024**3, gt=0)
     """Most a paused session's pickled namespace may take; names past it are
     reported as not saved."""
+    paused_budget_mb: int = Field(10240, gt=0)
+    """Most this gateway's disk may hold of paused sessions' snapshots, together
+    (in ``data_dir``/paused). A pause that would pass it is refused with 507 and
+    the session goes on running. One snapshot is at most about the session's
+    ``workspace_size_mb`` + ``packages_size_mb`` (sparse files count their data only)."""
+    paused_ttl_s: float = Field(7 * 86400.0, ge=0)
+    """A session paused for longer than this is ended (reason recorded in its
+    history and the audit log) and its snapshot deleted; 0: paused sessions are
+    kept until deleted. Checked every ``reap_interval_s``."""
     reap_interval_s: float = 30.0
     kernel_start_timeout_s: float = 60.0
     on_shutdown: Literal["keep", "stop"] = "keep"

@@ -256,7 +256,14 @@ class ForkReport(_Response):
     copy_ms: float = Field(
         description="How long copying the files took, with starting the store that keeps them past the new kernel."
     )
-    replay: ReplayReport = Field(description="Rebuilding the source's state in the new kernel.")
+    replay: ReplayReport = Field(
+        description="Rebuilding the source's state in the new kernel (no cells when the source was paused)."
+    )
+    namespace: NamespaceReport | None = Field(
+        None,
+        description="A paused source is forked from its snapshot: the variables it gave the new kernel "
+        "(what could not be pickled is in `failed`). None for a running source.",
+    )
 
 
 class CreatedSession(SessionInfo):

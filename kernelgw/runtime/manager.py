@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kernelgw.config import Settings
@@ -35,10 +36,11 @@ from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
 from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelSpec
 from kernelgw.runtime.lineage import ReplayReport
 from kernelgw.runtime.metrics import Metrics
+from kernelgw.runtime.pause import NamespaceSummary, PausedBudgetExceeded, SnapshotBudget, SnapshotTooLarge
 from kernelgw.runtime.pool import PoolProfile, WarmPool
 from kernelgw.runtime.recorder import Recorder, StoredSession
 from kernelgw.runtime.session import KernelSession, Paused, SessionConfig
-from kernelgw.runtime.workspace import copy_session_files
+from kernelgw.runtime.workspace import copy_session_files, tree_caps
 from kernelgw.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,8 @@ class Fork:
     copied_bytes: int
     copy_ms: float
     replay: ReplayReport
+    namespace: NamespaceSummary | None = None
+    """A fork of a paused session: the variables its snapshot gave (no replay)."""
 
 
 class SessionManager:
@@ -87,6 +91,11 @@ class SessionManager:
         self._starting_by: dict[str, int] = {}
         """Sessions being started, by API key id ("" without authentication)."""
         self._reaper: asyncio.Task[None] | None = None
+        self.snapshots = SnapshotBudget(
+            settings.paused_budget_mb * (1 << 20),
+            on_change=metrics.paused_snapshot_bytes.set if metrics is not None else None,
+        )
+        """The disk paused sessions' snapshots hold, within ``paused_budget_mb``."""
         self.pools: dict[PoolProfile, WarmPool] = {}
         self.held_elsewhere: Callable[[str], Awaitable[int]] | None = None
         """Sessions a key holds on other gateways of a cluster (kernelgw.cluster):
@@ -171,7 +180,7 @@ class SessionManager:
         session = KernelSession(stored.session_id, stored.spec, self.backend, config, self.recorder, self.metrics)
         session.owner = stored.owner
         session.created_at = stored.created_at
-        await session.restore_paused(stored, directory)
+        await session.restore_paused(stored, directory, self.snapshots)
         self._sessions[session.id] = session
         return True
 
@@ -408,7 +417,11 @@ class SessionManager:
         the cells that built its kernel's state replayed (files first: the cells
         may read them). The source goes on meanwhile; what it does after the
         lineage and files were read is not part of the fork. A fork that fails
-        or is abandoned is deleted, never left half made."""
+        or is abandoned is deleted, never left half made. A paused source is
+        forked from its snapshot instead (files, packages and variables; no
+        replay), and stays paused."""
+        if source.state == "paused":
+            return await self._fork_paused(source, opts, principal)
         handle = source.handle
         if handle is None or source.state == "dead":
             raise KernelDied(f"Session {source.id} has no running kernel to fork; restart it first.")
@@ -418,7 +431,9 @@ class SessionManager:
             target = session.handle
             assert target is not None
             started = time.perf_counter()
-            copied = await copy_session_files(self.backend, handle, target, self.settings.file_io_timeout_s)
+            copied = await copy_session_files(
+                self.backend, handle, target, self.settings.file_io_timeout_s, tree_caps(session.spec)
+            )
             await session.keep_files()
             copy_ms = (time.perf_counter() - started) * 1000
             report = await session.replay(cells, "fork")
@@ -429,6 +444,25 @@ class SessionManager:
                 pass
             raise
         return session, Fork(source.id, copied, copy_ms, report)
+
+    async def _fork_paused(
+        self, source: KernelSession, opts: SessionOptions, principal: Principal
+    ) -> tuple[KernelSession, Fork]:
+        session = await self.create(self.fork_options(source, opts), principal)
+        try:
+            started = time.perf_counter()
+            done = await source.fork_snapshot_into(session, self.settings.file_io_timeout_s)
+            if done is None:
+                raise KernelDied(f"Session {source.id} stopped being paused while it was forked; fork it again.")
+            copied, namespace = done
+            copy_ms = (time.perf_counter() - started) * 1000
+        except BaseException:
+            try:
+                await asyncio.shield(self.delete(session.id, reason="fork failed"))
+            except (SessionNotFound, asyncio.CancelledError):
+                pass
+            raise
+        return session, Fork(source.id, copied, copy_ms, ReplayReport("fork", (), 0.0), namespace)
 
     def get(self, session_id: str, principal: Principal = ANONYMOUS) -> KernelSession:
         """The session, if it exists and ``principal`` may see it: another key's
@@ -468,7 +502,9 @@ class SessionManager:
     # ------------------------------------------------------------------ reaping
     async def reap_idle(self) -> builtins.list[str]:
         """End (or, with ``idle_action=pause``, pause) sessions idle longer than the
-        timeout with nobody watching. Paused sessions stay until deleted."""
+        timeout with nobody watching; one whose snapshot finds no room (413,
+        507) is ended instead. Paused sessions end after ``paused_ttl_s``."""
+        await self.expire_paused()
         now = time.monotonic()
         idle = [
             s
@@ -482,7 +518,11 @@ class SessionManager:
             try:
                 pausable = profile(session.spec.kernel).python  # others: their variables cannot be pickled
                 if self.settings.idle_action == "pause" and session.state == "idle" and pausable:
-                    await self.pause(session)
+                    try:
+                        await self.pause(session)
+                    except (SnapshotTooLarge, PausedBudgetExceeded) as exc:
+                        # it would be tried again every round, in vain: end it as idle_action=end would
+                        await self.delete(session.id, reason=f"reaped: idle, and it could not be paused: {exc.message}")
                 else:
                     await self.delete(session.id, reason="reaped")
             except SessionNotFound:
@@ -491,13 +531,37 @@ class SessionManager:
                 log.info("session %s was not paused: %s", session.id, exc.message)
         return [s.id for s in idle]
 
+    async def expire_paused(self) -> builtins.list[str]:
+        """End the sessions paused for longer than ``paused_ttl_s`` (0: never),
+        with the reason recorded; their snapshots are deleted with them."""
+        ttl = self.settings.paused_ttl_s
+        if not ttl:
+            return []
+        now = datetime.now(UTC)
+        expired = [
+            s
+            for s in self._sessions.values()
+            if s.state == "paused" and s.paused_at is not None and (now - s.paused_at).total_seconds() > ttl
+        ]
+        for session in expired:
+            try:
+                await self.delete(
+                    session.id,
+                    reason=f"expired: paused for longer than paused_ttl_s ({ttl:g} s); its snapshot was deleted",
+                )
+            except SessionNotFound:
+                pass
+        return [s.id for s in expired]
+
     def snapshot_dir(self, session_id: str) -> Path:
         return Path(self.settings.data_dir) / "paused" / session_id
 
     async def pause(self, session: KernelSession) -> Paused:
         """Free a session's container, keeping its state on disk (``KernelSession.pause``)."""
         s = self.settings
-        return await session.pause(self.snapshot_dir(session.id), s.snapshot_max_bytes, s.file_io_timeout_s)
+        return await session.pause(
+            self.snapshot_dir(session.id), s.snapshot_max_bytes, s.file_io_timeout_s, self.snapshots
+        )
 
     async def _reap_loop(self) -> None:
         while True:

@@ -36,6 +36,11 @@ class Metrics:
         self.oom_kills = Counter("kernelgw_oom_kills", "Kernels killed for exceeding their memory", registry=r)
         self.timeouts = Counter("kernelgw_timeouts", "Executions that hit their timeout", registry=r)
         self.restarts = Counter("kernelgw_kernel_restarts", "Kernel restarts", ["reason"], registry=r)
+        self.paused_snapshot_bytes = Gauge(
+            "kernelgw_paused_snapshot_bytes",
+            "Bytes of the gateway's disk held by paused sessions' snapshots (within paused_budget_mb)",
+            registry=r,
+        )
         self.output_paced = Counter(
             "kernelgw_output_paced_seconds",
             "Seconds output readers waited to pace a flood while other sessions had output",

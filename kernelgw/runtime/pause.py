@@ -8,6 +8,12 @@ namespace is pickled inside the kernel by the image's ``kernelgw_kernel.namespac
 name); the gateway only moves its bytes and reads the JSON summary. Nothing the
 kernel made is ever unpickled outside a kernel: a resume hands the file to the
 new kernel, which loads it in its own sandbox.
+
+Snapshots are bounded twice: each part by the session's tmpfs size (`tree_caps`:
+tar runs with ``--sparse``, so a file's holes take no room, and the bytes are
+counted as they stream), and all snapshots of the gateway together by its
+`SnapshotBudget` (``paused_budget_mb``). A pause past either stops, removes what
+it wrote and leaves the session running as it was.
 """
 
 from __future__ import annotations
@@ -15,17 +21,17 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from kernelgw.errors import BackendError
+from kernelgw.errors import BackendError, KernelGWError, QuotaExceeded
 from kernelgw.runtime.backends.base import PACKAGES_DIR, WORKSPACE_DIR, Backend, KernelHandle
 from kernelgw.runtime.kernel_link import KernelLink
-from kernelgw.runtime.workspace import read_tree, write_tree
+from kernelgw.runtime.workspace import TreeTooLarge, read_tree, write_tree
 
 NAMESPACE_FILE = f"{WORKSPACE_DIR}/.kernelgw-namespace"
 """Where the kernel writes its pickled variables for a pause and reads them on a
@@ -38,6 +44,62 @@ MAX_NAMES_REPORTED = 1000
 
 class SnapshotFailed(BackendError):
     code = "snapshot_failed"
+
+
+class SnapshotTooLarge(QuotaExceeded):
+    """A session's snapshot would be larger than its tmpfs sizes allow."""
+
+    code = "snapshot_too_large"
+
+
+class PausedBudgetExceeded(KernelGWError):
+    """The gateway's disk budget for paused sessions (``paused_budget_mb``) has no
+    room for this snapshot: 507 Insufficient Storage."""
+
+    status_code = 507
+    code = "paused_budget_exceeded"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1048576:.1f} MiB"
+
+
+@dataclass
+class SnapshotBudget:
+    """The bytes of this gateway's disk that paused sessions' snapshots hold,
+    within ``limit``. A pause takes its bytes as they stream, so pauses running
+    at once never pass the limit together; a snapshot's bytes are given back
+    when it is removed (resume, delete, expiry)."""
+
+    limit: int
+    used: int = 0
+    on_change: Callable[[int], None] | None = None
+    """Called with ``used`` after each change (the metric)."""
+
+    def check(self, wanted: int = 1) -> None:
+        """Refuse, before any work, a pause that would not find ``wanted`` bytes."""
+        if self.used + wanted > self.limit:
+            raise PausedBudgetExceeded(self._message())
+
+    def take(self, n: int) -> None:
+        self.check(n)
+        self.hold(n)
+
+    def hold(self, n: int) -> None:
+        """Count ``n`` bytes, even past the limit (a snapshot already on disk)."""
+        self.used += n
+        if self.on_change is not None:
+            self.on_change(self.used)
+
+    def give_back(self, n: int) -> None:
+        self.hold(-min(n, self.used))
+
+    def _message(self) -> str:
+        return (
+            f"The gateway's disk budget for paused sessions (setting paused_budget_mb, {_mib(self.limit)}) "
+            f"has no room for this snapshot: paused sessions hold {_mib(self.used)}. The session was not "
+            "paused and goes on running as it was; resume or delete paused sessions to make room."
+        )
 
 
 @dataclass(frozen=True)
@@ -109,19 +171,42 @@ async def discard_namespace(link: KernelLink) -> None:
     await link.silent_request("", {"discard": f"__import__('os').remove({NAMESPACE_FILE!r})"}, timeout=10.0)
 
 
-async def save_files(backend: Backend, handle: KernelHandle, directory: Path, timeout: float) -> int:
+async def save_files(
+    backend: Backend,
+    handle: KernelHandle,
+    directory: Path,
+    timeout: float,
+    caps: dict[str, int],
+    budget: SnapshotBudget | None = None,
+) -> int:
     """The workspace (with the namespace file) and the packages, out of the kernel
-    into ``directory`` (made afresh); returns the bytes written."""
+    into ``directory`` (made afresh); returns the bytes written, which stay taken
+    from ``budget``. Each part stops past its cap in ``caps`` (`SnapshotTooLarge`),
+    the whole past the budget (`PausedBudgetExceeded`); then nothing stays taken,
+    and the caller removes ``directory``."""
     await anyio.to_thread.run_sync(_fresh_dir, directory)
     written = 0
-    for name, path in PARTS.items():
-        async with (
-            contextlib.aclosing(read_tree(backend, handle, path, timeout)) as stream,
-            await anyio.open_file(directory / name, "wb") as f,
-        ):
-            async for chunk in stream:
-                await f.write(chunk)
-                written += len(chunk)
+    try:
+        for name, path in PARTS.items():
+            async with (
+                contextlib.aclosing(read_tree(backend, handle, path, timeout, max_bytes=caps.get(path))) as stream,
+                await anyio.open_file(directory / name, "wb") as f,
+            ):
+                async for chunk in stream:
+                    if budget is not None:
+                        budget.take(len(chunk))
+                    written += len(chunk)
+                    await f.write(chunk)
+    except TreeTooLarge as exc:
+        if budget is not None:
+            budget.give_back(written)
+        raise SnapshotTooLarge(
+            f"The session cannot be paused: {exc.message} It was not paused and goes on running as it was."
+        ) from None
+    except BaseException:
+        if budget is not None:
+            budget.give_back(written)
+        raise
     return written
 
 
@@ -147,3 +232,8 @@ def _fresh_dir(directory: Path) -> None:
 
 async def remove_snapshot(directory: Path) -> None:
     await anyio.to_thread.run_sync(lambda: shutil.rmtree(directory, ignore_errors=True))
+
+
+def snapshot_bytes(directory: Path) -> int:
+    """The bytes a snapshot's files take (blocking: run it in a thread)."""
+    return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())

@@ -43,16 +43,19 @@ from kernelgw.runtime.loop_share import LoopShare
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.pause import (
     NamespaceSummary,
+    SnapshotBudget,
     discard_namespace,
     load_namespace,
     remove_snapshot,
     restore_files,
     save_files,
     save_namespace,
+    snapshot_bytes,
 )
 from kernelgw.runtime.recorder import Recorder, StoredSession
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.runtime.session_state import SessionState, SessionStatus
+from kernelgw.runtime.workspace import tree_caps
 
 __all__ = [
     "KernelSession",
@@ -131,6 +134,11 @@ class KernelSession:
         self._paused_lineage: tuple[LineageCell, ...] = ()
         self._paused_from: KernelHandle | None = None
         self._paused_kernels: tuple[str, ...] = ()
+        self.paused_at: datetime | None = None
+        """When the session was paused (``paused_ttl_s`` counts from here)."""
+        self._budget: SnapshotBudget | None = None
+        self._snapshot_bytes = 0
+        """What the snapshot holds of ``_budget``, given back when it is removed."""
         self._resuming: asyncio.Task[None] | None = None
         self.lineage_kernels: tuple[str, ...] = ()
         self._files_kept = False
@@ -289,10 +297,15 @@ class KernelSession:
         self._files_kept = True
 
     # ------------------------------------------------------------- pause
-    async def pause(self, directory: Path, max_bytes: int, timeout: float) -> Paused:
+    async def pause(
+        self, directory: Path, max_bytes: int, timeout: float, budget: SnapshotBudget | None = None
+    ) -> Paused:
         """Save the namespace, the workspace and the packages into ``directory`` and
         remove the container (memory and CPU freed). Only between cells: a cell
-        running or queued is a 409. Cells sent meanwhile wait and resume it."""
+        running or queued is a 409. Cells sent meanwhile wait and resume it. The
+        snapshot is capped by the session's tmpfs sizes and takes its bytes from
+        ``budget``; a pause that fails for either (413, 507) or anything else
+        leaves the session running as it was."""
         if not profile(self.spec.kernel).python:
             raise NotForThisKernel(
                 f"Only Python sessions can be paused (their variables are pickled); this one runs {self.spec.kernel}. "
@@ -304,12 +317,14 @@ class KernelSession:
             handle = self._link.handle
             if self.state != "idle" or handle is None or self._executions.current is not None or self.queue_length:
                 raise SessionBusy(f"Only an idle session can be paused (it is {self.state}); try again after its cell.")
+            if budget is not None:
+                budget.check()  # a full budget is refused before any work
             self._executions.hold()
             try:
                 started = time.perf_counter()
                 try:
                     namespace = await save_namespace(self._link, max_bytes, timeout)
-                    stored = await save_files(self.backend, handle, directory, timeout)
+                    stored = await save_files(self.backend, handle, directory, timeout, tree_caps(self.spec), budget)
                 except BaseException:
                     # the session goes on as it was
                     await remove_snapshot(directory)
@@ -328,6 +343,8 @@ class KernelSession:
             finally:
                 self._executions.release()
             self._snapshot = directory
+            self._budget, self._snapshot_bytes = budget, stored
+            self.paused_at = datetime.now(UTC)
             return Paused(namespace, stored, (time.perf_counter() - started) * 1000)
 
     async def resume(self, *, replay: bool = False, timeout: float = 300.0) -> Resumed | None:
@@ -368,10 +385,33 @@ class KernelSession:
             self._paused_from = None
             self.kernel_changed()
             self.kernel_event("session_resumed", f"{restored} bytes restored")
-            self._snapshot = None
             self._paused_lineage = ()
-        await remove_snapshot(directory)
+            await self._drop_snapshot()
         return Resumed(namespace, restored, (time.perf_counter() - started) * 1000, report)
+
+    async def _drop_snapshot(self) -> None:
+        """Remove the snapshot (under the lifecycle lock) and give back its bytes."""
+        directory, self._snapshot = self._snapshot, None
+        if directory is None:
+            return
+        await remove_snapshot(directory)
+        if self._budget is not None:
+            self._budget.give_back(self._snapshot_bytes)
+        self._budget, self._snapshot_bytes, self.paused_at = None, 0, None
+
+    async def fork_snapshot_into(self, target: KernelSession, timeout: float) -> tuple[int, NamespaceSummary] | None:
+        """While paused: put the snapshot (files, packages, then variables) into
+        ``target``'s new kernel, a fork without replay; returns the bytes copied
+        and what the kernel restored, or None when the session is not paused (a
+        resume or delete came first). This session stays paused, its snapshot kept."""
+        async with self._lifecycle:
+            directory = self._snapshot
+            handle = target.handle
+            if self.state != "paused" or directory is None or handle is None:
+                return None
+            copied = await restore_files(target.backend, handle, directory, timeout)
+            await target.keep_files()
+            return copied, await load_namespace(target._link, timeout)
 
     async def restart_after_death(self) -> str | None:
         """Replace a kernel that died under a cell, to replay into it
@@ -434,12 +474,20 @@ class KernelSession:
             self._seed(stored)
         self._executions.start()
 
-    async def restore_paused(self, stored: StoredSession, directory: Path) -> None:
+    async def restore_paused(
+        self, stored: StoredSession, directory: Path, budget: SnapshotBudget | None = None
+    ) -> None:
         """Take over a session a previous gateway process left paused: no kernel
-        until it is resumed, its snapshot in ``directory``, its events replayable."""
+        until it is resumed, its snapshot in ``directory`` (counted in ``budget``,
+        paused since the snapshot was written), its events replayable."""
+        size, mtime = await asyncio.to_thread(lambda: (snapshot_bytes(directory), directory.stat().st_mtime))
         async with self._lifecycle:
             self.state = "paused"
             self._snapshot = directory
+            self._budget, self._snapshot_bytes = budget, size
+            if budget is not None:
+                budget.hold(size)
+            self.paused_at = datetime.fromtimestamp(mtime, UTC)
             self._paused_from = stored.handle
             self._paused_lineage = tuple(stored.lineage)
             self._paused_kernels = stored.lineage_kernels or (stored.handle.kernel_id,)
@@ -497,9 +545,7 @@ class KernelSession:
             unrecorded = await self._executions.stop()
             await self._link.stop()
             await self.backend.end_session(self.id)
-            if self._snapshot is not None:
-                await remove_snapshot(self._snapshot)
-                self._snapshot = None
+            await self._drop_snapshot()
             self._fanout.close_all()
         # History keeps every execution, including those the deletion ended.
         for rec in unrecorded:

@@ -41,7 +41,15 @@ from kernelgw.errors import (
 )
 from kernelgw.models import FileEntry, FileList, UploadResult
 from kernelgw.paths import validate_path
-from kernelgw.runtime.backends.base import SESSION_DIRS, Backend, ExecProcess, KernelHandle
+from kernelgw.runtime.backends.base import (
+    PACKAGES_DIR,
+    SESSION_DIRS,
+    WORKSPACE_DIR,
+    Backend,
+    ExecProcess,
+    KernelHandle,
+    KernelSpec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -383,9 +391,12 @@ class WorkspaceFiles:
         return str(data.get("type", "file"))
 
 
-async def copy_session_files(backend: Backend, source: KernelHandle, target: KernelHandle, timeout: float) -> int:
+async def copy_session_files(
+    backend: Backend, source: KernelHandle, target: KernelHandle, timeout: float, caps: dict[str, int] | None = None
+) -> int:
     """Copy a session's workspace and installed packages into another session's
-    kernel (a fork); returns the bytes moved.
+    kernel (a fork); returns the bytes moved. ``caps``: the most each directory's
+    tar stream may take (the target's tmpfs sizes), past which it is a 413.
 
     GNU tar runs in each container as that kernel's user (``tar c`` in the
     source, ``tar x`` in the target) and the stream passes through the gateway
@@ -393,19 +404,52 @@ async def copy_session_files(backend: Backend, source: KernelHandle, target: Ker
     has, and a hostile stream can only write what the target's code could."""
     moved = 0
     for path in SESSION_DIRS:
-        async with contextlib.aclosing(read_tree(backend, source, path, timeout)) as stream:
+        cap = (caps or {}).get(path)
+        async with contextlib.aclosing(read_tree(backend, source, path, timeout, max_bytes=cap)) as stream:
             moved += await write_tree(backend, target, path, stream, timeout)
     return moved
 
 
+def tree_caps(spec: KernelSpec) -> dict[str, int]:
+    """The most a copy of each of a session's directories may take: its tmpfs
+    size, plus a sixteenth for tar's 512-byte headers and padding (tmpfs rounds
+    a file up to 4 KiB, so most trees make a smaller stream than they use)."""
+    sizes = {WORKSPACE_DIR: spec.workspace_size_mb, PACKAGES_DIR: spec.packages_size_mb}
+    return {path: mb * (1 << 20) * 17 // 16 for path, mb in sizes.items()}
+
+
+class TreeTooLarge(QuotaExceeded):
+    """A directory's tar stream passed the bytes it may take (``read_tree``'s
+    ``max_bytes``): it does not fit where it is going."""
+
+    code = "copy_too_large"
+
+
 async def read_tree(
-    backend: Backend, handle: KernelHandle, path: str, timeout: float, members: tuple[str, ...] = (".",)
+    backend: Backend,
+    handle: KernelHandle,
+    path: str,
+    timeout: float,
+    members: tuple[str, ...] = (".",),
+    *,
+    max_bytes: int | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """A directory of a kernel's container (or ``members`` of it) as a tar stream,
-    made by ``tar c`` as the kernel's user."""
-    proc = await backend.exec(handle, [TAR, "-C", path, "-cf", "-", "--", *members], timeout=timeout)
+    made by ``tar c`` as the kernel's user. ``--sparse``: a file's holes are not
+    sent, so the stream holds what the tmpfs holds, whatever size a file claims
+    (``truncate -s 2G`` is a few bytes). ``max_bytes``: counted as the bytes
+    come, the copy stops with `TreeTooLarge` past it."""
+    proc = await backend.exec(handle, [TAR, "--sparse", "-C", path, "-cf", "-", "--", *members], timeout=timeout)
     try:
+        sent = 0
         while chunk := await proc.read():
+            sent += len(chunk)
+            if max_bytes is not None and sent > max_bytes:
+                raise TreeTooLarge(
+                    f"{path} does not fit: its copy passed {_mib(max_bytes)}, the most the session's "
+                    "tmpfs sizes allow (workspace_size_mb, packages_size_mb, with room for tar's headers). "
+                    "Many small or empty files cost a 512-byte header each; delete files to make room."
+                )
             yield chunk
         # tar c exits 1 when a file changed while it was read: still a copy
         if (await proc.exit_code()) not in (0, 1):
@@ -414,11 +458,21 @@ async def read_tree(
         await proc.close()
 
 
+NO_SPACE = ("No space left on device", "Disk quota exceeded", "File too large", ": Wrote only ")
+"""What ``tar x`` says (on some line of its stderr) when the target cannot hold the copy
+(a short write, "Wrote only 4608 of 10240 bytes", is how GNU tar reports a full tmpfs)."""
+
+
 async def write_tree(
     backend: Backend, handle: KernelHandle, path: str, stream: AsyncIterable[bytes], timeout: float
 ) -> int:
     """Unpack a tar stream into a directory of a kernel's container, as the kernel's
-    user (``tar x``); returns the bytes it took. A full tmpfs is a 413."""
+    user (``tar x``, which recreates sparse files sparse); returns the bytes it
+    took. A target that cannot hold it is a 413 (`QuotaExceeded`), whichever line
+    of tar's errors says so; any other failure a `WorkspaceCopyFailed`.
+
+    tar's output is read while the stream is written: a tar that reports one
+    error per file must never block on a full pipe while we wait on its stdin."""
     proc = await backend.exec(
         handle,
         [TAR, "-C", path, "-xf", "-", "--no-same-owner", "--delay-directory-restore"],
@@ -427,16 +481,35 @@ async def write_tree(
     )
     try:
         moved = 0
-        async for chunk in stream:
-            await proc.write(chunk)
-            moved += len(chunk)
-        await proc.close_stdin()
-        while await proc.read():
-            pass
-        if (await proc.exit_code()) != 0:
-            detail = _last_line(proc.stderr)
-            if "No space left" in detail:
-                raise QuotaExceeded(f"{path} does not fit into the session: {detail}")
+        write_error: KernelGWError | None = None
+
+        async def drain() -> None:
+            while await proc.read():
+                pass
+
+        reader = asyncio.create_task(drain(), name=f"tar-x-output {path}")
+        try:
+            async for chunk in stream:
+                await proc.write(chunk)
+                moved += len(chunk)
+            await proc.close_stdin()
+        except BackendError as exc:  # tar x ended early (its stdin closed): its errors say why
+            write_error = exc
+        except BaseException:
+            reader.cancel()
+            raise
+        await reader
+        code = await proc.exit_code()
+        if code != 0 or write_error is not None:
+            text = proc.stderr.decode("utf-8", "replace")
+            full = next((line for line in text.splitlines() if any(n in line for n in NO_SPACE)), None)
+            if full is not None:
+                setting = "workspace_size_mb" if path == WORKSPACE_DIR else "packages_size_mb"
+                raise QuotaExceeded(
+                    f"{path} does not fit into the session: its file system (size: the setting {setting}) "
+                    f"is full. tar said: {full.strip()[:300]}"
+                )
+            detail = _last_line(proc.stderr) if code != 0 else str(write_error)
             raise WorkspaceCopyFailed(f"Writing {path} into the kernel failed: {detail}")
         return moved
     finally:

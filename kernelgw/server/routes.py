@@ -114,8 +114,9 @@ async def create_session(body: CreateSession, request: Request) -> dict[str, Any
 
     With ``notebook`` or ``from_session`` the session is restored: the code cells
     are replayed in order before it is returned, and ``replay`` reports each one.
-    With ``from`` it is a fork of a live session of the same key: files copied,
-    state replayed, reported in ``fork``."""
+    With ``from`` it is a fork of a session of the same key: files copied,
+    state replayed, reported in ``fork``; a paused source gives its snapshot
+    instead (files and variables, no replay) and stays paused."""
     opts = SessionOptions(
         memory_mb=body.memory_mb,
         cpus=body.cpus,
@@ -130,7 +131,9 @@ async def create_session(body: CreateSession, request: Request) -> dict[str, Any
     if body.fork_of is not None:
         source = session_for(request, body.fork_of)  # another key's session is not found
         session, fork = await _manager(request).fork(source, opts, principal_of(request))
-        return {**session.info(), "fork": {**dataclasses.asdict(fork), "replay": _replay_json(fork.replay)}}
+        namespace = _namespace_json(fork.namespace) if fork.namespace is not None else None
+        made = {**dataclasses.asdict(fork), "replay": _replay_json(fork.replay), "namespace": namespace}
+        return {**session.info(), "fork": made}
     steps = await history.restore_plan(body, request)  # validated before a kernel starts
     session = await _manager(request).create(opts, principal_of(request))
     if steps is None:
@@ -235,7 +238,9 @@ async def pause(session_id: str, request: Request) -> dict[str, Any]:
     """Free the session's container and keep its state on the gateway's disk: the
     workspace, the installed packages and the kernel's variables (pickled one by
     one; ``namespace.failed`` names what could not be). The next request that
-    needs the kernel (execute, files, packages) or ``/resume`` brings it back."""
+    needs the kernel (execute, files, packages) or ``/resume`` brings it back.
+    413 when the snapshot would pass the session's tmpfs sizes, 507 when the
+    gateway's budget for paused sessions is used up: the session then runs on."""
     session = session_for(request, session_id)
     paused = await _manager(request).pause(session)
     return {

@@ -90,3 +90,41 @@ def test_a_fork_may_ask_for_other_limits_and_refuses_what_it_cannot_fork(http: h
         assert len(http.get("/v1/sessions").json()["sessions"]) == before
     finally:
         http.delete(f"/v1/sessions/{parent}")
+
+
+def test_a_paused_session_is_forked_from_its_snapshot_and_stays_paused(http: httpx.Client) -> None:
+    parent = http.post("/v1/sessions", json={"memory_mb": 512}).json()["id"]
+    child = None
+    try:
+        assert http.put(f"/v1/sessions/{parent}/files/in.txt", content=b"uploaded").status_code == 201
+        run(
+            http,
+            parent,
+            "import json\nx = {'a': [1, 2]}\nopen('/opt/kernelgw/packages/kgw_mod.py', 'w').write('V = 5')",
+        )
+        run(http, parent, "gen = (i for i in range(3))")  # cannot be pickled
+        assert http.post(f"/v1/sessions/{parent}/pause").status_code == 200
+
+        resp = http.post("/v1/sessions", json={"from": parent})
+        assert resp.status_code == 201, resp.text
+        body = resp.json()
+        child = body["id"]
+        fork = body["fork"]
+        assert fork["source"] == parent and fork["copied_bytes"] > 0
+        # no replay: the variables come from the snapshot, and say what could not be saved
+        assert fork["replay"]["cells"] == [] and fork["replay"]["trigger"] == "fork"
+        assert "x" in fork["namespace"]["names"] and fork["namespace"]["modules"].get("json") == "json"
+        assert body["memory_mb"] == 512
+        assert value(http, child, "x['a'], open('in.txt').read(), __import__('kgw_mod').V") == "[1, 2] uploaded 5"
+        assert value(http, child, "'gen' in dir()") == "False"
+        assert value(http, child, "__import__('os').path.exists('.kernelgw-namespace')") == "False"
+
+        # the source is still paused, with its snapshot, and resumes as it was
+        assert http.get(f"/v1/sessions/{parent}").json()["state"] == "paused"
+        run(http, child, "x['a'].append(3)")
+        assert http.post(f"/v1/sessions/{parent}/resume").status_code == 200
+        assert value(http, parent, "x['a']") == "[1, 2]"
+    finally:
+        http.delete(f"/v1/sessions/{parent}")
+        if child is not None:
+            http.delete(f"/v1/sessions/{child}")

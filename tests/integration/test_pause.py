@@ -4,7 +4,10 @@ named, and a replay rebuilds it."""
 
 from __future__ import annotations
 
+import io
+import tarfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -12,7 +15,14 @@ import httpx
 import pytest
 
 from kernelgw.runtime.backends.labels import LABEL_SESSION, LABEL_STORE
-from tests.integration.conftest import RunningGateway, gateway_settings, run, start_gateway, stdout
+from tests.integration.conftest import (
+    RunningGateway,
+    assert_nothing_left,
+    gateway_settings,
+    run,
+    start_gateway,
+    stdout,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -164,3 +174,151 @@ def test_a_paused_session_survives_a_gateway_restart(docker_client: docker.Docke
             assert stdout(run(http, sid, "print(sum(kept))")) == "6\n"
     finally:
         third.stop()
+
+
+# ------------------------------------------------------------------ bounds
+
+
+def snapshot_size(gw: RunningGateway, sid: str) -> int:
+    directory = Path(gw.settings.data_dir) / "paused" / sid
+    return sum(f.stat().st_size for f in directory.iterdir())
+
+
+def paused_metric(http: httpx.Client) -> float:
+    (line,) = [
+        line for line in http.get("/metrics").text.splitlines() if line.startswith("kernelgw_paused_snapshot_bytes ")
+    ]
+    return float(line.split()[1])
+
+
+@pytest.fixture(scope="module")
+def small(docker_client: docker.DockerClient) -> Iterator[RunningGateway]:
+    """A gateway with a 16 MiB workspace."""
+    name = f"{gateway_settings().gateway_name}ps"
+    gw = start_gateway(gateway_settings(gateway_name=name, data_dir=f"/tmp/kgwt-data-{name}", workspace_size_mb=16))
+    yield gw
+    gw.stop()
+    assert_nothing_left(docker_client, name)
+    paused = Path(gw.settings.data_dir) / "paused"
+    assert not paused.exists() or not any(paused.iterdir())
+
+
+def test_a_snapshot_past_the_tmpfs_sizes_is_refused_and_the_session_runs_on(small: RunningGateway) -> None:
+    with httpx.Client(base_url=small.url, timeout=120) as http:
+        sid = http.post("/v1/sessions", json={}).json()["id"]
+        try:
+            # 40,000 empty files take no tmpfs blocks but a 512-byte tar header each:
+            # 20 MiB of stream, past the 17 MiB a 16 MiB workspace may give
+            code = "import os\nos.mkdir('many')\nfor i in range(40000): open(f'many/{i}', 'w').close()\nkept = 7"
+            assert run(http, sid, code)["status"] == "ok"
+            resp = http.post(f"/v1/sessions/{sid}/pause")
+            assert resp.status_code == 413, resp.text
+            error = resp.json()["error"]
+            assert error["code"] == "snapshot_too_large" and "workspace_size_mb" in error["message"], error
+            assert "goes on running" in error["message"]
+            # nothing kept of the attempt, the session as it was
+            assert not (Path(small.settings.data_dir) / "paused" / sid).exists()
+            assert paused_metric(http) == 0
+            assert http.get(f"/v1/sessions/{sid}").json()["state"] == "idle"
+            assert stdout(run(http, sid, "print(kept, len(os.listdir('many')))")) == "7 40000\n"
+            # with room again it pauses
+            assert run(http, sid, "import shutil; shutil.rmtree('many')")["status"] == "ok"
+            assert http.post(f"/v1/sessions/{sid}/pause").status_code == 200
+            assert stdout(run(http, sid, "print(kept)")) == "7\n"
+        finally:
+            http.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_pause_past_the_gateway_budget_is_a_507_and_the_session_runs_on(docker_client: docker.DockerClient) -> None:
+    name = f"{gateway_settings().gateway_name}pb"
+    small = start_gateway(gateway_settings(gateway_name=name, data_dir=f"/tmp/kgwt-data-{name}", paused_budget_mb=4))
+    with httpx.Client(base_url=small.url, timeout=120) as http:
+        first = http.post("/v1/sessions", json={}).json()["id"]
+        second = http.post("/v1/sessions", json={}).json()["id"]
+        try:
+            run(http, first, "a = 1")
+            assert http.post(f"/v1/sessions/{first}/pause").status_code == 200
+            held = snapshot_size(small, first)
+            assert paused_metric(http) == held > 0
+            # 5 MiB of data that does not compress: fits the workspace, not the budget
+            assert (
+                run(http, second, "open('data.bin', 'wb').write(__import__('os').urandom(5 << 20))\nb = 2")["status"]
+                == "ok"
+            )
+            resp = http.post(f"/v1/sessions/{second}/pause")
+            assert resp.status_code == 507, resp.text
+            error = resp.json()["error"]
+            assert error["code"] == "paused_budget_exceeded" and "paused_budget_mb" in error["message"], error
+            assert not (Path(small.settings.data_dir) / "paused" / second).exists()
+            assert paused_metric(http) == held  # the refused pause gave back what it took
+            assert http.get(f"/v1/sessions/{second}").json()["state"] == "idle"
+            assert stdout(run(http, second, "print(b, __import__('os').path.getsize('data.bin'))")) == f"2 {5 << 20}\n"
+            # a resume gives the bytes back
+            assert http.post(f"/v1/sessions/{first}/resume").status_code == 200
+            assert paused_metric(http) == 0
+        finally:
+            http.delete(f"/v1/sessions/{first}")
+            http.delete(f"/v1/sessions/{second}")
+            small.stop()
+    assert_nothing_left(docker_client, name)
+
+
+def test_a_resume_that_does_not_fit_is_a_413_and_the_session_stays_paused_and_resumable(
+    small: RunningGateway,
+) -> None:
+    with httpx.Client(base_url=small.url, timeout=120) as http:
+        sid = http.post("/v1/sessions", json={}).json()["id"]
+        try:
+            run(http, sid, "kept = 'still here'\nopen('notes.txt', 'w').write('mine')")
+            assert http.post(f"/v1/sessions/{sid}/pause").status_code == 200
+            # a snapshot that no longer fits, as an older gateway wrote them (a sparse
+            # file stored whole): 20 MiB of data for a 16 MiB workspace
+            part = Path(small.settings.data_dir) / "paused" / sid / "workspace.tar"
+            original = part.read_bytes()
+            big = tarfile.TarInfo("big.bin")
+            big.size = 20 << 20
+            with tarfile.open(part, "a") as tar:
+                tar.addfile(big, io.BytesIO(bytes(big.size)))
+            resp = http.post(f"/v1/sessions/{sid}/resume")
+            assert resp.status_code == 413, resp.text
+            error = resp.json()["error"]
+            assert "does not fit" in error["message"] and "workspace_size_mb" in error["message"], error
+            assert http.get(f"/v1/sessions/{sid}").json()["state"] == "paused"
+            assert part.exists() and containers_of(docker.from_env(), sid) == []
+            # the snapshot was kept: with one that fits the same session resumes
+            part.write_bytes(original)
+            resp = http.post(f"/v1/sessions/{sid}/resume")
+            assert resp.status_code == 200, resp.text
+            assert stdout(run(http, sid, "print(kept, open('notes.txt').read())")) == "still here mine\n"
+        finally:
+            http.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_session_paused_past_its_ttl_is_ended_with_the_reason(docker_client: docker.DockerClient) -> None:
+    name = f"{gateway_settings().gateway_name}pt"
+    settings = gateway_settings(
+        gateway_name=name, data_dir=f"/tmp/kgwt-data-{name}", paused_ttl_s=1, reap_interval_s=0.2
+    )
+    gw = start_gateway(settings)
+    try:
+        with httpx.Client(base_url=gw.url, timeout=120) as http:
+            sid = http.post("/v1/sessions", json={}).json()["id"]
+            run(http, sid, "x = 1")
+            assert http.post(f"/v1/sessions/{sid}/pause").status_code == 200
+            snapshot = Path(settings.data_dir) / "paused" / sid
+            assert snapshot.is_dir()
+            deadline = time.monotonic() + 30
+            while http.get(f"/v1/sessions/{sid}").status_code != 404:
+                assert time.monotonic() < deadline, "the paused session never expired"
+                time.sleep(0.1)
+            assert not snapshot.exists()
+            assert paused_metric(http) == 0
+            history = http.get(f"/v1/sessions/{sid}/history")
+            while history.json().get("end_reason") is None:  # the end is written behind the answer
+                assert time.monotonic() < deadline, history.text
+                time.sleep(0.05)
+                history = http.get(f"/v1/sessions/{sid}/history")
+            assert "paused_ttl_s" in history.json()["end_reason"], history.json()["end_reason"]
+    finally:
+        gw.stop()
+    assert_nothing_left(docker_client, name)
