@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import struct
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -62,6 +63,8 @@ session notices; a kernel that exits under it would just look dead."""
 STDIN_REPLIES = frozenset({"input_reply"})
 ALLOWED = {"shell": SHELL_REQUESTS, "control": CONTROL_REQUESTS, "stdin": STDIN_REPLIES}
 MAX_BUFFERS = 64
+MAX_HEADER_STRING = 256
+"""The longest ``msg_id``, ``msg_type`` and ``session`` taken (they are stored with cells)."""
 
 
 class WireError(ValueError):
@@ -110,15 +113,30 @@ def validate(
     channel: Any, header: Any, parent_header: Any, metadata: Any, content: Any, buffers: list[bytes]
 ) -> ClientMessage:
     """A client message, or `WireError` saying what is wrong with it."""
+    if channel is None:
+        channel = "shell"  # as jupyter_server assumes
     if channel not in CLIENT_CHANNELS:
         raise WireError(f"unknown or read-only channel {str(channel)[:40]!r}; clients send on shell, control, stdin")
-    head = _dict(header, "header", default_empty=False)
-    for name in ("msg_id", "msg_type", "session"):
-        if not isinstance(head.get(name), str) or not head[name] or len(head[name]) > 256:
-            raise WireError(f"header.{name} must be a non-empty string")
-    if head["msg_type"] not in ALLOWED[channel]:
-        raise WireError(f"{head['msg_type'][:60]!r} is not accepted on the {channel} channel")
-    head = dict(head)
+    head = dict(_dict(header, "header", default_empty=False))
+    msg_type = head.get("msg_type")
+    if not isinstance(msg_type, str) or not msg_type or len(msg_type) > MAX_HEADER_STRING:
+        raise WireError("header.msg_type must be a non-empty string")
+    if msg_type not in ALLOWED[channel]:
+        raise WireError(f"{msg_type[:60]!r} is not accepted on the {channel} channel")
+    # Jupyter Server passes the header on unchecked; only what the gateway relies on
+    # is checked: a msg_id ties replies and cells to this request, so a client that
+    # sends none (or "") gets one of ours, and header.session is echoed, never used
+    # (Enterprise Gateway's GatewayClient sends "session": "")
+    msg_id = head.get("msg_id")
+    if msg_id is None or msg_id == "":
+        head["msg_id"] = uuid.uuid4().hex
+    elif not isinstance(msg_id, str) or len(msg_id) > MAX_HEADER_STRING:
+        raise WireError(f"header.msg_id must be a string of at most {MAX_HEADER_STRING} characters")
+    if head.get("session") is None:
+        head["session"] = ""
+    session = head["session"]
+    if not isinstance(session, str) or len(session) > MAX_HEADER_STRING:
+        raise WireError(f"header.session must be a string of at most {MAX_HEADER_STRING} characters")
     # AutoGen and others send dates without a timezone; jupyter_client needs a string or datetime
     date = head.get("date")
     if date is not None and not isinstance(date, (str, datetime)):

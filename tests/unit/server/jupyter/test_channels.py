@@ -88,6 +88,33 @@ async def test_autogen_style_request_dates_without_timezone_and_empty_buffers(gw
         assert stdout(await collect(ws, msg["header"]["msg_id"])) == "1\n"
 
 
+async def test_enterprise_gateway_style_requests_with_an_empty_session_run(gw: Gateway, kernel: str) -> None:
+    """Enterprise Gateway's GatewayClient sends ``"session": ""`` and ``"buffers": {}``;
+    Jupyter Server takes that, and a header with only ``msg_type`` and no channel."""
+    async with connect(channels_url(gw, kernel, gw.alice)) as ws:
+        msg = execute_request("x = 41\nprint(x + 1)")
+        msg["header"] = {
+            "username": "",
+            "version": "5.0",
+            "session": "",
+            "msg_id": "eg1",
+            "msg_type": "execute_request",
+        }
+        msg["buffers"] = {}
+        await ws.send(json.dumps(msg))
+        assert stdout(await collect(ws, "eg1")) == "42\n"
+        bare = {"header": {"msg_type": "execute_request"}, "parent_header": {}, "metadata": {}}
+        bare["content"] = {"code": "print(x)"}
+        await ws.send(json.dumps(bare))
+        first = await receive_json(ws)  # its first message names the msg_id the gateway gave it
+        while first["parent_header"].get("msg_id") in (None, "eg1"):
+            first = await receive_json(ws)
+        assert first["parent_header"]["msg_type"] == "execute_request" and first["parent_header"]["session"] == ""
+        msgs = [first, *await collect(ws, first["parent_header"]["msg_id"])]
+        assert stdout(msgs) == "41\n"
+        assert of_type(msgs, "execute_reply")[0]["content"]["status"] == "ok"
+
+
 async def test_v1_binary_subprotocol_round_trip(gw: Gateway, kernel: str) -> None:
     async with connect(channels_url(gw, kernel, gw.alice), subprotocols=[V1]) as ws:  # type: ignore[list-item]
         assert ws.subprotocol == V1
@@ -143,7 +170,8 @@ async def test_two_clients_share_iopub_and_replies_go_to_the_sender(gw: Gateway,
         json.dumps({**execute_request("1"), "channel": "nowhere"}),
         json.dumps({**execute_request("1"), "channel": "iopub"}),
         json.dumps(request("shutdown_request", {"restart": False}, channel="control")),
-        json.dumps({**execute_request("1"), "header": {"msg_type": "execute_request"}}),  # no msg_id, session
+        json.dumps({**execute_request("1"), "header": {"msg_id": "m1", "session": ""}}),  # no msg_type
+        json.dumps({**execute_request("1"), "header": {**execute_request("1")["header"], "session": 7}}),
         # valid JSON holding a lone surrogate: no UTF-8 encoder takes it (it once made
         # the history store refuse everyone's work)
         json.dumps(execute_request("print(1)  # \ud800")),
