@@ -24,6 +24,24 @@ def _default_data_dir() -> Path:
     return Path(base) / "kernelgw"
 
 
+def parse_uid_range(text: str) -> range:
+    """``"START-END"`` (both included) as a range; ValueError saying why not."""
+    start_text, sep, end_text = text.strip().partition("-")
+    if not sep:
+        raise ValueError(f"kernel_uid_range must be START-END (for example 200000-265535); got {text!r}")
+    try:
+        start, end = int(start_text), int(end_text)
+    except ValueError:
+        raise ValueError(f"kernel_uid_range must be two whole numbers, START-END; got {text!r}") from None
+    if start < 1000:
+        raise ValueError(f"kernel_uid_range must start at 1000 or above (below are system accounts); got {text!r}")
+    if end < start:
+        raise ValueError(f"kernel_uid_range ends before it starts: {text!r}")
+    if end > 2**31 - 2:
+        raise ValueError(f"kernel_uid_range must end at or below {2**31 - 2}; got {text!r}")
+    return range(start, end + 1)
+
+
 class PoolProfileSettings(BaseModel):
     """A warm pool for sessions asking for exactly these values (None: the default)."""
 
@@ -40,6 +58,9 @@ class PoolProfileSettings(BaseModel):
 
 
 DEFAULT_KERNEL_UID = 61000
+DEFAULT_KERNEL_UID_RANGE = "200000-265535"
+"""A block no host account has (Debian gives users 1000-59999, subuids start at 100000
+in blocks of 65536; choose one free of them on your host)."""
 """Above the regular accounts (1000-60000) and below systemd's dynamic users
 (61184-65519): no host account has it on a usual Linux host."""
 
@@ -175,6 +196,18 @@ class Settings(BaseSettings):
     most hosts), so nothing on the host is theirs. The image names it ``kernel``;
     the gateway warns at start if a host account has it."""
     kernel_gid: int = Field(DEFAULT_KERNEL_UID, gt=0)
+    kernel_uid_range: str = DEFAULT_KERNEL_UID_RANGE
+    """Host uids given to sessions, ``START-END`` (both included): each session's
+    kernel runs as one of its own (group the same number), so nothing the Linux
+    kernel counts per uid (inotify instances, message queues, processes) is shared
+    between sessions. Unique across every gateway on the host (they agree through
+    the engine's labels and a lock in ``uid_state_dir``); a uid is free again once
+    its session's containers are gone. Empty: every kernel runs as ``kernel_uid``,
+    sharing those limits. A gateway not running as root runs every kernel as its
+    own uid, whatever this says (it cannot give files to another)."""
+    uid_state_dir: Path = Path("/run/kernelgw")
+    """Where the gateways of one host keep the lock and reservations of
+    ``kernel_uid_range``: the same directory for all of them."""
 
     # --- limits: defaults for a session, and the most a session may ask for
     memory_mb: int = 2048
@@ -359,6 +392,13 @@ class Settings(BaseSettings):
         if v and not v.startswith(("sqlite", "postgresql", "postgres")):
             raise ValueError("database_url must be a sqlite:// or postgresql:// URL")
         return v or None
+
+    @field_validator("kernel_uid_range")
+    @classmethod
+    def _valid_uid_range(cls, v: str) -> str:
+        if v.strip():
+            parse_uid_range(v)  # raises ValueError saying what is wrong
+        return v.strip()
 
     @field_validator("runtime_dir")
     @classmethod

@@ -163,6 +163,12 @@ class KernelStartFailed(BackendError):
     code = "kernel_start_failed"
 
 
+class UidsExhausted(BackendError):
+    """Every uid of ``kernel_uid_range`` is held by a session on this host."""
+
+    code = "kernel_uids_exhausted"
+
+
 class StorageUnavailable(KernelGWError):
     status_code = 503
     code = "storage_unavailable"

@@ -14,6 +14,7 @@ __all__ = ["Backend", "EngineHealth", "KernelHandle", "KernelSpec", "KernelState
 
 def create_backend(settings: Settings) -> Backend:
     """The Docker backend for these settings (the only one so far)."""
+    from kernelgw.config import parse_uid_range
     from kernelgw.runtime.backends.docker import DockerBackend
 
     return DockerBackend(
@@ -21,5 +22,7 @@ def create_backend(settings: Settings) -> Backend:
         runtime_dir=settings.runtime_dir,
         kernel_uid=settings.kernel_uid,
         kernel_gid=settings.kernel_gid,
+        kernel_uids=parse_uid_range(settings.kernel_uid_range) if settings.kernel_uid_range else None,
+        uid_state_dir=settings.uid_state_dir,
         keep_workspaces=settings.persistent_workspace,
     )

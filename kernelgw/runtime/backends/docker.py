@@ -56,7 +56,8 @@ from kernelgw.runtime.backends.base import (
     connection_info,
     helper_command,
 )
-from kernelgw.runtime.backends.labels import LABEL_GATEWAY, LABEL_KERNEL, LABEL_SESSION, LABEL_STORE
+from kernelgw.runtime.backends.labels import LABEL_GATEWAY, LABEL_KERNEL, LABEL_SESSION, LABEL_STORE, LABEL_UID
+from kernelgw.runtime.backends.uids import UidAllocator
 from kernelgw.runtime.backends.workspace_store import STORE_MOUNT_MODE, WorkspaceStore, session_mounts
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,8 @@ class DockerBackend:
         runtime_dir: Path,
         kernel_uid: int = DEFAULT_KERNEL_UID,
         kernel_gid: int = DEFAULT_KERNEL_UID,
+        kernel_uids: range | None = None,
+        uid_state_dir: Path = Path("/run/kernelgw"),
         keep_workspaces: bool = True,
         max_workers: int = 32,
         client_factory: Callable[[], docker.DockerClient] | None = None,
@@ -167,13 +170,19 @@ class DockerBackend:
             # Without root we cannot chown the connection directory to another uid,
             # so the kernel runs as the gateway's own (still unprivileged) user.
             self.uid, self.gid = os.geteuid(), os.getegid()
+        self._uids: UidAllocator | None = None
+        """Each session's own uid (`kernelgw.runtime.backends.uids`); None: every
+        kernel runs as ``uid`` (no range configured, or the gateway is not root)."""
+        if kernel_uids is not None and os.geteuid() == 0:
+            self._uids = UidAllocator(kernel_uids, uid_state_dir, self._held_uids)
+        self._session_uids: dict[str, int] = {}
+        """The uid of each session this gateway started or found a kernel of."""
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="docker")
         self._client_factory = client_factory or partial(docker.from_env, max_pool_size=max_workers, timeout=60)
         self._docker: docker.DockerClient | None = None
         self.workspaces = WorkspaceStore(
             gateway_name=gateway_name,
-            uid=self.uid,
-            gid=self.gid,
+            uid_of=self._session_ids,
             enabled=keep_workspaces,
             client=self._client,
             run=self._run,
@@ -203,14 +212,63 @@ class DockerBackend:
                 ) from exc
         return self._docker
 
-    def _labels(self, spec: KernelSpec, kernel_id: str) -> dict[str, str]:
+    def _labels(self, spec: KernelSpec, kernel_id: str, uid: int) -> dict[str, str]:
         return {
             LABEL_GATEWAY: self.gateway_name,
             LABEL_SESSION: spec.session_id,
             LABEL_KERNEL: kernel_id,
+            LABEL_UID: str(uid),
         }
 
-    def _make_conn_dir(self, kernel_id: str, key: str) -> Path:
+    # ------------------------------------------------------------- session uids
+    def _owner(self, session_id: str) -> str:
+        return f"{self.gateway_name}/{session_id}"
+
+    def _held_uids(self) -> dict[int, str]:
+        """The uids the engine's containers carry (every gateway's), by holder."""
+        try:
+            found = self._client().api.containers(all=True, filters={"label": LABEL_UID})
+        except docker.errors.DockerException as exc:
+            raise EngineUnavailable(f"The Docker engine failed: {exc}") from exc
+        held: dict[int, str] = {}
+        for c in found:
+            labels = c.get("Labels") or {}
+            with contextlib.suppress(ValueError):
+                session = labels.get(LABEL_SESSION) or labels.get(LABEL_STORE) or c["Id"]
+                held[int(labels[LABEL_UID])] = f"{labels.get(LABEL_GATEWAY, '')}/{session}"
+        return held
+
+    def _acquire_uid(self, session_id: str) -> int:
+        """The session's uid for a container about to start (blocking): the one
+        its containers have, else a free one, reserved until `_release_uid`."""
+        if self._uids is None:
+            return self.uid
+        uid = self._uids.acquire(self._owner(session_id), prefer=self._session_uids.get(session_id))
+        self._session_uids[session_id] = uid
+        return uid
+
+    def _release_uid(self, session_id: str) -> None:
+        if self._uids is not None:
+            self._uids.release(self._owner(session_id))
+
+    def _session_uid(self, session_id: str) -> int:
+        """The uid a session's processes run as (blocking on a miss: a kernel found
+        again after a restart has it in its containers' label)."""
+        if self._uids is None:
+            return self.uid
+        uid = self._session_uids.get(session_id)
+        if uid is None:
+            try:
+                uid = self._acquire_uid(session_id)
+            finally:
+                self._release_uid(session_id)
+        return uid
+
+    def _session_ids(self, session_id: str) -> tuple[int, int]:
+        uid = self._session_uid(session_id)
+        return uid, self._gid(uid)
+
+    def _make_conn_dir(self, kernel_id: str, key: str, uid: int) -> Path:
         self.base_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
         conn_dir = self.base_dir / kernel_id
         conn_dir.mkdir(mode=0o700)
@@ -219,34 +277,38 @@ class DockerBackend:
         with os.fdopen(fd, "w") as f:
             json.dump(connection_info(f"{CONTAINER_CONN_DIR}/k", key), f)
         if os.geteuid() == 0:
-            os.chown(conn_file, self.uid, self.gid)
-            os.chown(conn_dir, self.uid, self.gid)
+            os.chown(conn_file, uid, self._gid(uid))
+            os.chown(conn_dir, uid, self._gid(uid))
         return conn_dir
 
-    def _init_apart(self) -> bool:
+    def _gid(self, uid: int) -> int:
+        """A session's own uid comes with a group of the same number."""
+        return self.gid if uid == self.uid else uid
+
+    def _init_apart(self, uid: int) -> bool:
         """PID 1 runs as root (without capabilities but SETUID/SETGID to drop root,
         SETPCAP to empty the kernel's bounding set, KILL to forward signals to
         another uid) and the kernel under it as ``uid``: code in the kernel can then
         neither signal nor patch its init (``/proc/1/mem``), so the container
         ends when the kernel does and the engine says so at once. Not when the
         kernel itself is configured to run as root (there is nothing to keep apart)."""
-        return self.uid != 0
+        return uid != 0
 
-    def _identity(self) -> dict[str, Any]:
-        if self._init_apart():
+    def _identity(self, uid: int) -> dict[str, Any]:
+        if self._init_apart(uid):
             return {"user": "0:0", "cap_drop": ["ALL"], "cap_add": ["SETUID", "SETGID", "SETPCAP", "KILL"]}
-        return {"user": f"{self.uid}:{self.gid}", "cap_drop": ["ALL"]}
+        return {"user": f"{uid}:{self._gid(uid)}", "cap_drop": ["ALL"]}
 
-    def _command(self) -> list[str]:
-        if not self._init_apart():
+    def _command(self, uid: int) -> list[str]:
+        if not self._init_apart(uid):
             return KERNEL_COMMAND
         # setpriv (util-linux, in every Debian base) gives up root for the kernel's
         # uid: changing the uid from 0 clears the effective and permitted sets, the
         # bounding and inheritable sets are emptied, no-new-privileges does the rest
         drop = [
             "setpriv",
-            f"--reuid={self.uid}",
-            f"--regid={self.gid}",
+            f"--reuid={uid}",
+            f"--regid={self._gid(uid)}",
             "--clear-groups",
             "--bounding-set=-all",
             "--inh-caps=-all",
@@ -256,38 +318,43 @@ class DockerBackend:
 
     # ---------------------------------------------------------------- protocol
     async def start(self, spec: KernelSpec) -> KernelHandle:
-        if not self.workspaces.keeps(spec):
-            return await self._run(self._start_sync, spec, None)
-        return await self._run(self._start_sync, spec, await self.workspaces.volumes(spec))
+        uid = await self._run(self._acquire_uid, spec.session_id)
+        try:
+            if not self.workspaces.keeps(spec):
+                return await self._run(self._start_sync, spec, None, uid)
+            return await self._run(self._start_sync, spec, await self.workspaces.volumes(spec), uid)
+        finally:
+            # the kernel's container (if made) now carries the uid in its label
+            await self._run(self._release_uid, spec.session_id)
 
     async def keep_workspace(self, spec: KernelSpec) -> None:
         await self.workspaces.keep(spec)
 
-    def _start_sync(self, spec: KernelSpec, store_volumes: dict[str, str] | None) -> KernelHandle:
+    def _start_sync(self, spec: KernelSpec, store_volumes: dict[str, str] | None, uid: int) -> KernelHandle:
         self._client()  # an engine that does not answer fails here, before anything is made
         kernel_id = secrets.token_hex(6)
         key = secrets.token_hex(32)
-        conn_dir = self._make_conn_dir(kernel_id, key)
+        conn_dir = self._make_conn_dir(kernel_id, key, uid)
         volumes = {str(conn_dir): {"bind": CONTAINER_CONN_DIR, "mode": "rw"}}
         tmpfs = {"/tmp": f"rw,exec,nosuid,nodev,size={spec.tmp_size_mb}m,mode=1777"}
         if store_volumes is None:
-            tmpfs.update(session_mounts(spec, self.uid, self.gid))
+            tmpfs.update(session_mounts(spec, uid, self._gid(uid)))
         else:
             volumes.update({volume: {"bind": path, "mode": STORE_MOUNT_MODE} for path, volume in store_volumes.items()})
         try:
             container = self._run_container(
                 spec.image,
-                command=self._command(),
+                command=self._command(uid),
                 name=f"kernelgw-{self.gateway_name}-{kernel_id}",
                 detach=True,
-                labels=self._labels(spec, kernel_id),
+                labels=self._labels(spec, kernel_id, uid),
                 network_mode="none",
                 read_only=True,
                 tmpfs=tmpfs,
                 shm_size=f"{spec.shm_size_mb}m",
                 volumes=volumes,
                 working_dir=WORKSPACE_DIR,
-                **self._identity(),
+                **self._identity(uid),
                 security_opt=security_options(),
                 **process_limits(spec),
                 mem_limit=f"{spec.memory_mb}m",
@@ -364,6 +431,7 @@ class DockerBackend:
 
     async def end_session(self, session_id: str) -> None:
         await self.workspaces.end(session_id)
+        self._session_uids.pop(session_id, None)  # free once its containers are gone
 
     async def signal(self, handle: KernelHandle, signum: int) -> None:
         try:
@@ -488,6 +556,7 @@ class DockerBackend:
 
     def _exec_sync(self, handle: KernelHandle, argv: list[str], stdin: bool, timeout: float) -> DockerExec:
         api = self._client().api
+        uid = self._session_uid(handle.session_id)
         try:
             created = api.exec_create(
                 handle.container_id,
@@ -496,7 +565,7 @@ class DockerBackend:
                 stdout=True,
                 stderr=True,
                 tty=False,
-                user=f"{self.uid}:{self.gid}",
+                user=f"{uid}:{self._gid(uid)}",
                 workdir="/",
                 environment=HELPER_LOADER_RESET,
             )

@@ -7,3 +7,6 @@ LABEL_SESSION = "kernelgw.session"
 LABEL_KERNEL = "kernelgw.kernel"
 LABEL_STORE = "kernelgw.store"
 """On a session's store container and volumes (value: the session id)."""
+LABEL_UID = "kernelgw.uid"
+"""On every container started for a session (its kernels and its store; value: the
+host uid its processes run as): how the gateways of a host know which uids are held."""

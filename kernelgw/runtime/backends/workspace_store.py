@@ -29,7 +29,7 @@ from docker.models.containers import Container
 
 from kernelgw.errors import KernelStartFailed
 from kernelgw.runtime.backends.base import PACKAGES_DIR, WORKSPACE_DIR, KernelSpec
-from kernelgw.runtime.backends.labels import LABEL_GATEWAY, LABEL_STORE
+from kernelgw.runtime.backends.labels import LABEL_GATEWAY, LABEL_STORE, LABEL_UID
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,7 @@ class WorkspaceStore:
         self,
         *,
         gateway_name: str,
-        uid: int,
-        gid: int,
+        uid_of: Callable[[str], tuple[int, int]],
         enabled: bool,
         client: Callable[[], docker.DockerClient],
         run: OnThreads,
@@ -85,7 +84,9 @@ class WorkspaceStore:
         security_opt: Callable[[], list[str]],
     ) -> None:
         self.gateway_name = gateway_name
-        self.uid, self.gid = uid, gid
+        self._uid_of = uid_of
+        """A session's uid and gid (blocking: called on the thread pool). Its
+        kernels' own, so the workspace files keep their owner between kernels."""
         self.enabled = enabled
         self._client = client
         self._run = run
@@ -152,7 +153,7 @@ class WorkspaceStore:
     def _prepare(self, spec: KernelSpec) -> tuple[dict[str, str], bool]:
         """The session's volumes by mount path, and whether its store container
         must be started: created on the first start, reused by later kernels."""
-        mounts = session_mounts(spec, self.uid, self.gid)
+        mounts = session_mounts(spec, *self._uid_of(spec.session_id))
         name = self._name(spec.session_id)
         volumes = {path: f"{name}-{path.rstrip('/').rsplit('/', 1)[-1]}" for path in mounts}
         client = self._client()
@@ -181,16 +182,18 @@ class WorkspaceStore:
 
     def _start_store(self, spec: KernelSpec, volumes: dict[str, str]) -> None:
         """Start the container that keeps the session's volumes mounted."""
+        uid, gid = self._uid_of(spec.session_id)
         try:
             self._run_container(
                 spec.image,
                 command=STORE_COMMAND,
                 name=self._name(spec.session_id),
                 detach=True,
-                labels={LABEL_GATEWAY: self.gateway_name, LABEL_STORE: spec.session_id},
+                # its uid label holds the session's uid while its kernels come and go
+                labels={LABEL_GATEWAY: self.gateway_name, LABEL_STORE: spec.session_id, LABEL_UID: str(uid)},
                 network_mode="none",
                 read_only=True,
-                user=f"{self.uid}:{self.gid}",
+                user=f"{uid}:{gid}",
                 cap_drop=["ALL"],
                 security_opt=self._security_opt(),
                 pids_limit=4,
