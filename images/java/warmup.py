@@ -124,7 +124,7 @@ def main() -> None:
     t0 = time.monotonic()
     kernel = subprocess.Popen(argv, cwd=work)
     kc = BlockingKernelClient()
-    kc.load_connection_info(info)
+    kc.load_connection_info(info)  # type: ignore[arg-type]  # a plain dict, as json.load gives
     kc.start_channels()
     try:
         ready = False

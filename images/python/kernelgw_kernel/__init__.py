@@ -179,8 +179,9 @@ def artifacts() -> ArtifactReport:
 def _pre_run_cell(info: Any = None) -> None:
     global _before
     finder = sys.path_importer_cache.get(PACKAGES_DIR)
-    if finder is not None:
-        finder.invalidate_caches()
+    invalidate = getattr(finder, "invalidate_caches", None)  # optional on a path entry finder
+    if invalidate is not None:
+        invalidate()
     _before = snapshot()
 
 

@@ -134,7 +134,7 @@ def advertising(kernel_class: Any) -> Any:
     if getattr(kernel_class, "kernelgw_waits", False):
         return kernel_class
 
-    class Waiting(kernel_class):  # type: ignore[misc,valid-type]
+    class Waiting(kernel_class):  # type: ignore[misc]
         kernelgw_waits = True
 
         @property

@@ -80,7 +80,7 @@ def fast_spawn() -> type:
     """pexpect.spawn without the delay before each write (see the module doc)."""
     import pexpect
 
-    class FastSpawn(pexpect.spawn):  # type: ignore[misc,name-defined]
+    class FastSpawn(pexpect.spawn):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.delaybeforesend = None

@@ -33,7 +33,7 @@ _QUOTED = re.compile(r"'[0-9A-Za-z_-]{1,64}'\Z")
 
 def _ours(key: str, expression: Any) -> bool:
     if key == ARTIFACTS_KEY:
-        return expression == ARTIFACTS_EXPRESSION
+        return bool(expression == ARTIFACTS_EXPRESSION)
     return key == END_KEY and isinstance(expression, str) and _QUOTED.match(expression) is not None
 
 

@@ -109,7 +109,7 @@ class CppKernel(CompiledKernel):
         self.version = gxx_version()
 
     @property
-    def language_info(self) -> dict[str, Any]:
+    def language_info(self) -> dict[str, Any]:  # type: ignore[override]  # ipykernel: a plain attribute
         return {
             "name": "c++",
             "version": STD_VERSION,
@@ -120,7 +120,7 @@ class CppKernel(CompiledKernel):
         }
 
     @property
-    def banner(self) -> str:
+    def banner(self) -> str:  # type: ignore[override]  # ipykernel: a plain attribute
         return (
             f"C++ (g++ {self.version}, {STD} {OPT}) (kernelgw): each cell is a complete program with main, "
             "compiled and run on its own; nothing is kept between cells."

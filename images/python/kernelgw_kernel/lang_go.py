@@ -152,7 +152,7 @@ class GoKernel(CompiledKernel):
         self._prefixed = False
 
     @property
-    def language_info(self) -> dict[str, Any]:
+    def language_info(self) -> dict[str, Any]:  # type: ignore[override]  # ipykernel: a plain attribute
         return {
             "name": "go",
             "version": self.version,
@@ -163,7 +163,7 @@ class GoKernel(CompiledKernel):
         }
 
     @property
-    def banner(self) -> str:
+    def banner(self) -> str:  # type: ignore[override]  # ipykernel: a plain attribute
         return (
             f"Go {self.version} (kernelgw): each cell is a complete program (package main with func main), "
             "built and run on its own; nothing is kept between cells. Standard library only."

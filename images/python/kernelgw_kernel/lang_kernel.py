@@ -293,7 +293,7 @@ def check_exec_mount(path: str, mounts_text: str | None = None) -> str | None:
     return None
 
 
-class LangKernel(Kernel):  # type: ignore[misc]
+class LangKernel(Kernel):
     """A kernel whose cells run in child processes. Subclasses set the class
     attributes and implement :meth:`run_cell`."""
 
@@ -305,7 +305,7 @@ class LangKernel(Kernel):  # type: ignore[misc]
     banner and in ``language_info``)."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
         self.workdir = os.getcwd()
         base = os.environ.get("KERNELGW_BUILD_DIR") or tempfile.gettempdir()
         os.makedirs(base, exist_ok=True)
@@ -318,16 +318,16 @@ class LangKernel(Kernel):  # type: ignore[misc]
 
     # ------------------------------------------------------------ kernel info
     @property
-    def language_info(self) -> dict[str, Any]:
+    def language_info(self) -> dict[str, Any]:  # type: ignore[override]  # ipykernel: a plain attribute
         raise NotImplementedError
 
     @property
-    def banner(self) -> str:
+    def banner(self) -> str:  # type: ignore[override]  # ipykernel: a plain attribute
         raise NotImplementedError
 
     # ---------------------------------------------------------------- signals
     def start(self) -> None:
-        super().start()
+        super().start()  # type: ignore[no-untyped-call]
         # ipykernel ignores SIGINT outside handlers and raises KeyboardInterrupt in
         # them; ours only stops what the cell runs (the event loop goes on)
         signal.signal(signal.SIGINT, self._on_sigint)
@@ -357,7 +357,8 @@ class LangKernel(Kernel):  # type: ignore[misc]
         one :meth:`do_execute` noted: ipykernel keeps it in a context variable,
         which event-loop callbacks registered earlier (a Ruby process's pipes)
         do not see."""
-        self.session.send(self.iopub_socket, msg_type, content, parent=self._cell_parent, ident=self._topic(msg_type))
+        assert self.session is not None  # set by the kernel app before any cell
+        self.session.send(self.iopub_socket, msg_type, content, parent=self._cell_parent, ident=self._topic(msg_type))  # type: ignore[no-untyped-call]
 
     def publish_stream(self, name: str, text: str) -> None:
         if self._silent or not text:
@@ -417,7 +418,7 @@ class LangKernel(Kernel):  # type: ignore[misc]
         """Run one cell; raise :class:`CellError` when it fails."""
         raise NotImplementedError
 
-    async def do_execute(  # type: ignore[override]
+    async def do_execute(
         self,
         code: str,
         silent: bool,
@@ -427,7 +428,7 @@ class LangKernel(Kernel):  # type: ignore[misc]
         **kwargs: Any,
     ) -> dict[str, Any]:
         self._silent = silent
-        self._cell_parent = self.get_parent("shell")
+        self._cell_parent = self.get_parent("shell")  # type: ignore[no-untyped-call]
         self._interrupted = False
         self._running_cell = True
         error: CellError | None = None

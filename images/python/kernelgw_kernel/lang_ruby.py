@@ -71,7 +71,7 @@ class RubyKernel(LangKernel):
         self._start_error = ""
 
     @property
-    def language_info(self) -> dict[str, Any]:
+    def language_info(self) -> dict[str, Any]:  # type: ignore[override]  # ipykernel: a plain attribute
         return {
             "name": "ruby",
             "version": self.version,
@@ -82,7 +82,7 @@ class RubyKernel(LangKernel):
         }
 
     @property
-    def banner(self) -> str:
+    def banner(self) -> str:  # type: ignore[override]  # ipykernel: a plain attribute
         return (
             f"{self.description or 'Ruby'} (kernelgw): one Ruby process keeps its state between cells "
             "(variables, methods, classes), like irb. IRuby.display, IRuby.html and IRuby.table show rich output."
@@ -121,7 +121,7 @@ class RubyKernel(LangKernel):
         ready = self._wait_ready(ruby)
         self.version = str(ready.get("version", ""))
         self.description = str(ready.get("description", ""))
-        loop = self.io_loop.asyncio_loop
+        loop = self.io_loop.asyncio_loop  # type: ignore[attr-defined]  # an AsyncIOLoop
         ruby.pump = OutputPump(loop, {"stdout": out_r, "stderr": err_r}, self.publish_stream)
         os.set_blocking(rec_r, False)
         loop.add_reader(rec_r, self._on_records, ruby)
@@ -234,7 +234,7 @@ class RubyKernel(LangKernel):
             os.close(ruby.out_fd)
             os.close(ruby.err_fd)
         if ruby.reading:
-            self.io_loop.asyncio_loop.remove_reader(ruby.record_fd)
+            self.io_loop.asyncio_loop.remove_reader(ruby.record_fd)  # type: ignore[attr-defined]
             ruby.reading = False
         os.close(ruby.code_fd)
         os.close(ruby.record_fd)

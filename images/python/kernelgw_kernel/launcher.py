@@ -59,7 +59,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 def json_packer(obj: Any) -> bytes:
     """jupyter_client's ``json_packer``, but any surrogate code point becomes
     U+FFFD instead of failing the message (valid UTF-8 always)."""
-    from jupyter_client.session import json_clean, json_default
+    from jupyter_client.session import json_clean, json_default  # type: ignore[attr-defined]
 
     try:
         text = json.dumps(obj, default=json_default, ensure_ascii=False, allow_nan=False)
@@ -315,20 +315,20 @@ def launch_app(after_init: Callable[[Any], None] | None = None, **launch: Any) -
 
     from kernelgw_kernel.backpressure import advertising, bound_iopub_socket, bound_outputs
 
-    class KernelApp(IPKernelApp):  # type: ignore[misc]
+    class KernelApp(IPKernelApp):
         def init_kernel(self) -> None:
             self.kernel_class = advertising(self.kernel_class)  # its output waits: say so
-            super().init_kernel()
+            super().init_kernel()  # type: ignore[no-untyped-call]
 
         def _bind_socket(self, s: Any, port: int) -> Any:
             # before bind: HWMs apply to the pipes created after they are set
             s.setsockopt(zmq.SNDHWM, SEND_HWM)
             s.setsockopt(zmq.RCVHWM, SEND_HWM)
             bound_iopub_socket(s)  # iopub: blocks past a small HWM instead
-            return super()._bind_socket(s, port)
+            return super()._bind_socket(s, port)  # type: ignore[no-untyped-call]
 
         def initialize(self, argv: Any = None) -> None:
-            super().initialize(argv)
+            super().initialize(argv)  # type: ignore[no-untyped-call]
             self.session.pack = guarded(self.session.pack)
             slice_streams()
             bound_outputs(getattr(self, "iopub_thread", None), (sys.stdout, sys.stderr))

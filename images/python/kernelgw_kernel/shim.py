@@ -744,7 +744,7 @@ class Shim:
             wake = drain_until if status is not None else kill_at
             if self.fences is not None and self.fences.deadline is not None:
                 wake = self.fences.deadline if wake is None else min(wake, self.fences.deadline)
-            timeout = None if wake is None else max(0.0, wake - time.monotonic()) * 1000
+            timeout = None if wake is None else int(max(0.0, wake - time.monotonic()) * 1000)
             try:
                 events = poller.poll(timeout)
             except zmq.ZMQError:
