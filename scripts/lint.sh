@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Static checks, all of them, even when an earlier one fails: ruff (lint and
-# format), mypy (strict, on the package) and import-linter (the layers' contracts
+# format), mypy (strict, on the package and images/: pyproject.toml) and import-linter (the layers' contracts
 # in pyproject.toml). Exits non-zero when any check fails. Needs the dev tools
 # from the lock (scripts/setup.sh installs them).
 set -uo pipefail
