@@ -109,7 +109,10 @@ def test_a_busy_session_is_not_paused_and_a_deleted_paused_one_leaves_nothing(
 
         cell = threading.Thread(target=run, args=(other, sid, "import time; time.sleep(3)"))
         cell.start()
-        time.sleep(1)
+        deadline = time.monotonic() + 30
+        while http.get(f"/v1/sessions/{sid}").json()["state"] != "busy":  # the cell runs
+            assert time.monotonic() < deadline, "the cell never started"
+            time.sleep(0.05)
         busy = http.post(f"/v1/sessions/{sid}/pause")
         cell.join()
     assert busy.status_code == 409 and "idle" in busy.json()["error"]["message"], busy.text
