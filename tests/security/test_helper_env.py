@@ -14,10 +14,14 @@ variable; NUL, bad names and over-long values likewise.
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
-from tests.security.conftest import MiB, assert_error, new_session, run_json
+from kernelgw.runtime.workspace import FS_HELPER, TAR, WorkspaceFiles, read_tree
+from tests.integration.languages import image_for, start_kernel
+from tests.security.conftest import PROBE, MiB, assert_error, new_session, run_json
 
 pytestmark = pytest.mark.integration
 
@@ -85,6 +89,46 @@ def test_planted_programs_and_variables_never_reach_the_helpers(http: httpx.Clie
         assert run_json(http, sid, PWNED) == []
         assert run_json(http, sid, "print(json.dumps(open('/workspace/data.txt').read()))") == "real data\n" * 100
         assert run_json(http, sid, "print(json.dumps(open('/workspace/up.txt').read()))") == "uploaded"
+
+
+def test_a_container_whose_environment_predates_the_rule_still_gets_clean_helpers() -> None:
+    """A kernel container started with PATH, LD_PRELOAD and TAR_OPTIONS of the
+    session's choosing (a kernel an older gateway started, reattached; or a spec
+    that skipped the check): the helpers still run the image's tar and Python,
+    and the loader never opens the kernel's library. The backend itself, not
+    the models' check, is what makes this hold."""
+    env = {
+        "PATH": "/tmp/bin:/workspace:/opt/kernel/bin:/usr/bin:/bin",
+        "LD_PRELOAD": "/tmp/bin/evil.so",
+        **ALLOWED_HOSTILE_ENV,
+    }
+    with start_kernel(image_for("python"), env=env) as started:
+        kernel = started.kernel
+        planted = kernel.execute(PROBE + PLANT + "open('/tmp/bin/evil.so', 'w').write('not a library')\n")
+        assert planted.status == "ok", planted.errors
+
+        async def use_helpers() -> tuple[int, list[str], bytes]:
+            backend, handle = kernel.backend, kernel.handle
+            size = sum([len(chunk) async for chunk in read_tree(backend, handle, "/workspace", 30)])
+            listing = await WorkspaceFiles(backend, max_upload_bytes=MiB, timeout=30).list(handle)
+            stderr = b""
+            for argv in ([TAR, "-cf", "/dev/null", "-C", "/workspace", "."], [*FS_HELPER, "list", "--", ""]):
+                proc = await backend.exec(handle, argv, timeout=30)
+                try:
+                    while await proc.read():
+                        pass
+                    assert await proc.exit_code() == 0, proc.stderr
+                    stderr += proc.stderr
+                finally:
+                    await proc.close()
+            return size, [entry.path for entry in listing.entries], stderr
+
+        size, names, stderr = asyncio.run(use_helpers())
+        assert size < HOSTILE_BYTES // 4, f"{size} bytes: a planted program wrote the stream, not the image's tar"
+        assert "data.txt" in names and not [n for n in names if n.startswith("pwned")], names
+        assert b"LD_PRELOAD" not in stderr and b"ld.so" not in stderr, stderr
+        after = kernel.execute(PROBE + PWNED)
+        assert after.stdout.strip().splitlines()[-1] == "[]", after.stdout
 
 
 BAD_ENV = {
