@@ -9,6 +9,7 @@ import docker
 import httpx
 import pytest
 
+from kernelgw.config import parse_uid_range
 from kernelgw.runtime.backends.workspace_store import STORE_RUNTIMES
 from tests.integration.conftest import RUNTIME, RunningGateway, run, stdout
 
@@ -100,7 +101,9 @@ def test_root_filesystem_is_read_only_and_user_is_not_root(
     )
     out = stdout(run(http, session_id, code)).splitlines()
     assert out[:3] == ["DENIED /evil", "DENIED /usr/evil", "DENIED /opt/kernel/evil"]
-    assert out[3] == f"{gateway.settings.kernel_uid} /workspace"
+    uid, cwd = out[3].split()
+    # the session's own uid, one of the range (tests/security/test_tenant_limits.py: no other session's)
+    assert int(uid) in parse_uid_range(gateway.settings.kernel_uid_range) and cwd == "/workspace", out[3]
     assert out[4] == "0000000000000000"  # no capabilities at all
 
 
@@ -129,7 +132,9 @@ def test_container_configuration(
     assert container.attrs["Config"]["User"] == "0:0"
     assert sorted(host["CapAdd"]) == ["KILL", "SETGID", "SETPCAP", "SETUID"]
     command = container.attrs["Config"]["Cmd"]
-    assert command[:2] == ["setpriv", f"--reuid={gateway.settings.kernel_uid}"] and "--bounding-set=-all" in command
+    uid = container.labels["kernelgw.uid"]
+    assert int(uid) in parse_uid_range(gateway.settings.kernel_uid_range)
+    assert command[:3] == ["setpriv", f"--reuid={uid}", f"--regid={uid}"] and "--bounding-set=-all" in command
     assert container.labels["kernelgw.gateway"] == gateway.settings.gateway_name
     # the workspace and the packages: tmpfs volumes of the session's store (runc), or
     # tmpfs mounts in the sandbox (gVisor); sized, nosuid, nodev either way

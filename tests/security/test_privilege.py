@@ -1,7 +1,7 @@
 """Threat: code in a sandbox gaining privileges: root through a setuid binary,
 capabilities, another process's memory, mounts, new namespaces, chroot.
 
-Covered elsewhere (test_sandbox.py, moving here from tests/integration): the kernel runs as uid 61000 (no host account)
+Covered elsewhere (test_sandbox.py, moving here from tests/integration): the kernel runs as its session's own uid (no host account)
 with CapEff 0; test_init.py: PID 1 is out of the kernel's reach. Here: every process in the container, setuid binaries, ptrace,
 mount, unshare and chroot. Under gVisor (runsc) a user namespace can be made
 inside the sandbox's own kernel; that is accepted only if it still grants
@@ -10,11 +10,13 @@ nothing over the container's files.
 
 from __future__ import annotations
 
+import docker
 import httpx
 import pytest
 
-from kernelgw.config import DEFAULT_KERNEL_UID
-from tests.security.conftest import RUNTIME, in_child, run_json
+from kernelgw.config import parse_uid_range
+from tests.integration.conftest import RunningGateway
+from tests.security.conftest import RUNTIME, in_child, run_json, session_containers
 
 pytestmark = pytest.mark.integration
 
@@ -22,10 +24,19 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 # CAP_KILL (5), CAP_SETGID (6), CAP_SETUID (7), CAP_SETPCAP (8): all PID 1 may hold
 INIT_CAPS = 0x1E0
-KERNEL_UID = str(DEFAULT_KERNEL_UID)
 
 
-def test_no_process_in_the_container_is_privileged(http: httpx.Client, session_id: str) -> None:
+@pytest.fixture
+def kernel_uid(docker_client: docker.DockerClient, gateway: RunningGateway, session_id: str) -> str:
+    """The session's own uid, from its kernel container's label: one of the
+    gateway's ``kernel_uid_range``."""
+    (kernel,) = [c for c in session_containers(docker_client, session_id) if "kernelgw.kernel" in c.labels]
+    uid = kernel.labels["kernelgw.uid"]
+    assert int(uid) in parse_uid_range(gateway.settings.kernel_uid_range), uid
+    return str(uid)
+
+
+def test_no_process_in_the_container_is_privileged(http: httpx.Client, session_id: str, kernel_uid: str) -> None:
     code = (
         "import glob\n"
         "procs = {}\n"
@@ -51,16 +62,16 @@ def test_no_process_in_the_container_is_privileged(http: httpx.Client, session_i
     assert init.get("NoNewPrivs", ["1"]) == ["1"], init
     for pid, status in procs.items():
         name = (pid, status["Name"])
-        assert status["Uid"] == [KERNEL_UID] * 4 and status["Gid"] == [KERNEL_UID] * 4, (name, status)
-        assert set(status.get("Groups", [])) <= {KERNEL_UID}, (name, status)
+        assert status["Uid"] == [kernel_uid] * 4 and status["Gid"] == [kernel_uid] * 4, (name, status)
+        assert set(status.get("Groups", [])) <= {kernel_uid}, (name, status)
         for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
             assert int(status.get(cap, ["0"])[0], 16) == 0, (name, cap, status)
         assert status.get("NoNewPrivs", ["1"]) == ["1"], (name, status)  # gVisor has no such line
 
 
-def test_setuid_binaries_do_not_give_root(http: httpx.Client, session_id: str) -> None:
+def test_setuid_binaries_do_not_give_root(http: httpx.Client, session_id: str, kernel_uid: str) -> None:
     # Each set-id program is started with a stdin that never answers; its
-    # credentials are read right after exec (no-new-privileges: they stay 1000).
+    # credentials are read right after exec (no-new-privileges: they stay the kernel's).
     code = (
         "import stat\n"
         "root_dev = os.stat('/').st_dev\n"
@@ -87,7 +98,7 @@ def test_setuid_binaries_do_not_give_root(http: httpx.Client, session_id: str) -
     )
     creds = run_json(http, session_id, code)
     for path, (uids, gids) in creds.items():
-        assert uids == [KERNEL_UID] * 4 and gids == [KERNEL_UID] * 4, (path, uids, gids)
+        assert uids == [kernel_uid] * 4 and gids == [kernel_uid] * 4, (path, uids, gids)
 
 
 def test_ptrace_attach_to_pid_1_fails(http: httpx.Client, session_id: str) -> None:
