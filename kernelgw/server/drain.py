@@ -4,8 +4,10 @@ Draining refuses new sessions and executions (503, ``Retry-After``) and turns
 ``/readyz`` unready at once, while running cells go on streaming. Once no cell
 is running (or the grace is over) the drain *closes*: each WebSocket sends what
 it still holds, its cells' ``done`` among it, then closes with 1012 (service
-restart: reconnect). `kernelgw serve` calls `Drain.run` from its signal handler
-and stops the server after it.
+restart: reconnect), and a REST execute whose cell is still running is answered
+503 naming the execution (`until_done_or_closing`, `cut_off_response`), so that
+no open request holds the process past the grace. `kernelgw serve` calls
+`Drain.run` from its signal handler and stops the server after it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Literal, TypeVar
+
+from starlette.responses import JSONResponse
 
 from kernelgw.runtime.manager import SessionManager
 
@@ -20,6 +25,11 @@ log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.05
 """How often a drain looks whether cells are still running."""
+CUT_OFF_CODE = "gateway_restarting"
+CUT_OFF_RETRY_AFTER_S = 5
+"""``Retry-After`` of the cut-off answer: about how long a restart takes."""
+
+T = TypeVar("T")
 
 
 class Drain:
@@ -71,3 +81,34 @@ class Drain:
 
 def _busy(manager: SessionManager) -> int:
     return sum(session.queue_length for session in manager.list())
+
+
+async def until_done_or_closing(done: asyncio.Future[T], drain: Drain) -> T | None:
+    """What ``done`` gives, or None once the drain closes first (``done`` is left
+    as it is: the cell goes on until the shutdown keeps or ends its kernel)."""
+    if drain.closing:
+        return done.result() if done.done() else None
+    closing = asyncio.ensure_future(drain.wait_closing())
+    try:
+        await asyncio.wait((done, closing), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        closing.cancel()
+    return done.result() if done.done() else None
+
+
+def cut_off_response(session_id: str, execution_id: str, on_shutdown: Literal["keep", "stop"]) -> JSONResponse:
+    """The answer to a REST execute the drain's grace ran out on: 503 naming the
+    execution, so the client reads its record from history instead of running
+    the cell again."""
+    history = f"GET /v1/sessions/{session_id}/history"
+    if on_shutdown == "keep":
+        what = (
+            f"the kernel is kept and goes on running it. Do not send it again: after the restart its record "
+            f"(output up to now, status 'dead' with the reason) is in {history}, and what the cell leaves "
+            "behind (variables, files) is in the session"
+        )
+    else:
+        what = f"the session ends with the gateway (on_shutdown=stop). Its record (output up to now) is in {history}"
+    message = f"The gateway is restarting and its shutdown grace ran out while execution {execution_id!r} ran: {what}."
+    body = {"error": {"code": CUT_OFF_CODE, "message": message, "execution_id": execution_id}}
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(CUT_OFF_RETRY_AFTER_S)})

@@ -35,6 +35,7 @@ from kernelgw.server import history
 from kernelgw.server.admission import admit
 from kernelgw.server.auth import authenticate, principal_of, require_admin, session_for
 from kernelgw.server.availability import DEFAULT_RETRY_AFTER_S, check_available, unready_reasons
+from kernelgw.server.drain import cut_off_response, until_done_or_closing
 from kernelgw.server.state import gateway_state
 
 _errors: dict[int | str, dict[str, Any]] = {
@@ -197,7 +198,10 @@ async def execute(session_id: str, body: ExecuteRequest, request: Request) -> Re
     await admit(gateway_state(request), principal_of(request), body.code, session.spec.kernel)
     rec = session.submit(body.code, execution_id=body.execution_id, timeout=body.timeout, replayable=body.replay)
     rec.retain_output = True  # answered whole below: its stored chunks stay in memory too
-    done = await rec.done
+    state = gateway_state(request)
+    done = await until_done_or_closing(rec.done, state.drain)
+    if done is None:  # the drain's grace is over: no request holds the process past it
+        return cut_off_response(session_id, rec.execution_id, state.settings.on_shutdown)
     # Events were serialised once when published; splice them instead of re-encoding.
     head = ExecuteResponse(
         execution_id=rec.execution_id,

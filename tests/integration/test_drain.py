@@ -1,13 +1,15 @@
 """SIGTERM to a real ``kernelgw serve``: it drains (readiness off at once, new work
 refused with 503 + Retry-After, the running cell streams to its ``done``, then
 the WebSocket closes with 1012 and the process exits 0); a second signal during
-the drain exits at once."""
+the drain exits at once; a REST execute still running when the grace ends is
+answered 503 naming its execution, and the process exits without waiting for it."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -106,3 +108,58 @@ def test_sigterm_drains_then_exits_and_a_second_signal_exits_at_once(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=DEADLINE_S) == 0
     assert containers(docker_client, name) == []
+
+
+def test_the_grace_ends_a_rest_execute_with_503_naming_it_and_the_cell_goes_on_kept(
+    docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    """An open HTTP request once held the process until its cell ended (uvicorn
+    waits for open requests): a 20 s cell with a 10 s grace exited after 18.3 s."""
+    name = f"drainx{os.getpid()}"
+    grace_s = 10
+    env = {"KERNELGW_RUNTIME": RUNTIME, "KERNELGW_ON_SHUTDOWN": "keep", "KERNELGW_SHUTDOWN_GRACE_S": str(grace_s)}
+    log = tmp_path / "gateway.log"
+    code = "import time\nprint('started', flush=True)\ntime.sleep(20)\nfinished = 'yes'\nprint('finished', flush=True)"
+    answers: list[tuple[httpx.Response, int | None]] = []
+
+    with gateway_process(name, tmp_path / "data", log, IMAGE, **env) as (proc, url):
+        with httpx.Client(base_url=url, timeout=DEADLINE_S) as http:
+            sid = http.post("/v1/sessions", json={}).json()["id"]
+
+            def post() -> None:
+                resp = http.post(f"/v1/sessions/{sid}/execute", json={"code": code, "execution_id": "cell20"})
+                answers.append((resp, proc.poll()))  # answered while the process still ran?
+
+            poster = threading.Thread(target=post)
+            poster.start()
+            until(lambda: http.get(f"/v1/sessions/{sid}").json()["state"] == "busy", "the cell runs")
+            signalled = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            poster.join(timeout=DEADLINE_S)
+            assert proc.wait(timeout=DEADLINE_S) == 0
+            exited_s = time.monotonic() - signalled
+        ((resp, exit_code_then),) = answers
+        assert exit_code_then is None, "the answer came only as the process exited"
+        assert resp.status_code == 503, resp.text  # not 200: the cell had not ended
+        error = resp.json()["error"]
+        assert error["code"] == "gateway_restarting" and error["execution_id"] == "cell20"
+        assert "'cell20'" in error["message"] and f"/v1/sessions/{sid}/history" in error["message"]
+        assert int(resp.headers["retry-after"]) > 0
+        print(f"\nSIGTERM to exit with a {grace_s} s grace during a 20 s cell: {exited_s:.1f} s")
+
+    # the next gateway of the name: the cell's record in history, the cell itself
+    # ran on in the kept kernel (the next cell waits for it and sees what it set)
+    stop = {**env, "KERNELGW_ON_SHUTDOWN": "stop"}
+    with gateway_process(name, tmp_path / "data", log, IMAGE, **stop) as (proc, url):
+        with httpx.Client(base_url=url, timeout=DEADLINE_S) as http:
+            history = http.get(f"/v1/sessions/{sid}/history")
+            assert history.status_code == 200, history.text
+            (cell,) = [e for e in history.json()["executions"] if e["execution_id"] == "cell20"]
+            assert cell["code"] == code and cell["status"] == "dead" and cell["reason"]
+            assert "started\n" in [e.get("text") for e in cell["events"]]
+            after = http.post(f"/v1/sessions/{sid}/execute", json={"code": "print(finished)"})
+            assert after.status_code == 200, after.text
+            assert [e["text"] for e in after.json()["events"] if e["type"] == "stream"] == ["yes\n"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=DEADLINE_S) == 0
+    assert containers(docker_client, name) == []  # on_shutdown=stop
