@@ -10,6 +10,7 @@ from __future__ import annotations
 
 KINDS = (
     "execution",
+    "execution_late_output",
     "session_created",
     "session_deleted",
     "session_reaped",

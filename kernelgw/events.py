@@ -4,9 +4,11 @@ REST (`POST /execute`), the WebSocket and the SDK all speak these shapes. One
 execution produces, in order::
 
     queued -> [replay] -> status(busy) -> (stream | display | update_display
-              | result | clear_output | error | truncated)* -> done
+              | result | clear_output | error | truncated)* -> done -> late*
 
-`done` is always the last event of an execution and is sent exactly once. Every
+`done` is sent exactly once and is the last event of an execution, except for
+``late``: output the kernel sent for the execution after its end, kept and
+sent wrapped (`Late`). Every
 event that belongs to an execution names its ``execution_id``; every event a
 session publishes carries a per-session ``seq`` (monotonic, starting at 1) so a
 WebSocket client can resume after a reconnect. ``gap`` and ``protocol_error``
@@ -213,6 +215,25 @@ class Done(_Event):
     """Workspace files this execution created or changed (for UIs to offer)."""
 
 
+LateOutput = Annotated[Stream | Display | UpdateDisplay | Result | Error | Truncated, Field(discriminator="type")]
+"""What a cell may still add to its record after its ``done`` (`Late`)."""
+
+
+class Late(_Event):
+    """Output of an execution that came after its ``done``.
+
+    A cell's code holds its kernel's key and can end its cell early as a REST
+    caller sees it (`kernelgw.runtime.message_routes`). What it sends after that
+    is not dropped: it is appended to the execution's record (history, notebook,
+    audit; an ``error`` turns the recorded status to ``error``), within the same
+    output cap, and then sent wrapped in this event, so a client that stopped at
+    ``done`` is not misled and one that watches sees it. The wrapped event names
+    the same execution and carries no ``seq`` of its own."""
+
+    type: Literal["late"] = "late"
+    event: LateOutput
+
+
 ReplayTrigger = Literal["requested", "kernel_died", "timeout", "fork", "resume"]
 
 
@@ -267,6 +288,7 @@ Event = Annotated[
     | Error
     | Truncated
     | Done
+    | Late
     | Replay
     | Gap
     | ProtocolError,

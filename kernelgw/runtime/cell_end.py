@@ -12,13 +12,14 @@ announcing is named in the ``done``; it never ends the queue's worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from kernelgw import events as ev
-from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, QueuedExecution, parse_artifacts
+from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, EndedCell, QueuedExecution, parse_artifacts
 from kernelgw.runtime.fanout import EventFanout, Published
 from kernelgw.runtime.iopub import cut_text
 from kernelgw.runtime.kernel_link import KernelLink
@@ -55,6 +56,11 @@ class EndHooks(Protocol):
         False when the store could not commit it."""
         ...
 
+    async def record_late(self, cell: EndedCell, events: Sequence[Published]) -> bool:
+        """Append output that came after a cell's end to its stored record (and the
+        status ``error`` when one of them is an error); False when not committed."""
+        ...
+
 
 class CellEnds:
     """Ends the execution queue's cells, one at a time (the queue's worker calls it)."""
@@ -79,6 +85,8 @@ class CellEnds:
         """The queue's `ExecutionQueue.publish` (held events go out through it)."""
         self._held: list[tuple[ev.Event, QueuedExecution | None]] | None = None
         """Events published while a ``done`` waits for its commit; sent after it."""
+        self._numbering = asyncio.Lock()
+        """Held while events numbered ahead wait for their commit (a ``done``, late output)."""
 
     def hold(self, event: ev.Event, rec: QueuedExecution | None) -> bool:
         """Keep ``event`` for after the ``done`` whose commit is awaited, if one is;
@@ -184,7 +192,24 @@ class CellEnds:
             log.exception("announcing the end of execution %s failed", rec.execution_id)
             self._announce_despite(rec, exc)
 
+    @contextlib.asynccontextmanager
+    async def numbering(self) -> AsyncIterator[int]:
+        """Number events ahead of their commit (late output, `LateOutput`): yields
+        the next ``seq``; what others publish meanwhile is held and sent after."""
+        async with self._numbering:
+            self._held = []
+            try:
+                yield self._fanout.seq + 1
+            finally:
+                held, self._held = self._held or [], None
+                for event, owner in held:
+                    self._publish(event, owner)
+
     async def _store_then_announce_unguarded(self, rec: QueuedExecution) -> None:
+        async with self._numbering:
+            await self._store_then_announce_locked(rec)
+
+    async def _store_then_announce_locked(self, rec: QueuedExecution) -> None:
         if rec.ending is None:  # every path through the queue ends the cell; be sure anyway
             self.finish(rec, "dead", "gateway error: the execution ended without a status")
         assert rec.ending is not None

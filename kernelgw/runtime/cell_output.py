@@ -70,19 +70,10 @@ class CellOutput:
 
     def _cap_images(self, event: BundleEvent, rec: QueuedExecution) -> BundleEvent:
         """Replace images over ``max_image_bytes`` with a note (and say so)."""
-        limit = self.config.max_image_bytes
-        big = {
-            mime: len(value)
-            for mime, value in event.data.items()
-            if mime.startswith("image/") and isinstance(value, str) and len(value) > limit
-        }
-        if not big:
-            return event
-        data = {k: v for k, v in event.data.items() if k not in big}
-        note = "; ".join(f"{mime} of {size} bytes" for mime, size in big.items())
-        data["text/plain"] = f"[{note} removed: larger than the gateway's image limit of {limit} bytes]"
-        self.truncated(rec, limit, f"an image ({note}) exceeded the limit of {limit} bytes and was replaced by a note")
-        return event.model_copy(update={"data": data})
+        event, message = cap_images(event, self.config.max_image_bytes)
+        if message is not None:
+            self.truncated(rec, self.config.max_image_bytes, message)
+        return event
 
     def truncated(self, rec: QueuedExecution, limit: int, message: str) -> None:
         self._publish(ev.Truncated(execution_id=rec.execution_id, limit_bytes=limit, message=message), rec)
@@ -96,3 +87,20 @@ class CellOutput:
             "it was dropped, and output until the connection recovered may be missing "
             "(the code kept running)",
         )
+
+
+def cap_images(event: BundleEvent, limit: int) -> tuple[BundleEvent, str | None]:
+    """``event`` with its images over ``limit`` bytes replaced by a note, and the
+    message of the ``truncated`` event that says so (None: nothing replaced)."""
+    big = {
+        mime: len(value)
+        for mime, value in event.data.items()
+        if mime.startswith("image/") and isinstance(value, str) and len(value) > limit
+    }
+    if not big:
+        return event, None
+    data = {k: v for k, v in event.data.items() if k not in big}
+    note = "; ".join(f"{mime} of {size} bytes" for mime, size in big.items())
+    data["text/plain"] = f"[{note} removed: larger than the gateway's image limit of {limit} bytes]"
+    message = f"an image ({note}) exceeded the limit of {limit} bytes and was replaced by a note"
+    return event.model_copy(update={"data": data}), message

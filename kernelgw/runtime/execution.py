@@ -231,18 +231,35 @@ def checkpoint_due(rec: QueuedExecution) -> bool:
 @dataclass
 class EndedCell:
     """What a kernel link remembers of a cell after its end, to report the kernel's
-    late messages for it: not the cell itself, whose output (up to the output
-    cap) would stay in memory for as long as the link remembers it."""
+    late messages for it and keep its late output (`kernelgw.runtime.late_output`):
+    not the cell itself, whose output (up to the output cap) would stay in memory
+    for as long as the link remembers it."""
 
     execution_id: str
     anomalies: list[str]
     """The cell's own list: a note made here reaches its ``done`` while that is not built."""
     execution: weakref.ref[QueuedExecution]
     """The cell while something else still holds it."""
+    done: asyncio.Future[ev.Done]
+    """Its ``done``: late output is stored and sent once that is out."""
+    output_bytes: int = 0
+    """Its output so far, late output included: late output counts against the same cap."""
+    truncated: bool = False
+    late_error: bool = False
+    """An error came after its end: its record says ``error`` now."""
+    late_parts: int = 0
+    """How many batches of late output were stored (each is one chunk of its record)."""
 
     @classmethod
     def of(cls, execution: QueuedExecution) -> EndedCell:
-        return cls(execution.execution_id, execution.anomalies, weakref.ref(execution))
+        return cls(
+            execution.execution_id,
+            execution.anomalies,
+            weakref.ref(execution),
+            execution.done,
+            execution.output_bytes,
+            execution.truncated,
+        )
 
 
 def parse_artifacts(reply: dict[str, Any]) -> list[ev.Artifact]:

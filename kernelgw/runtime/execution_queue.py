@@ -35,6 +35,7 @@ from kernelgw.runtime.cell_output import CellOutput
 from kernelgw.runtime.execution import ClientRequest, EndedCell, QueuedExecution, checkpoint_due
 from kernelgw.runtime.fanout import EventFanout
 from kernelgw.runtime.kernel_link import KernelLink
+from kernelgw.runtime.late_output import LateOutput
 from kernelgw.runtime.lineage import Lineage, LineageCell, ReplayJob
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.output_backlog import OutputBacklog
@@ -86,6 +87,8 @@ class ExecutionQueue:
         self._wake = asyncio.Event()
         """Set when there may be work for the worker."""
         self._ends = CellEnds(session_id, link, fanout, status, hooks, self.publish, metrics)
+        self._late = LateOutput(config, self._ends, fanout, hooks)
+        """Output of ended cells: stored, then sent as ``late``."""
         self._replays = ReplayRunner(session_id, status, self._run, self.publish, self._wake)
         """Replays to run before any queued cell (`replay`)."""
         self.lineage = Lineage()
@@ -114,6 +117,7 @@ class ExecutionQueue:
     def config(self, config: SessionConfig) -> None:
         self._config = config
         self._output.config = config
+        self._late.config = config
 
     def start(self) -> None:
         self._worker = asyncio.create_task(self._work(), name=f"session-{self.session_id}")
@@ -158,6 +162,9 @@ class ExecutionQueue:
         if what not in ended.anomalies and len(ended.anomalies) < 10:
             ended.anomalies.append(what)
             self._hooks.kernel_event("kernel_anomaly", f"execution {ended.execution_id}: {what}")
+
+    def on_late_output(self, ended: EndedCell, msg: dict[str, Any]) -> None:
+        self._late.accept(ended, msg)
 
     # ------------------------------------------------------------- the queue
     @property
@@ -268,6 +275,7 @@ class ExecutionQueue:
             self._ends.announce(rec)
             unrecorded.append(rec)
         self._replays.cancel_all("the session was deleted before the replay ran")
+        await self._late.close(drain_s)
         return unrecorded
 
     # ------------------------------------------------------------- the worker

@@ -58,6 +58,11 @@ class LinkListener(Protocol):
         """The kernel sent something for a cell after it had ended."""
         ...
 
+    def on_late_output(self, ended: EndedCell, msg: dict[str, Any]) -> None:
+        """Output for a cell after its end: kept in its record and sent as late
+        (`kernelgw.runtime.late_output`)."""
+        ...
+
 
 class MessageRoutes:
     """The link's requests by msg_id, and the routing of what the kernel sends
@@ -71,7 +76,8 @@ class MessageRoutes:
         self._shell_probes: dict[str, asyncio.Event] = {}
         self._end_probes: dict[str, QueuedExecution] = {}
         self._ended: collections.OrderedDict[str, EndedCell] = collections.OrderedDict()
-        """Recently ended cells by msg_id: what arrives for them later is an anomaly."""
+        """Recently ended cells by msg_id: what arrives for them later is an anomaly,
+        and their output is kept as late output."""
 
     # ------------------------------------------------------------- requests
     def expect(self, execution: QueuedExecution, msg_id: str) -> None:
@@ -80,16 +86,24 @@ class MessageRoutes:
         self._pending[msg_id] = execution
 
     def forget(self, execution: QueuedExecution) -> None:
-        """Stop routing messages to ``execution``: what comes later is dropped
-        (output or a reply is reported to the listener as an anomaly)."""
+        """Stop routing messages to ``execution``: what comes later is late (output
+        is kept as late output, and it and a reply are reported as an anomaly)."""
         if execution.msg_id is not None:
             self._pending.pop(execution.msg_id, None)
             if not execution.silent:
-                self._ended[execution.msg_id] = EndedCell.of(execution)
-                while len(self._ended) > ENDED_REMEMBERED:
-                    self._ended.popitem(last=False)
+                self._ended_cell(execution.msg_id, execution)
         if execution.end_probe is not None:
             self._end_probes.pop(execution.end_probe, None)
+
+    def _ended_cell(self, msg_id: str, execution: QueuedExecution) -> EndedCell:
+        """What is remembered of ``execution`` once it ended (made once: its late
+        output counts on from what came before)."""
+        ended = self._ended.get(msg_id)
+        if ended is None:
+            ended = self._ended[msg_id] = EndedCell.of(execution)
+            while len(self._ended) > ENDED_REMEMBERED:
+                self._ended.popitem(last=False)
+        return ended
 
     def forget_ended(self) -> None:
         """The kernel is gone: nothing more will come for its ended cells or end probes."""
@@ -150,13 +164,17 @@ class MessageRoutes:
                 probed.check_finished()
             return
         execution = self._pending.get(parent) if parent else None
-        if execution is None or execution.silent or execution.finished.is_set():
-            # not a request we sent, an internal one, or one that is over
-            ended = self._ended.get(parent) if parent else None
-            if ended is not None and msg["msg_type"] in LATE_OUTPUT:
-                listener.on_anomaly(ended, f"a {msg['msg_type']} message after the cell had ended")
+        if execution is not None and not execution.silent and not execution.finished.is_set():
+            listener.on_output(execution, msg)
             return
-        listener.on_output(execution, msg)
+        if not parent or (execution is not None and execution.silent):
+            return  # not a request we sent, or an internal one
+        # a cell the gateway has ended (its end decided, its done perhaps not yet
+        # out), whatever the timing: late, never dropped
+        ended = self._ended_cell(parent, execution) if execution is not None else self._ended.get(parent)
+        if ended is not None and msg["msg_type"] in LATE_OUTPUT:
+            listener.on_anomaly(ended, f"a {msg['msg_type']} message after the cell had ended")
+            listener.on_late_output(ended, msg)
 
     # ------------------------------------------------------------- shell
     def on_shell(self, msg: dict[str, Any], listener: LinkListener) -> None:

@@ -207,6 +207,15 @@ class Recorder(Protocol):
         and is the last of ``execution.published``."""
         ...
 
+    async def execution_late(
+        self, session: RecordedSession, execution_id: str, events: Sequence[Published], part: int, error: bool
+    ) -> None:
+        """Output the kernel sent for an ended execution (`kernelgw.runtime.late_output`),
+        its ``part``-th batch, numbered and not yet published: append it to the
+        execution's record, after its ``done`` (``error``: an error came late, its
+        status is ``error`` now), and return once committed; raise when it cannot be."""
+        ...
+
     async def session_ended(self, session: RecordedSession, reason: str) -> None:
         """After the session was deleted or reaped (``reason`` says which)."""
         ...

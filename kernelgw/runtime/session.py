@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +33,7 @@ from kernelgw.runtime.execution import (
     ARTIFACTS_KEY,
     END_KEY,
     ClientRequest,
+    EndedCell,
     QueuedExecution,
     parse_artifacts,
 )
@@ -629,6 +631,20 @@ class KernelSession:
             return False
         except Exception:
             log.exception("recording execution %s failed", rec.execution_id)
+            return False
+        return True
+
+    async def record_late(self, cell: EndedCell, events: Sequence[Published]) -> bool:
+        """Append output that came after a cell's end to its record and wait for the
+        commit (`kernelgw.runtime.late_output`); False when not stored (logged)."""
+        if self.recorder is None:
+            return True
+        part, cell.late_parts = cell.late_parts, cell.late_parts + 1
+        try:
+            async with asyncio.timeout(RECORD_TIMEOUT_S):
+                await self.recorder.execution_late(self, cell.execution_id, events, part, cell.late_error)
+        except Exception:
+            log.exception("recording the late output of execution %s failed", cell.execution_id)
             return False
         return True
 

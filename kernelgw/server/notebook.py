@@ -14,7 +14,9 @@ frontend would have saved them:
 * ``clear_output`` empties the cell's outputs so far; with ``wait=True`` only
   right before the cell's next output (so an animation keeps its last frame);
 * ``truncated`` (the gateway's output cap) and a ``done`` of ``timeout`` or
-  ``dead`` become a note on stderr, so a reader sees the cell did not finish.
+  ``dead`` become a note on stderr, so a reader sees the cell did not finish;
+* ``late`` (output sent after the cell's end) is added as its wrapped event,
+  after a note on stderr saying so; a late ``error`` makes the status ``error``.
 
 A cell's ``execution_count`` comes from its ``done`` event. Every cell keeps
 ``metadata.kernelgw`` (execution_id, status, duration_ms, reason) and the
@@ -209,6 +211,9 @@ class _Outputs:
             self._clear_pending = False
 
 
+LATE_NOTE = "[kernelgw: what follows was sent after this execution had ended]\n"
+
+
 def _cell_id(preferred: str, used: set[str]) -> str:
     base = _CELL_ID.sub("-", preferred)[:56] or "cell"
     candidate, n = base, 1
@@ -226,12 +231,21 @@ def _iso(value: datetime) -> str:
 def _code_cell(execution: ExecutionLike, displays: dict[str, list[NotebookNode]], used: set[str]) -> NotebookNode:
     outputs = _Outputs(displays)
     done: ev.Done | None = None
+    late_error = late = False
     for event in execution.events:
         if isinstance(event, ev.Done):
             done = event
+        elif isinstance(event, ev.Late):
+            if not late:
+                late = True
+                outputs.note(LATE_NOTE)
+            late_error = late_error or isinstance(event.event, ev.Error)
+            outputs.add(event.event)
         else:
             outputs.add(event)
     status = done.status if done is not None else execution.status
+    if late_error:
+        status = "error"  # as its record says: an error came after its end
     reason = done.reason if done is not None else execution.reason
     if status in ("timeout", "dead"):
         outputs.note(f"[kernelgw: execution {status}" + (f": {reason}" if reason else "") + "]\n")

@@ -28,6 +28,9 @@ def _utc(value: datetime | None) -> datetime:
 
 CellKey = tuple[str, int]
 """A cell's (execution id, position) in its session: what its output chunks name."""
+LATE_PART = 1 << 30
+"""Chunks from this part on hold output that came after the cell's ``done``
+(`kernelgw.runtime.late_output`): they follow the row's own events."""
 
 
 def splice(arrays: Sequence[str]) -> str:
@@ -40,25 +43,27 @@ def splice(arrays: Sequence[str]) -> str:
 
 async def _chunks(
     conn: StoreConnection, session_id: str, execution_ids: Sequence[str] | None = None
-) -> dict[CellKey, list[str]]:
+) -> dict[CellKey, tuple[list[str], list[str]]]:
     """The output chunks of a session's cells (those of ``execution_ids`` only,
-    when given), in order: one query for any number of cells."""
+    when given), in order, those before its row's events and those after (late
+    output): one query for any number of cells."""
     c = schema.execution_chunks
-    query = select(c.c.execution_id, c.c.position, c.c.events).where(c.c.session_id == session_id)
+    query = select(c.c.execution_id, c.c.position, c.c.part, c.c.events).where(c.c.session_id == session_id)
     if execution_ids is not None:
         if not execution_ids:
             return {}
         query = query.where(c.c.execution_id.in_(list(execution_ids)))
-    found: dict[CellKey, list[str]] = {}
+    found: dict[CellKey, tuple[list[str], list[str]]] = {}
     for row in (await conn.execute(query.order_by(c.c.execution_id, c.c.position, c.c.part, c.c.id))).all():
-        found.setdefault((row.execution_id, row.position), []).append(row.events)
+        before, after = found.setdefault((row.execution_id, row.position), ([], []))
+        (after if row.part >= LATE_PART else before).append(row.events)
     return found
 
 
-def _events(row: Any, chunks: dict[CellKey, list[str]]) -> str:
-    """A cell's events: its chunks by part, then its row's own."""
+def _events(row: Any, chunks: dict[CellKey, tuple[list[str], list[str]]]) -> str:
+    """A cell's events: its chunks by part, then its row's own, then its late output."""
     parts = chunks.get((row.execution_id, row.position))
-    return splice([*parts, row.events]) if parts else str(row.events)
+    return splice([*parts[0], row.events, *parts[1]]) if parts else str(row.events)
 
 
 async def get_session(engine: StoreEngine, session_id: str) -> SessionRecord | None:
@@ -121,7 +126,7 @@ async def unanswered_client_cells(engine: StoreEngine, session_id: str, client_s
     return [_execution(row, chunks) for row in reversed(rows)]
 
 
-def _execution(row: Any, chunks: dict[CellKey, list[str]]) -> ExecutionRecord:
+def _execution(row: Any, chunks: dict[CellKey, tuple[list[str], list[str]]]) -> ExecutionRecord:
     return ExecutionRecord(
         session_id=row.session_id,
         position=row.position,

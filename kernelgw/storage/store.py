@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, insert, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.engine import make_url
 
 from kernelgw import events as ev
@@ -128,6 +128,17 @@ _END_EXECUTION = (
 
 
 _INSERT_CHUNK = insert(schema.execution_chunks)
+LATE_AUDIT_KIND = "execution_late_output"
+LATE_ERROR = (
+    "an error came after this execution had ended (its kernel ended it early, which only "
+    "code that forges the kernel's messages does): see its late events"
+)
+
+
+def _late_reason(status: str, reason: str | None) -> str:
+    """The reason of a cell whose error came after its end (its status was ``status``)."""
+    note = f"{LATE_ERROR}; it had ended {status}"
+    return f"{note}: {reason}" if reason else note
 
 
 @dataclass
@@ -518,6 +529,52 @@ class Store:
                 error_name=error.ename[:255] if error is not None else None,
                 detail=end.reason,
             )
+
+    async def execution_late(
+        self, session: RecordedSession, execution_id: str, events: Sequence[Published], part: int, error: bool
+    ) -> None:
+        """Append late output to an ended execution's record as a chunk after its row's
+        events (`queries.LATE_PART`), turn its status to ``error`` when ``error``,
+        and wait for the commit; then an audit row says what came late."""
+        text = ev.json_array(p.json for p in events)
+        t = schema.executions
+        found = (
+            select(t.c.position, t.c.status, t.c.reason)
+            .where(t.c.session_id == session.id, t.c.execution_id == execution_id)
+            .order_by(t.c.position.desc())
+            .limit(1)
+        )
+
+        async def write(conn: AsyncConnection) -> None:
+            row = (await conn.execute(found)).first()
+            if row is None:  # never stored (its record failed): nothing to append to
+                return
+            values = {"session_id": session.id, "execution_id": execution_id, "position": row.position}
+            await conn.execute(
+                _INSERT_CHUNK, {**values, "part": queries.LATE_PART + part, "events": text, "bytes": len(text)}
+            )
+            if error and row.status not in ("error", RUNNING):
+                await conn.execute(
+                    update(t)
+                    .where(t.c.session_id == session.id, t.c.position == row.position, t.c.execution_id == execution_id)
+                    .values(status="error", reason=_late_reason(row.status, row.reason))
+                )
+
+        if not self._writer.running:
+            raise StorageUnavailable("The history storage is not running.")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.enqueue(f"late output of execution {execution_id} of session {session.id}", write, future, size=len(text))
+        await future
+        errors = [p.event.event for p in events if isinstance(p.event, ev.Late) and isinstance(p.event.event, ev.Error)]
+        self._audit(
+            LATE_AUDIT_KIND,
+            session,
+            execution_id=execution_id,
+            status="error" if error else None,
+            output_bytes=len(text),
+            error_name=errors[-1].ename[:255] if errors else None,
+            detail=f"{len(events)} events the kernel sent after the execution's end, appended to its record",
+        )
 
     async def session_ended(self, session: RecordedSession, reason: str) -> None:
         self._positions.pop(session.id, None)

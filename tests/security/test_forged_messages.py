@@ -3,14 +3,25 @@ can send signed ``execute_reply`` and ``status`` messages for its own request or
 for a cell that already ended. The cell's status, count, output and end must
 stay the gateway's: what the code printed after a forged end is kept, the cell
 is numbered by the gateway, the forgery is named in the done and the session
-carries on; a message sent for an ended cell never lands in the next one."""
+carries on; a message sent for an ended cell never lands in the next one.
+
+Code that also reads its request's nonce can end its cell early as a REST
+caller sees it; what it prints and raises after that is still kept: in the
+cell's history (status ``error``), notebook and audit, and sent to subscribers
+as ``late`` events."""
 
 from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.security.conftest import run, stdout
+from tests.integration.conftest import RunningGateway
+from tests.security.conftest import run, stdout, until_done, ws_connect
+from tests.security.test_forgery import audit_rows, notebook_cells
 
 pytestmark = pytest.mark.integration
 
@@ -84,3 +95,79 @@ print("on time")
     second = run(http, session_id, "import time; time.sleep(1.5); print('next')")
     assert stdout(second) == "next\n" and second["status"] == "ok" and second["events"][-1]["reason"] is None
     assert stdout(run(http, session_id, "print('third')")) == "third\n"
+
+
+FORGED_END_WITH_NONCE = (
+    SEND
+    + """
+import os, time
+nonce = {key: {"status": "ok", "data": {"text/plain": expr}, "metadata": {}}
+         for key, expr in p["content"]["user_expressions"].items() if key == "kernelgw_end"}
+assert nonce, "the request carries no end nonce"
+forge("shell", "execute_reply", {"status": "ok", "execution_count": 999, "user_expressions": nonce, "payload": []})
+forge("iopub", "status", {"execution_state": "idle"})
+deadline = time.monotonic() + 120
+while not os.path.exists("late-go") and time.monotonic() < deadline:
+    time.sleep(0.02)  # until the test saw the forged end's done
+print("printed after the forged end")
+raise ValueError("raised after the forged end")
+"""
+)
+
+
+def late_until_error(ws: Any, execution_id: str) -> list[dict[str, Any]]:
+    """The ``late`` events of ``execution_id`` until its late error."""
+    late = []
+    while True:
+        event = json.loads(ws.recv(timeout=120))
+        if event["type"] == "late" and event["execution_id"] == execution_id:
+            late.append(event)
+            if event["event"]["type"] == "error":
+                return late
+
+
+def test_output_after_an_end_forged_with_the_nonce_is_kept_and_marked_late(
+    gateway: RunningGateway, http: httpx.Client, session_id: str
+) -> None:
+    eid = f"forged-{uuid.uuid4().hex[:8]}"
+    with ws_connect(gateway, session_id, max_size=None) as ws:
+        ws.send(json.dumps({"type": "execute", "code": FORGED_END_WITH_NONCE, "execution_id": eid}))
+        events = until_done(ws, eid)
+        done = events[-1]
+        # the forgery ended the cell early, as a REST caller sees it: nothing after it came yet
+        assert done["status"] == "ok" and not [e for e in events if e["type"] in ("stream", "error")], events
+        resp = http.put(f"/v1/sessions/{session_id}/files/late-go", content=b"go")
+        assert resp.status_code == 201, resp.text
+        late = late_until_error(ws, eid)
+    inner = [e["event"] for e in late]
+    assert all(e["seq"] > done["seq"] for e in late)
+    assert [e["text"] for e in inner if e["type"] == "stream"] == ["printed after the forged end\n"]
+    assert [(e["ename"], e["evalue"]) for e in inner if e["type"] == "error"] == [
+        ("ValueError", "raised after the forged end")
+    ]
+    assert all(e["execution_id"] == eid for e in inner)
+
+    cell = history_cell(http, session_id, eid)
+    assert cell["status"] == "error", cell
+    assert "after this execution had ended" in str(cell["reason"])
+    stored = cell["events"]
+    assert isinstance(stored, list)
+    assert [e["type"] for e in stored][-len(late) - 1 :] == ["done", *["late"] * len(late)]
+    assert stored[-len(late) :] == late  # the very events sent: stored before they were announced
+
+    (nb_cell,) = [c for c in notebook_cells(http, session_id) if c["metadata"]["kernelgw"]["execution_id"] == eid]
+    assert nb_cell["metadata"]["kernelgw"]["status"] == "error"
+    text = "".join(
+        "".join(o["text"]) if isinstance(o["text"], list) else o["text"]
+        for o in nb_cell["outputs"]
+        if o["output_type"] == "stream"
+    )
+    assert "printed after the forged end\n" in text
+    assert [o["evalue"] for o in nb_cell["outputs"] if o["output_type"] == "error"] == ["raised after the forged end"]
+
+    (row,) = audit_rows(gateway, session_id, "execution_late_output")
+    assert row["execution_id"] == eid and row["status"] == "error" and row["error_name"] == "ValueError"
+
+    after = run(http, session_id, "print('next')")
+    assert stdout(after) == "next\n" and after["status"] == "ok"
+    assert not [e for e in after["events"] if e["type"] == "error"]

@@ -22,6 +22,7 @@ def test_every_event_round_trips_through_json() -> None:
         ev.Error(seq=8, execution_id="x", ename="E", evalue="v", traceback=["t"], traceback_text=["t"]),
         ev.Truncated(seq=9, execution_id="x", limit_bytes=10, message="cut"),
         ev.Done(seq=10, execution_id="x", status="timeout", duration_ms=1.5, reason="r", state_lost=True),
+        ev.Late(seq=10, execution_id="x", event=ev.Stream(execution_id="x", name="stdout", text="after\n")),
         ev.Replay(seq=11, phase="started", trigger="kernel_died", cells=2),
         ev.Replay(seq=12, execution_id="y", phase="cell", trigger="kernel_died", cells=2, index=0, replay_of="x"),
         ev.Replay(seq=20, phase="finished", trigger="requested", cells=2, replayed=1, duration_ms=12.5),

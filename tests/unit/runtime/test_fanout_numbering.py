@@ -24,6 +24,7 @@ EVENTS: list[ev.Event] = [
     ev.ProtocolError(message="bad"),
     ev.Error(execution_id="e1", ename="E", evalue="v", traceback=["t"], traceback_text=["t"]),
     ev.Done(execution_id="e1", status="ok", duration_ms=1.5),
+    ev.Late(execution_id="e1", event=ev.Stream(execution_id="e1", name="stdout", text="after\n")),
 ]
 
 

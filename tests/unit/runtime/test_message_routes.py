@@ -18,6 +18,7 @@ class Listener:
         self.output: list[tuple[QueuedExecution, str]] = []
         self.refused: list[QueuedExecution] = []
         self.anomalies: list[tuple[str, str]] = []
+        self.late: list[tuple[str, str]] = []
 
     def current_execution(self) -> QueuedExecution | None:
         return None
@@ -30,6 +31,9 @@ class Listener:
 
     def on_anomaly(self, ended: EndedCell, what: str) -> None:
         self.anomalies.append((ended.execution_id, what))
+
+    def on_late_output(self, ended: EndedCell, msg: dict[str, Any]) -> None:
+        self.late.append((ended.execution_id, msg["msg_type"]))
 
 
 class Client:
@@ -124,6 +128,7 @@ async def test_what_comes_for_a_cell_after_it_was_forgotten_is_an_anomaly() -> N
     routes.on_shell(reply(execution, nonce=True), listener)
     routes.on_iopub(msg("stream", "unknown", {"name": "stdout", "text": "?\n"}), listener)  # not ours: dropped
     assert listener.output == [(execution, "stream")]
+    assert listener.late == [(execution.execution_id, "stream")]  # kept as the cell's late output
     assert listener.anomalies == [
         ("e-cell-1", "a stream message after the cell had ended"),
         ("e-cell-1", "an execute_reply after the cell had ended"),

@@ -1,0 +1,79 @@
+"""Late output in the store (`Store.execution_late`), on a real SQLite file and a
+real PostgreSQL: appended to the ended cell's record after its ``done`` (also
+after its output chunks and its row's events), a late error turns the recorded
+status to ``error``, the notebook shows it, and the audit log says so."""
+
+from __future__ import annotations
+
+import json
+
+from kernelgw import events as ev
+from kernelgw.runtime.fanout import Published
+from kernelgw.server.notebook import build_notebook
+from kernelgw.storage import audit
+from kernelgw.storage.store import LATE_AUDIT_KIND, Store
+from tests.unit.storage.test_output_chunks import Cell, stand_in_session
+
+
+class OkCell(Cell):
+    async def finish(self) -> None:
+        """Ends ``ok`` (as a forged end does)."""
+        eid = self.rec.execution_id
+        done = ev.Done(execution_id=eid, status="ok", execution_count=1, duration_ms=5.0, seq=self.seq + 1)
+        pub = Published(self.seq + 1, done, done.model_dump_json())
+        self.sent.append(pub.json)
+        await self.store.execution_finished(self.session, self.rec, pub)
+
+
+def late(seq: int, execution_id: str, event: ev.LateOutput) -> Published:
+    wrapped = ev.Late(seq=seq, execution_id=execution_id, event=event)
+    return Published(seq, wrapped, wrapped.model_dump_json())
+
+
+async def test_late_output_follows_the_done_and_a_late_error_marks_the_cell(dialect_store: Store) -> None:
+    store = dialect_store
+    session = stand_in_session()
+    await store.session_started(session)
+    cell = OkCell(store, session, seq=0)
+    for i in range(400):  # over a chunk: the record has chunks and a row of its own
+        cell.print(f"line {i} " + "x" * 1000 + "\n")
+    await cell.finish()
+    eid = cell.rec.execution_id
+    seq = cell.seq + 1
+    first = [late(seq + 1, eid, ev.Stream(execution_id=eid, name="stdout", text="printed late\n"))]
+    await store.execution_late(session, eid, first, 0, False)
+    error = ev.Error(
+        execution_id=eid, ename="ValueError", evalue="raised late", traceback=["tb"], traceback_text=["tb"]
+    )
+    second = [late(seq + 2, eid, error)]
+    await store.execution_late(session, eid, second, 1, True)
+    nxt = Cell(store, session, seq=seq + 2)
+    nxt.print("next\n")
+    await nxt.finish()
+
+    history = await store.list_executions(session.id)
+    record = history[0]
+    stored = json.loads(record.events_json)
+    assert [e["type"] for e in stored[-4:]] == ["stream", "done", "late", "late"]
+    assert stored == [*json.loads(cell.events_json), json.loads(first[0].json), json.loads(second[0].json)]
+    assert stored[-3]["status"] == "ok"  # the done as it was sent
+    assert record.status == "error" and record.reason is not None and "after this execution had ended" in record.reason
+    assert [e.type for e in history[1].events] == ["queued", "stream", "done"]  # the next cell has none of it
+
+    notebook = build_notebook(history)
+    outputs = notebook.cells[0].outputs
+    assert notebook.cells[0].metadata["kernelgw"]["status"] == "error"
+    assert outputs[-1]["output_type"] == "error" and outputs[-1]["evalue"] == "raised late"
+    assert outputs[-2]["output_type"] == "stream" and outputs[-2]["text"].endswith("printed late\n")
+
+    rows = await audit.query(store, session_id=session.id, kind=LATE_AUDIT_KIND)
+    assert [(r.execution_id, r.status, r.error_name) for r in rows] == [(eid, None, None), (eid, "error", "ValueError")]
+
+
+async def test_late_output_of_a_cell_never_stored_changes_nothing(dialect_store: Store) -> None:
+    store = dialect_store
+    session = stand_in_session()
+    await store.session_started(session)
+    event = ev.Stream(execution_id="gone", name="stdout", text="x")
+    await store.execution_late(session, "gone", [late(5, "gone", event)], 0, True)
+    assert await store.list_executions(session.id) == []
