@@ -66,6 +66,12 @@ T = TypeVar("T")
 
 START_ATTEMPTS = 3
 RACED_START = ("cannot start a stopped process", "cannot start an already running container")
+CONTAINER_LOG = docker.types.LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"})
+"""The log of every container the backend starts. What a kernel process writes
+to its own stdout or stderr outside Jupyter (a subprocess with the kernel's
+real fds, R's ``system()``) goes to the engine's log, on the host's disk: the
+json-file driver with one file of at most 1 MiB keeps that bounded, and
+``docker logs`` still shows the last of it (a failed start's diagnostics)."""
 OOM_RECHECKS = 50
 """A SIGKILL exit is asked about again for up to OOM_RECHECKS x OOM_RECHECK_S (5 s:
 0.5 s was too short for gVisor under a loaded CI machine, and 2 s once for runc
@@ -389,15 +395,15 @@ class DockerBackend:
         )
 
     def _run_container(self, image: str, *, name: str, **options: Any) -> Container:
-        """``containers.run``, tried again when the engine says the start raced
-        itself ("cannot start a stopped process", "cannot start an already running
-        container": seen with Docker 20.10 and containerd when many containers
-        start at once, the CI's two test passes side by side); the half-made
-        container is removed first. Any other error is raised at once."""
+        """``containers.run`` with the bounded log (`CONTAINER_LOG`), tried again
+        when the engine says the start raced itself ("cannot start a stopped
+        process", "cannot start an already running container": seen with Docker
+        20.10 and containerd when many containers start at once, the CI's two
+        test passes side by side); the half-made container is removed first. Any other error is raised at once."""
         client = self._client()
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
-                container: Container = client.containers.run(image, name=name, **options)
+                container: Container = client.containers.run(image, name=name, log_config=CONTAINER_LOG, **options)
                 return container
             except docker.errors.APIError as exc:
                 text = str(exc.explanation or exc)
