@@ -23,6 +23,7 @@ from kernelgw.runtime.ownership import InstanceLock
 from kernelgw.server import notebook
 from kernelgw.server.authenticator import Authenticator
 from kernelgw.server.availability import retry_after_s
+from kernelgw.server.cutoff import AnswerAtClose
 from kernelgw.server.forward import Forwarder
 from kernelgw.server.hosts import PageGuard
 from kernelgw.server.limits import BodySizeLimit
@@ -269,7 +270,8 @@ def create_app(
 
     app.add_middleware(BodySizeLimit)
     app.add_middleware(Forwarder)  # inside PageGuard: Host and Origin are checked where requests land
-    app.add_middleware(PageGuard)  # outermost: before routing, for every route and WebSocket
+    app.add_middleware(PageGuard)  # before routing, for every route and WebSocket
+    app.add_middleware(AnswerAtClose)  # outermost: every request is answered by the drain's end
     if not defer_routes:
         include_routes(app)
     return app

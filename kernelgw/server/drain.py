@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Literal, TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 from starlette.responses import JSONResponse
 
@@ -29,7 +30,22 @@ CUT_OFF_CODE = "gateway_restarting"
 CUT_OFF_RETRY_AFTER_S = 5
 """``Retry-After`` of the cut-off answer: about how long a restart takes."""
 
+CLOSE_ANSWER_S = 1.0
+"""After the close, how long a request not yet answering has to answer by itself
+(a REST execute does at once) before the drain cuts it off with a 503."""
+
 T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class OpenRequest:
+    """An HTTP request in flight (`kernelgw.server.cutoff.AnswerAtClose` keeps them)."""
+
+    task: asyncio.Task[Any]
+    answering: bool = False
+    """Its response has started: it is left to finish (uvicorn bounds that)."""
+    cut_off: bool = False
+    """Cancelled by the drain: answered 503 instead."""
 
 
 class Drain:
@@ -38,6 +54,7 @@ class Drain:
     def __init__(self) -> None:
         self.started_at: float | None = None
         self._closing = asyncio.Event()
+        self.open: set[OpenRequest] = set()
 
     @property
     def draining(self) -> bool:
@@ -76,7 +93,21 @@ class Drain:
         if busy:
             log.error("draining: %d cells still running after the %gs grace", busy, grace_s)
         self.close()
+        await self._cut_off_open()
         return busy == 0
+
+    async def _cut_off_open(self) -> None:
+        """Requests still not answering a moment after the close are cancelled and
+        answered 503: uvicorn would wait for each (then cancel it unanswered)."""
+        waiting = {r.task for r in self.open if not r.answering}
+        if waiting:
+            await asyncio.wait(waiting, timeout=CLOSE_ANSWER_S)
+        late = [r for r in self.open if not r.answering]
+        if late:
+            log.warning("draining: cutting off %d requests not answered at the end of the grace", len(late))
+        for request in late:
+            request.cut_off = True
+            request.task.cancel()
 
 
 def _busy(manager: SessionManager) -> int:

@@ -2,7 +2,8 @@
 uvicorn on a loopback port, real kernel subprocesses) gets the signal through
 its handler. The running cell streams to its ``done``, then the WebSocket
 closes with 1012; meanwhile ``/readyz`` is 503, ``/healthz`` answers, and new
-work gets 503 with ``Retry-After``. (Not yet here: a second signal's forced
+work gets 503 with ``Retry-After``; at the end of the grace every open request
+is answered 503 and the server exits. (Not yet here: a second signal's forced
 exit, and real signals to a real `kernelgw serve` subprocess.)"""
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ def waiting_cell(flag: Path) -> str:
 
 
 @asynccontextmanager
-async def draining_server(tmp_path: Path, backend: LocalBackend) -> AsyncIterator[tuple[DrainingServer, str]]:
-    settings = local_settings(tmp_path, on_shutdown="stop", shutdown_grace_s=DEADLINE_S)
+async def draining_server(
+    tmp_path: Path, backend: LocalBackend, grace_s: float = DEADLINE_S
+) -> AsyncIterator[tuple[DrainingServer, str]]:
+    settings = local_settings(tmp_path, on_shutdown="stop", shutdown_grace_s=grace_s)
     app = create_app(settings, backend=backend)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", ws="websockets-sansio")
     server = DrainingServer(config, app, settings.shutdown_grace_s)
@@ -107,3 +110,40 @@ async def test_sigterm_lets_the_running_cell_finish_then_closes_websockets_with_
                 with pytest.raises(ConnectionClosed) as closed:
                     await next_event(ws)
                 assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+
+
+async def test_at_the_end_of_the_grace_every_open_request_is_answered_and_the_server_exits(
+    local_backend: LocalBackend, tmp_path: Path
+) -> None:
+    """uvicorn waits for open requests when it stops: a REST execute of a long cell,
+    or a request whose body stalls, held the process past ``shutdown_grace_s``."""
+    flag = tmp_path / "finish"
+    async with draining_server(tmp_path, local_backend, grace_s=0.5) as (server, address):
+        async with httpx.AsyncClient(base_url=f"http://{address}", timeout=DEADLINE_S) as http:
+            sid = (await http.post("/v1/sessions", json={})).json()["id"]
+            body = {"code": waiting_cell(flag), "execution_id": "held"}
+            execute = asyncio.create_task(http.post(f"/v1/sessions/{sid}/execute", json=body))
+            deadline = time.monotonic() + DEADLINE_S
+            while (await http.get(f"/v1/sessions/{sid}")).json()["state"] != "busy":
+                assert time.monotonic() < deadline, "the cell never ran"
+                await asyncio.sleep(0.02)
+            # a request whose body never completes: its handler waits for the rest
+            host, port = address.rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            head = f"POST /v1/sessions HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n"
+            writer.write(f"{head}Content-Length: 100\r\n\r\n{{".encode())
+            await writer.drain()
+
+            server.handle_exit(signal.SIGTERM, None)
+            answer = await execute
+            assert answer.status_code == 503, answer.text  # the cell is still running
+            error = answer.json()["error"]
+            assert error["code"] == "gateway_restarting" and error["execution_id"] == "held"
+            assert f"/v1/sessions/{sid}/history" in error["message"] and int(answer.headers["Retry-After"]) > 0
+            async with asyncio.timeout(DEADLINE_S):
+                stalled = await reader.read()  # to the end: the gateway closes the connection
+            writer.close()
+            assert stalled.startswith(b"HTTP/1.1 503 "), stalled
+            assert b'"code":"gateway_restarting"' in stalled and b"before sending it again" in stalled
+        flag.touch()
+    # draining_server's exit waited for the server task: the drain ended it by itself
