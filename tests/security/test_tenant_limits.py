@@ -150,3 +150,50 @@ def first_gateway(holders: dict[int, set[str]], sid: str) -> str:
     """The gateway name in the holder entry of session ``sid``."""
     (holder,) = (h for hs in holders.values() for h in hs if h.endswith(f"/{sid}"))
     return holder.rsplit("/", 1)[0]
+
+
+OWNERS = """\
+found = {}
+for top in ('/workspace', '/opt/kernelgw/packages'):
+    for d, dirs, files in os.walk(top):
+        for n in dirs + files:
+            st = os.lstat(os.path.join(d, n))
+            found[os.path.join(d, n)] = [st.st_uid, st.st_gid]
+print(json.dumps([os.getuid(), found]))
+"""
+"""The kernel's uid and the owner (uid, gid) of every file of the session."""
+
+MAKE_FILES = (
+    "os.makedirs('/workspace/sub', exist_ok=True)\n"
+    "open('/workspace/sub/a.txt', 'w').write('a')\n"
+    "open('/opt/kernelgw/packages/kgw_mod.py', 'w').write('X = 1')\n"
+    "print(json.dumps(os.getuid()))\n"
+)
+
+
+def assert_owned_by_kernel(http: httpx.Client, sid: str) -> int:
+    uid, found = run_json(http, sid, OWNERS)
+    assert "/workspace/sub/a.txt" in found and "/opt/kernelgw/packages/kgw_mod.py" in found, found
+    assert {tuple(owner) for owner in found.values()} == {(uid, uid)}, (uid, found)
+    return int(uid)
+
+
+def test_forked_and_resumed_files_belong_to_the_session_that_has_them(http: httpx.Client) -> None:
+    with new_session(http) as parent:
+        parent_uid = run_json(http, parent, MAKE_FILES)
+        resp = http.post("/v1/sessions", json={"from": parent})
+        assert resp.status_code == 201, resp.text
+        child = resp.json()["id"]
+        try:
+            # the fork runs as a uid of its own, and the copied files are its
+            child_uid = assert_owned_by_kernel(http, child)
+            assert child_uid != parent_uid
+        finally:
+            http.delete(f"/v1/sessions/{child}")
+        # paused, the session holds no container and no uid; resumed, its files are
+        # restored for whatever uid its new kernel got
+        assert http.post(f"/v1/sessions/{parent}/pause").status_code == 200
+        resp = http.post(f"/v1/sessions/{parent}/resume")
+        assert resp.status_code == 200, resp.text
+        assert_owned_by_kernel(http, parent)
+        assert run_json(http, parent, "import kgw_mod\nprint(json.dumps(kgw_mod.X))") == 1
