@@ -101,6 +101,20 @@ def warn_if_host_account(uid: int) -> None:
     )
 
 
+def warn_if_host_accounts(uids: range) -> None:
+    """A session's files belong to its uid: no host account should have one of the range."""
+    import pwd
+
+    accounts = sorted(f"{entry.pw_name} ({entry.pw_uid})" for entry in pwd.getpwall() if entry.pw_uid in uids)
+    if accounts:
+        log.warning(
+            "kernel_uid_range %d-%d holds host accounts %s: choose a range no host account has",
+            uids.start,
+            uids.stop - 1,
+            ", ".join(accounts),
+        )
+
+
 def process_limits(spec: KernelSpec) -> dict[str, Any]:
     """The container options that cap processes.
 
@@ -181,6 +195,7 @@ class DockerBackend:
         kernel runs as ``uid`` (no range configured, or the gateway is not root)."""
         if kernel_uids is not None and os.geteuid() == 0:
             self._uids = UidAllocator(kernel_uids, uid_state_dir, self._held_uids)
+            warn_if_host_accounts(kernel_uids)
         self._session_uids: dict[str, int] = {}
         """The uid of each session this gateway started or found a kernel of."""
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="docker")
