@@ -19,7 +19,7 @@ import asyncio
 import httpx
 import pytest
 
-from kernelgw.runtime.workspace import FS_HELPER, TAR, WorkspaceFiles, read_tree
+from kernelgw.runtime.workspace import FS_HELPER, PYTHON, TAR, WorkspaceFiles, read_tree
 from tests.integration.languages import image_for, start_kernel
 from tests.security.conftest import PROBE, MiB, assert_error, new_session, run_json
 
@@ -112,7 +112,11 @@ def test_a_container_whose_environment_predates_the_rule_still_gets_clean_helper
             size = sum([len(chunk) async for chunk in read_tree(backend, handle, "/workspace", 30)])
             listing = await WorkspaceFiles(backend, max_upload_bytes=MiB, timeout=30).list(handle)
             stderr = b""
-            for argv in ([TAR, "-cf", "/dev/null", "-C", "/workspace", "."], [*FS_HELPER, "list", "--", ""]):
+            for argv in (
+                [TAR, "-cf", "/dev/null", "-C", "/workspace", "."],
+                [*FS_HELPER, "list", "--", ""],
+                [PYTHON, "-c", "pass"],  # without -I, as pkg.py's helper runs pip: no user site, no sitecustomize
+            ):
                 proc = await backend.exec(handle, argv, timeout=30)
                 try:
                     while await proc.read():
