@@ -134,6 +134,8 @@ async def test_at_the_end_of_the_grace_every_open_request_is_answered_and_the_se
             writer.write(f"{head}Content-Length: 100\r\n\r\n{{".encode())
             await writer.drain()
 
+            channels = await connect(f"ws://{address}/api/kernels/{sid}/channels")  # a Jupyter client
+
             server.handle_exit(signal.SIGTERM, None)
             answer = await execute
             assert answer.status_code == 503, answer.text  # the cell is still running
@@ -145,5 +147,10 @@ async def test_at_the_end_of_the_grace_every_open_request_is_answered_and_the_se
             writer.close()
             assert stalled.startswith(b"HTTP/1.1 503 "), stalled
             assert b'"code":"gateway_restarting"' in stalled and b"before sending it again" in stalled
+            with pytest.raises(ConnectionClosed) as closed:  # its cell still running: closed all the same
+                while True:
+                    async with asyncio.timeout(DEADLINE_S):
+                        await channels.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
         flag.touch()
     # draining_server's exit waited for the server task: the drain ended it by itself
