@@ -261,7 +261,15 @@ def test_jupyter_kernels_are_culled_by_the_idle_policy_once_no_channels_are_open
             with connect(ws_url, open_timeout=60) as ws:
                 msg_id = execute(ws, "print(1)", client="c")
                 receive_until(ws, answered(msg_id))
-                time.sleep(4)  # twice the idle timeout, with a channels WebSocket open
+                # a control kernel, idle from now on with no channels open: once the
+                # reaper culled it, it would have culled the first one too (idle for
+                # longer), were it not for its open WebSocket (a wait on that, not a sleep)
+                control = http.post("/api/kernels", json={}).json()["id"]
+                deadline = time.monotonic() + 60
+                while http.get(f"/api/kernels/{control}").status_code == 200:
+                    assert time.monotonic() < deadline, "the control kernel was never culled"
+                    time.sleep(0.2)
+                assert http.get(f"/v1/sessions/{control}/history").json()["end_reason"] == "reaped"
                 assert http.get(f"/api/kernels/{kid}").status_code == 200, "an open WebSocket keeps its kernel"
             deadline = time.monotonic() + 60
             while http.get(f"/api/kernels/{kid}").status_code == 200:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ import pytest
 
 from kernelgw.kernels import PROFILES
 from tests.integration.conftest import RunningGateway, assert_nothing_left, gateway_settings, run, start_gateway
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -314,13 +314,10 @@ def test_an_interrupt_on_request_ends_the_cell_as_interrupted(
     result: dict[str, dict[str, object]] = {}
     worker = threading.Thread(target=lambda: result.update(r=run(lang_http, sid, case.endless)))
     worker.start()
-    deadline = time.monotonic() + 30
-    while lang_http.get(f"/v1/sessions/{sid}").json()["state"] != "busy" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)  # into the loop
+    wait_until(lambda: lang_http.get(f"/v1/sessions/{sid}").json()["state"] == "busy", "the cell running")
     # as a user presses stop again: an interrupt that lands while the kernel is
-    # still compiling the cell (JShell under gVisor took longer than the 0.5 s
-    # above) stops nothing, and the loop that starts after it runs on
+    # still compiling the cell (JShell, more so under gVisor) stops nothing, and
+    # the loop that starts after it runs on; the next press stops it
     for _ in range(20):
         assert lang_http.post(f"/v1/sessions/{sid}/interrupt").status_code in (200, 202, 204)
         worker.join(3)

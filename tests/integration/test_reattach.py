@@ -23,6 +23,7 @@ from kernelgw.runtime.manager import KERNEL_GONE_REASON
 from tests.integration.conftest import IMAGE, RUNTIME, assert_nothing_left, remove_everything
 from tests.security.conftest import gateway_containers, session_containers
 from tests.support.processes import gateway_process
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -180,7 +181,14 @@ def test_a_websocket_client_resumes_across_restarts_by_its_last_seq(
                     "execution_id": "cut",
                 },
             )
-            time.sleep(0.5)  # its `running` row is committed within LINGER_S (20 ms) of its start
+            # its `running` row is committed within LINGER_S (20 ms) of its start: wait for it
+            wait_until(
+                lambda: any(
+                    c["execution_id"] == "cut" and c["status"] == "running"
+                    for c in http.get(f"/v1/sessions/{sid}/history").json()["executions"]
+                ),
+                "the cut-off cell's running row in the history",
+            )
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         last_seq = running[-1]["seq"]

@@ -23,15 +23,24 @@ import httpx
 import pytest
 
 from tests.integration.conftest import RunningGateway, run, stdout
-from tests.security.conftest import RUNTIME, done_event, new_session, run_json, session_containers, wait_for_state
+from tests.security.conftest import (
+    RUNTIME,
+    done_event,
+    new_session,
+    run_json,
+    session_containers,
+    wait_for_state,
+    ws_connect,
+)
 
 pytestmark = pytest.mark.integration
 
 
 @contextmanager
-def attacking(gateway: RunningGateway, sid: str, code: str) -> Iterator[dict[str, Any]]:
-    """Runs ``code`` in ``sid`` on a thread; inside the block it is running.
-    Yields the (later filled) result of the attack."""
+def attacking(gateway: RunningGateway, sid: str, code: str, ready: str | None = None) -> Iterator[dict[str, Any]]:
+    """Runs ``code`` in ``sid`` on a thread; inside the block it is running, and
+    once it printed ``ready`` (seen on the session's WebSocket) when given: the
+    attack is under way, not only started. Yields the (later filled) result."""
     outcome: dict[str, Any] = {}
 
     def attack() -> None:
@@ -39,10 +48,17 @@ def attacking(gateway: RunningGateway, sid: str, code: str) -> Iterator[dict[str
             resp = c.post(f"/v1/sessions/{sid}/execute", json={"code": code, "timeout": 120})
             outcome.update(resp.json())
 
-    thread = threading.Thread(target=attack, daemon=True)
-    thread.start()
-    with httpx.Client(base_url=gateway.url, timeout=30) as c:
-        wait_for_state(c, sid, "busy")
+    with ws_connect(gateway, sid) as ws:
+        thread = threading.Thread(target=attack, daemon=True)
+        thread.start()
+        with httpx.Client(base_url=gateway.url, timeout=30) as c:
+            wait_for_state(c, sid, "busy")
+        printed = ""
+        while ready is not None and ready not in printed:
+            event = json.loads(ws.recv(timeout=60))
+            assert event["type"] != "done", f"the attack ended before it printed {ready!r}: {event}"
+            if event["type"] == "stream":
+                printed += event["text"]
     try:
         yield outcome
     finally:
@@ -72,12 +88,12 @@ def test_thread_storm_stops_at_the_process_limit(gateway: RunningGateway, http: 
         "        threads.append(t)\n"
         "except RuntimeError as e:\n"
         "    error = str(e)\n"
+        "print('storming', flush=True)\n"
         "time.sleep(3)  # hold them while the bystander works\n"
         "stop.set()\n"
         "print(json.dumps({'threads': len(threads), 'error': error}))\n"
     )
-    with attacking(gateway, session_id, code) as outcome:
-        time.sleep(1)
+    with attacking(gateway, session_id, code, ready="storming") as outcome:
         bystander_answers(gateway)
     assert outcome["status"] == "ok", done_event(outcome)
     seen = json.loads(stdout(outcome).strip().splitlines()[-1])
@@ -109,17 +125,17 @@ def test_many_processes_spinning_stay_inside_the_cpu_limit(
         "            pass\n"
         "        os._exit(0)\n"
         "    pids.append(pid)\n"
+        "print('spinning', flush=True)\n"
         "for pid in pids:\n"
         "    os.waitpid(pid, 0)\n"
         "print('spun')\n"
     )
     # measured by the host, not inside: gVisor's own rusage counts virtual time
     cpu_before, started = _cpu_seconds(container.id), time.monotonic()
-    with attacking(gateway, session_id, code) as outcome:
-        time.sleep(1)
+    with attacking(gateway, session_id, code, ready="spinning") as outcome:
         bystander_answers(gateway)
     wall, cpu = time.monotonic() - started, _cpu_seconds(container.id) - cpu_before
-    assert outcome["status"] == "ok" and stdout(outcome) == "spun\n", done_event(outcome)
+    assert outcome["status"] == "ok" and stdout(outcome) == "spinning\nspun\n", done_event(outcome)
     # eight spinners got at most the session's CPU share (gateway default 1 CPU),
     # not the machine's cores: the limit is what protects the neighbours
     assert cpu <= gateway.settings.cpus * wall * 1.25 + 0.5, (cpu, wall)

@@ -25,7 +25,7 @@ from tests.security.conftest import (
     done_event,
     run,
     stdout,
-    wait_for_state,
+    ws_connect,
 )
 from tests.support.metrics import metric
 
@@ -77,10 +77,12 @@ def test_stdout_flood_is_cut_bounded_and_stalls_nobody(
         answer.append((result, size, time.monotonic()))
 
     flooding = threading.Thread(target=flood)
-    flooding.start()
     try:
-        wait_for_state(http, session_id, "busy")
-        time.sleep(0.2)
+        with ws_connect(gateway, session_id) as ws:
+            flooding.start()
+            # the flood is flowing: its first output reached a subscriber (a wait on that, not a sleep)
+            while (event := json.loads(ws.recv(timeout=60)))["type"] not in ("stream", "truncated"):
+                assert event["type"] != "done", f"the flood ended before any output: {event}"
         # meanwhile another session answers, promptly
         for _ in range(2):
             started = time.monotonic()
@@ -88,7 +90,8 @@ def test_stdout_flood_is_cut_bounded_and_stalls_nobody(
             assert time.monotonic() - started < 2
         answered = time.monotonic()
     finally:
-        flooding.join(timeout=120)
+        if flooding.is_alive():
+            flooding.join(timeout=120)
     result, size, flood_ended = answer[0]
     assert answered < flood_ended, "the flood was over before the other session was asked"
     kinds = [e["type"] for e in result["events"]]

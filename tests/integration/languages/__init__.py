@@ -29,7 +29,7 @@ import docker
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from kernelgw.config import Settings
+from kernelgw.config import Settings, parse_uid_range
 from kernelgw.runtime.backends.base import KernelHandle, KernelSpec
 from kernelgw.runtime.backends.docker import DockerBackend
 from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, ARTIFACTS_KEY, END_KEY
@@ -140,10 +140,11 @@ class Kernel:
         )
         return self.wait(msg_id, timeout, nonce)
 
-    def wait(self, msg_id: str, timeout: float, nonce: str = "") -> Result:
+    def wait(self, msg_id: str, timeout: float, nonce: str = "", before: list[dict[str, Any]] | None = None) -> Result:
+        """The reply and iopub messages of ``msg_id`` (``before``: those already read)."""
         deadline = time.monotonic() + timeout
         reply: dict[str, Any] | None = None
-        messages: list[dict[str, Any]] = []
+        messages: list[dict[str, Any]] = list(before or [])
         idle = False
         while reply is None or not idle:
             left = deadline - time.monotonic()
@@ -170,16 +171,6 @@ class Kernel:
         """A signal to the container, as the gateway interrupts a cell."""
         asyncio.run(self.backend.signal(self.handle, signum))
 
-    def interrupted_loop(self, code: str, after: float = 1.0, timeout: float = 30.0) -> tuple[Result, float]:
-        """Start ``code`` (endless), SIGINT the container after ``after``
-        seconds; the cell's result and the seconds from the signal to its reply."""
-        msg_id = self.client.execute(code, stop_on_error=False, allow_stdin=False)
-        time.sleep(after)
-        t0 = time.monotonic()
-        self.signal(signal.SIGINT)
-        result = self.wait(msg_id, timeout)
-        return result, time.monotonic() - t0
-
     def arrivals(self, code: str, timeout: float = 60) -> list[tuple[float, str, str]]:
         """Run ``code``; each stream message as (seconds after the request, name, text)."""
         msg_id = self.client.execute(code, stop_on_error=False, allow_stdin=False)
@@ -196,19 +187,23 @@ class Kernel:
 
     def interrupt_when_started(self, code: str, marker: str, timeout: float = 30) -> tuple[Result, float]:
         """Run ``code``, SIGINT the container once ``marker`` is on its stdout (the
-        cell is in its loop), and wait for the cell's end; the result and the
-        seconds from the signal to the end."""
+        cell is past its compilation, in its loop: a wait on that, not a sleep),
+        and wait for the cell's end; the result (with the output read before the
+        signal) and the seconds from the signal to the end."""
         msg_id = self.client.execute(code, stop_on_error=False, allow_stdin=False)
         deadline = time.monotonic() + timeout
-        seen = ""
+        seen, early = "", []
         while marker not in seen:
             assert time.monotonic() < deadline, f"{marker!r} never came: {seen!r}"
             msg = self.client.get_iopub_msg(timeout=timeout)
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            if msg["parent_header"].get("msg_id") != msg_id or msg["msg_type"] == "status":
+                continue
+            early.append(msg)
+            if msg["msg_type"] == "stream":
                 seen += msg["content"]["text"]
         signalled = time.monotonic()
         self.signal()
-        result = self.wait(msg_id, timeout)
+        result = self.wait(msg_id, timeout, before=early)
         return result, time.monotonic() - signalled
 
     def state(self) -> str:
@@ -247,7 +242,11 @@ def start_kernel(image: str, ready_timeout: float = 60.0, **spec: Any) -> Iterat
     """A kernel container of ``image``, with the gateway's options; removed
     afterwards, and nothing of it may be left."""
     name = f"lg{os.getpid() % 100000}{secrets.token_hex(2)}"
-    backend = DockerBackend(gateway_name=name, runtime_dir=RUNTIME_DIR)
+    # each kernel as a uid of the gateway's range: the images must not assume theirs
+    uids = Settings().kernel_uid_range
+    backend = DockerBackend(
+        gateway_name=name, runtime_dir=RUNTIME_DIR, kernel_uids=parse_uid_range(uids) if uids else None
+    )
     kspec = kernel_spec(image, **spec)
     handle: KernelHandle | None = None
     client: BlockingKernelClient | None = None

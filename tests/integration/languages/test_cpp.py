@@ -122,7 +122,9 @@ def test_output_streams_while_the_program_runs(kernel: Kernel) -> None:
 
 
 def test_interrupt_kills_the_program_and_the_kernel_goes_on(kernel: Kernel) -> None:
-    r, seconds = kernel.interrupted_loop(program('    std::printf("looping\\n");\n    for (;;) {}'), after=2.0)
+    r, seconds = kernel.interrupt_when_started(
+        program('    std::printf("looping\\n");\n    std::fflush(stdout);\n    for (;;) {}'), "looping"
+    )
     assert r.status == "error" and r.reply["ename"] == "KeyboardInterrupt"
     assert r.stdout == "looping\n"
     assert seconds < 3

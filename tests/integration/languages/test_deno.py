@@ -132,7 +132,7 @@ def test_sandbox_no_network_and_a_read_only_root(kernel: Kernel) -> None:
 
 def test_interrupt_ends_an_endless_loop_and_keeps_state(kernel: Kernel) -> None:
     kernel.execute("let spins = 0;")
-    r, seconds = kernel.interrupted_loop("while (true) { spins++ }")
+    r, seconds = kernel.interrupt_when_started('console.log("looping"); while (true) { spins++ }', "looping")
     assert r.status == "error"
     assert seconds < 5
     after = kernel.execute("spins > 0")

@@ -108,7 +108,7 @@ def test_output_streams_while_the_program_runs(kernel: Kernel) -> None:
 
 
 def test_interrupt_kills_the_program_and_the_kernel_goes_on(kernel: Kernel) -> None:
-    r, seconds = kernel.interrupted_loop(program('\tfmt.Println("looping")\n\tfor {\n\t}'), after=2.0)
+    r, seconds = kernel.interrupt_when_started(program('\tfmt.Println("looping")\n\tfor {\n\t}'), "looping")
     assert r.status == "error" and r.reply["ename"] == "KeyboardInterrupt"
     assert r.stdout == "looping\n"
     assert seconds < 3

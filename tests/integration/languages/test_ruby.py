@@ -104,13 +104,13 @@ def test_a_table_displays_as_html(kernel: Kernel) -> None:
 
 def test_interrupt_raises_in_the_cell_and_keeps_the_state(kernel: Kernel) -> None:
     kernel.execute("kept = 41")
-    r, seconds = kernel.interrupted_loop("puts 'looping'\nloop {}")
+    r, seconds = kernel.interrupt_when_started("puts 'looping'\nloop {}", "looping")
     assert r.status == "error" and r.reply["ename"] == "KeyboardInterrupt"
     assert r.stdout == "looping\n"
     assert any(":2:in `" in line for line in r.reply["traceback"])  # where the cell was
     assert seconds < 3
     assert kernel.execute("puts kept + 1").stdout == "42\n"
-    r, _ = kernel.interrupted_loop("sleep 100")
+    r, _ = kernel.interrupt_when_started("puts 'sleeping'\nsleep 100", "sleeping")
     assert r.reply["ename"] == "KeyboardInterrupt"
     assert kernel.execute("puts kept + 1").stdout == "42\n"
     assert kernel.state() == "running"

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import docker
 import pytest
+import zmq
 
 from tests.integration.languages import Kernel, p50, require_image, start_kernel
 
@@ -115,7 +116,7 @@ def test_input_reaches_the_kernel_through_stdin(kernel: Kernel) -> None:
 
 
 def test_interrupt_ends_an_endless_loop(kernel: Kernel) -> None:
-    r, seconds = kernel.interrupted_loop("while True:\n    pass")
+    r, seconds = kernel.interrupt_when_started("print('looping', flush=True)\nwhile True:\n    pass", "looping")
     assert r.status == "error" and r.reply["ename"] == "KeyboardInterrupt"
     assert seconds < 5
     assert kernel.execute("'still here'").data == [{"text/plain": "'still here'"}]
@@ -124,10 +125,20 @@ def test_interrupt_ends_an_endless_loop(kernel: Kernel) -> None:
 
 def test_heartbeat_is_answered(kernel: Kernel) -> None:
     """The kernel itself answers the pings (relayed both ways). The harness starts
-    no heartbeat (a busy JVM misses jupyter_client's 1 s); this test does."""
-    kernel.client.hb_channel.start()
-    time.sleep(1.5)
-    assert kernel.client.hb_channel.is_beating()
+    no heartbeat channel (a busy JVM misses jupyter_client's 1 s, and its
+    ``is_beating`` is true before any answer came): this test pings the heartbeat
+    socket itself and waits for each echo."""
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.linger = 0
+    sock.connect(kernel.client._make_url("hb"))
+    try:
+        for i in range(3):
+            ping = b"ping %d" % i
+            sock.send(ping)
+            assert sock.poll(30_000), f"no answer to heartbeat ping {i}"
+            assert sock.recv() == ping
+    finally:
+        sock.close()
 
 
 def test_the_kernel_exit_ends_the_container_with_its_status(shim_image: str) -> None:

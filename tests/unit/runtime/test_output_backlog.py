@@ -274,16 +274,23 @@ async def test_the_backlog_counts_chunks_until_committed_and_ignores_other_cells
     assert backlog.uncommitted == 40 and not backlog.over and backlog.peak == 130
 
 
+async def settle() -> None:
+    """Let the waiting task run until it blocks again (a few turns of the loop,
+    no wall-clock time: nothing here waits on I/O)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
 async def test_the_reader_waits_until_a_commit_brings_the_backlog_under_its_bound() -> None:
     backlog = OutputBacklog(limit=100)
     backlog.begin("a")
     backlog.taken("a", 1, published(150))
     backlog.taken("a", 2, published(50))
     waiting = asyncio.create_task(backlog.room())
-    await asyncio.sleep(0.05)
+    await settle()
     assert not waiting.done() and backlog.waiting
     backlog.committed("a", 2)  # 150 left: still over
-    await asyncio.sleep(0.05)
+    await settle()
     assert not waiting.done()
     backlog.committed("a", 1)
     await asyncio.wait_for(waiting, 1)
@@ -296,8 +303,8 @@ async def test_the_wait_ends_with_the_cell_an_interrupt_or_a_stalled_store(how: 
     backlog.begin("a")
     backlog.taken("a", 1, published(50))
     waiting = asyncio.create_task(backlog.room())
-    await asyncio.sleep(0.05)
-    assert not waiting.done()
+    await settle()
+    assert not waiting.done() and backlog.waiting
     if how == "end":
         backlog.end()
     elif how == "unbound":

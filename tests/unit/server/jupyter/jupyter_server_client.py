@@ -203,7 +203,10 @@ async def drive(server: JupyterServer, gateway: httpx.AsyncClient, *, rich: bool
             await execute(ws, "marker = 1")
             # interrupt through jupyter_server while a cell sleeps
             sleeper = asyncio.create_task(execute(ws, "import time\ntime.sleep(60)"))
-            await asyncio.sleep(2)
+            deadline = time.monotonic() + RECEIVE_TIMEOUT_S
+            while (await gateway.get(f"/api/kernels/{kid}")).json()["execution_state"] != "busy":  # the cell runs
+                assert time.monotonic() < deadline, "the sleeping cell never started"
+                await asyncio.sleep(0.05)
             assert (await http.post(f"/api/kernels/{kid}/interrupt")).status_code == 204
             msgs = await asyncio.wait_for(sleeper, RECEIVE_TIMEOUT_S)
             assert of_type(msgs, "error")[0]["content"]["ename"] == "KeyboardInterrupt"
