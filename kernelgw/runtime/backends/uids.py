@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kernelgw.config import parse_uid_range
-from kernelgw.errors import UidsExhausted
+from kernelgw.errors import KernelStartFailed, UidsExhausted
 
 __all__ = ["UidAllocator", "choose_uid", "parse_uid_range"]
 
@@ -69,8 +69,14 @@ class UidAllocator:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(self.state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise KernelStartFailed(
+                f"The gateway cannot use uid_state_dir {str(self.state_dir)!r} to choose the session's uid ({exc}); "
+                "make it a writable directory every gateway of this host shares."
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

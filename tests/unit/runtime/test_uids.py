@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from kernelgw.config import Settings, parse_uid_range
-from kernelgw.errors import UidsExhausted
+from kernelgw.errors import KernelStartFailed, UidsExhausted
 from kernelgw.runtime.backends.base import KernelHandle, KernelSpec
 from kernelgw.runtime.backends.uids import RESERVATIONS_FILE, UidAllocator, choose_uid
 from kernelgw.server import create_app
@@ -106,3 +106,10 @@ async def test_create_with_no_uid_left_is_503_saying_which_setting(client: httpx
     assert resp.status_code == 503 and int(resp.headers["Retry-After"]) > 0
     error = resp.json()["error"]
     assert error["code"] == "kernel_uids_exhausted" and "kernel_uid_range" in error["message"], error
+
+
+def test_unusable_state_dir_is_a_start_failure_naming_the_setting(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    with pytest.raises(KernelStartFailed, match="uid_state_dir"):
+        UidAllocator(range(5000, 5001), blocked / "uids", dict).acquire("gw/a")
