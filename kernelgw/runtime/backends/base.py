@@ -260,7 +260,9 @@ class Backend(Protocol):
         self, handle: KernelHandle, argv: list[str], *, stdin: bool = False, timeout: float = 120.0
     ) -> ExecProcess:
         """Start ``argv`` in the kernel's container, next to the kernel, as the
-        kernel's user, with no more rights than the kernel has.
+        kernel's user, with no more rights than the kernel has, and nothing of
+        the session's environment: through `helper_command` (absolute path,
+        ``env -i``), loader variables reset on the exec itself.
 
         Called by the workspace file and package endpoints to run the image's
         ``kernelgw_kernel`` helpers: bytes move through the engine's API, the
