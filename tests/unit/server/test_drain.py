@@ -128,11 +128,13 @@ async def test_at_the_end_of_the_grace_every_open_request_is_answered_and_the_se
                 assert time.monotonic() < deadline, "the cell never ran"
                 await asyncio.sleep(0.02)
             # a request whose body never completes: its handler waits for the rest
-            host, port = address.rsplit(":", 1)
-            reader, writer = await asyncio.open_connection(host, int(port))
-            head = f"POST /v1/sessions HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n"
-            writer.write(f"{head}Content-Length: 100\r\n\r\n{{".encode())
-            await writer.drain()
+            stalled_requests = []
+            for path in ("/v1/sessions", "/api/kernels"):  # each face's error shape
+                reader, writer = await asyncio.open_connection(*address.rsplit(":", 1))
+                head = f"POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n"
+                writer.write(f"{head}Content-Length: 100\r\n\r\n{{".encode())
+                await writer.drain()
+                stalled_requests.append((reader, writer))
 
             channels = await connect(f"ws://{address}/api/kernels/{sid}/channels")  # a Jupyter client
 
@@ -142,11 +144,15 @@ async def test_at_the_end_of_the_grace_every_open_request_is_answered_and_the_se
             error = answer.json()["error"]
             assert error["code"] == "gateway_restarting" and error["execution_id"] == "held"
             assert f"/v1/sessions/{sid}/history" in error["message"] and int(answer.headers["Retry-After"]) > 0
-            async with asyncio.timeout(DEADLINE_S):
-                stalled = await reader.read()  # to the end: the gateway closes the connection
-            writer.close()
-            assert stalled.startswith(b"HTTP/1.1 503 "), stalled
-            assert b'"code":"gateway_restarting"' in stalled and b"before sending it again" in stalled
+            answers = []
+            for reader, writer in stalled_requests:
+                async with asyncio.timeout(DEADLINE_S):
+                    answers.append(await reader.read())  # to the end: the gateway closes the connection
+                writer.close()
+            v1, jupyter = answers
+            assert v1.startswith(b"HTTP/1.1 503 ") and jupyter.startswith(b"HTTP/1.1 503 "), answers
+            assert b'"code":"gateway_restarting"' in v1 and b"before sending it again" in v1
+            assert b'"reason":"Service Unavailable"' in jupyter and b"before sending it again" in jupyter
             with pytest.raises(ConnectionClosed) as closed:  # its cell still running: closed all the same
                 while True:
                     async with asyncio.timeout(DEADLINE_S):
