@@ -87,12 +87,11 @@ def test_exception_yields_error_event_with_traceback(http: httpx.Client, session
 
 
 def test_input_fails_fast_instead_of_hanging(http: httpx.Client, session_id: str) -> None:
-    started = time.monotonic()
     result = run(http, session_id, "input('name? ')", timeout=30)
     assert result["status"] == "error"
     error = next(e for e in result["events"] if e["type"] == "error")
     assert error["ename"] == "StdinNotImplementedError"
-    assert time.monotonic() - started < 30  # it did not wait for the timeout
+    # it did not wait for the timeout: that would have ended it as `timeout`, not this error
 
 
 def test_display_update_and_clear_output(http: httpx.Client, session_id: str) -> None:

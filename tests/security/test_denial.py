@@ -67,12 +67,11 @@ def attacking(gateway: RunningGateway, sid: str, code: str, ready: str | None = 
 
 
 def bystander_answers(gateway: RunningGateway) -> None:
-    """A fresh session starts and answers 1+1 while the attack runs (a hang bound only)."""
-    started = time.monotonic()
+    """A fresh session starts and answers 1+1 while the attack runs (a hang is
+    bounded by the client's timeout, not by a wall-clock assertion)."""
     with httpx.Client(base_url=gateway.url, timeout=60) as c, new_session(c) as sid:
         result = run(c, sid, "print(1 + 1)")
     assert stdout(result) == "2\n", done_event(result)
-    assert time.monotonic() - started < 60
 
 
 def test_thread_storm_stops_at_the_process_limit(gateway: RunningGateway, http: httpx.Client, session_id: str) -> None:
