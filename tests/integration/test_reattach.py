@@ -73,6 +73,9 @@ def test_sessions_survive_sigterm_and_kill9_and_stop_ends_them(
             for sid in sids:
                 assert _execute(http, sid, "x = 42")["execution_count"] == 1
             owners = {sid: s["owner"] for sid, s in _sessions(http).items()}
+            # each session's own uid, in its kernel's label
+            uids = {sid: session_containers(docker_client, sid)[0].labels["kernelgw.uid"] for sid in sids}
+            assert len(set(uids.values())) == len(sids), uids
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) in (0, -signal.SIGTERM), log.read_text()[-3000:]
         # on_shutdown=keep (the default): the kernels outlive the gateway
@@ -84,8 +87,11 @@ def test_sessions_survive_sigterm_and_kill9_and_stop_ends_them(
             assert {sid: s["owner"] for sid, s in listed.items()} == owners
             assert all(s["execution_count"] == 1 for s in listed.values())
             for sid in sids:
-                body = _execute(http, sid, "print(x)")
-                assert _stdout(body) == "42\n" and body["execution_count"] == 2
+                # the gateway's helpers run as the uid the label gives back: an upload
+                # into the kernel's own (0700) workspace works and is the kernel's
+                assert http.put(f"/v1/sessions/{sid}/files/up.txt", content=b"u").status_code == 201
+                body = _execute(http, sid, "import os\nprint(x, os.getuid(), os.stat('up.txt').st_uid)")
+                assert _stdout(body) == f"42 {uids[sid]} {uids[sid]}\n" and body["execution_count"] == 2
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         assert all(_running(docker_client, sid) for sid in sids)

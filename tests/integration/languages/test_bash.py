@@ -202,6 +202,11 @@ def test_starts_quickly_with_its_directories_under_tmp_and_leaves_nothing_behind
     start_kernel checks that its container, volumes and sockets are gone."""
     with start_kernel(IMAGE) as fresh:
         cell = ok(fresh.kernel.execute("echo $HOME $TMPDIR; id -u; pwd"))
-        assert cell.stdout == "/tmp/home /tmp\n61000\n/workspace\n"
+        client = docker.from_env()
+        try:  # the session's own uid (kernel_uid_range), not the image's 61000
+            uid = client.containers.get(fresh.kernel.handle.container_id).labels["kernelgw.uid"]
+        finally:
+            client.close()
+        assert cell.stdout == f"/tmp/home /tmp\n{uid}\n/workspace\n" and uid != "61000"
     print(f"ready {fresh.ready_s:.2f} s after the container's start")
     # cold start printed, not asserted: benchmarks/bench_languages.py measures it (create (cold))
