@@ -102,6 +102,11 @@ class Settings(BaseSettings):
     None: ``localhost`` (and ``*.localhost``), this machine's host name, and the
     listen address when it is a name. Behind a load balancer or under a DNS name,
     list the names clients use."""
+    trusted_proxies: list[str] = Field(default_factory=list)
+    """Addresses or CIDR networks of the proxies in front of the gateway whose
+    ``X-Forwarded-For`` and ``X-Forwarded-Proto`` are believed (the client address
+    in logs). Empty: nobody's, loopback included; a peer gateway's forward with a
+    valid proof is believed anyway."""
     auth_cache_s: float = Field(2.0, ge=0)
     """How long a looked-up key is trusted before the database is asked again: a
     key revoked from the CLI stops working within this time."""
@@ -399,6 +404,20 @@ class Settings(BaseSettings):
         if v.strip():
             parse_uid_range(v)  # raises ValueError saying what is wrong
         return v.strip()
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _valid_trusted_proxies(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for entry in v:
+            try:
+                ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not an IP address or a CIDR network (e.g. 10.0.0.5 or 10.0.0.0/8)"
+                ) from None
+        return [entry.strip() for entry in v]
 
     @field_validator("runtime_dir")
     @classmethod

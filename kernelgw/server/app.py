@@ -28,6 +28,7 @@ from kernelgw.server.forward import Forwarder
 from kernelgw.server.hosts import PageGuard
 from kernelgw.server.limits import BodySizeLimit
 from kernelgw.server.policy import CodePolicy
+from kernelgw.server.proxies import ProxyHeaders
 from kernelgw.server.ratelimit import ExecutionRateLimiter
 from kernelgw.server.state import GatewayState, install
 from kernelgw.server.warm_up import build_routes
@@ -268,9 +269,10 @@ def create_app(
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))
 
-    app.add_middleware(BodySizeLimit)
     app.add_middleware(Forwarder)  # inside PageGuard: Host and Origin are checked where requests land
+    app.add_middleware(BodySizeLimit)  # before anything reads a body: unauthenticated ones are not read
     app.add_middleware(PageGuard)  # before routing, for every route and WebSocket
+    app.add_middleware(ProxyHeaders)  # the client's address as every check sees it
     app.add_middleware(AnswerAtClose)  # outermost: every request is answered by the drain's end
     if not defer_routes:
         include_routes(app)

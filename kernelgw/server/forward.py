@@ -35,10 +35,10 @@ import orjson
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kernelgw.cluster.errors import OwnerGone
+from kernelgw.cluster.errors import ForwardRefused, OwnerGone
 from kernelgw.cluster.registry import Gateway
 from kernelgw.cluster.routing import SessionRoute, create_face, session_route
-from kernelgw.errors import KernelGWError, SessionNotFound
+from kernelgw.errors import KernelGWError, SessionNotFound, Unauthorized
 from kernelgw.keys import Principal
 from kernelgw.server.jupyter.errors import reason
 from kernelgw.server.state import GatewayState, find_gateway_state
@@ -100,9 +100,10 @@ class Forwarder:
         path: str = scope["path"]
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            forwarded = cluster.verify(headers, method, path) is not None
+            forwarded = await _verified(state, cluster, scope, headers, method, path)
             if forwarded:
                 target = None  # forwarded once already: served here, whatever the registry says (no loops)
+                _client_from_peer(scope)
             elif create_face(method, path) == "v1" and scope["type"] == "http":
                 receive, source = await _fork_source(receive, state.settings.max_request_bytes)
                 route = SessionRoute(source, "v1", "") if source is not None else None
@@ -157,6 +158,34 @@ class Forwarder:
             f"gateways are gone after {cluster.registry.gone_after_s:g} s without a heartbeat). Its kernel comes "
             "back when that gateway restarts and reattaches it; retry later."
         )
+
+
+async def _verified(
+    state: GatewayState, cluster: Cluster, scope: Scope, headers: dict[str, str], method: str, path: str
+) -> bool:
+    """Whether the request carries a valid forwarding proof. An invalid one is a
+    403 naming the cluster secret only to a caller with valid credentials (an
+    operator's misconfiguration); without them it is the 401 of any bad
+    credential. On a route that is never forwarded (``/healthz``, listings)
+    the proof means nothing and is ignored."""
+    try:
+        return cluster.verify(headers, method, path) is not None
+    except ForwardRefused:
+        if session_route(path) is None and create_face(method, path) is None:
+            return False
+        await _principal(state, scope)  # raises Unauthorized
+        raise
+
+
+def _client_from_peer(scope: Scope) -> None:
+    """A peer gateway's proven forward names its client in ``X-Forwarded-For``
+    (the last hop: it drops what its client sent, `_forward_headers`)."""
+    for name, value in reversed(scope["headers"]):
+        if name == b"x-forwarded-for":
+            hop = value.decode("latin-1").split(",")[-1].strip()
+            if hop:
+                scope["client"] = (hop, 0)
+            return
 
 
 async def _fork_source(receive: Receive, limit: int) -> tuple[Receive, str | None]:
@@ -251,6 +280,8 @@ async def refuse(scope: Scope, receive: Receive, send: Send, exc: KernelGWError)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if exc.status_code == 503:
         headers.append((b"retry-after", b"5"))
+    elif isinstance(exc, Unauthorized):
+        headers.append((b"www-authenticate", b'Bearer realm="kernelgw"'))
     await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

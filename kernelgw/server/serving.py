@@ -50,6 +50,9 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
         timeout_keep_alive=settings.keepalive_timeout_s,
         log_config=None,  # uvicorn's loggers go through ours (JSON or text)
         timeout_graceful_shutdown=CLOSE_WAIT_S,
+        # uvicorn would believe X-Forwarded-For from 127.0.0.1 (any local process):
+        # kernelgw.server.proxies believes only ``trusted_proxies``
+        proxy_headers=False,
     )
     options.update(overrides)
     return uvicorn.Config(app, **options)
