@@ -20,7 +20,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from tests.integration.conftest import IMAGE, RUNTIME
+from tests.integration.conftest import IMAGE, RUNTIME, remove_everything
 from tests.support.crash_loop import LABEL_GATEWAY, gateway_process
 
 pytestmark = pytest.mark.integration
@@ -116,12 +116,21 @@ def test_the_grace_ends_a_rest_execute_with_503_naming_it_and_the_cell_goes_on_k
     """An open HTTP request once held the process until its cell ended (uvicorn
     waits for open requests): a 20 s cell with a 10 s grace exited after 18.3 s."""
     name = f"drainx{os.getpid()}"
-    grace_s = 10
-    env = {"KERNELGW_RUNTIME": RUNTIME, "KERNELGW_ON_SHUTDOWN": "keep", "KERNELGW_SHUTDOWN_GRACE_S": str(grace_s)}
-    log = tmp_path / "gateway.log"
+    env = {"KERNELGW_RUNTIME": RUNTIME, "KERNELGW_ON_SHUTDOWN": "keep", "KERNELGW_SHUTDOWN_GRACE_S": "10"}
+    try:
+        kept_then_ended(name, env, tmp_path)
+    finally:  # on_shutdown=keep: a failure half-way must not leave the kernel behind
+        left = containers(docker_client, name)
+        remove_everything(docker_client, name)
+    assert left == []  # the second gateway ran with on_shutdown=stop
+
+
+def kept_then_ended(name: str, env: dict[str, str], tmp_path: Path) -> None:
+    """SIGTERM during the cell, then the next gateway of the name (on_shutdown=stop)."""
     code = "import time\nprint('started', flush=True)\ntime.sleep(20)\nfinished = 'yes'\nprint('finished', flush=True)"
     answers: list[tuple[httpx.Response, int | None]] = []
-
+    grace_s = float(env["KERNELGW_SHUTDOWN_GRACE_S"])
+    log = tmp_path / "gateway.log"
     with gateway_process(name, tmp_path / "data", log, IMAGE, **env) as (proc, url):
         with httpx.Client(base_url=url, timeout=DEADLINE_S) as http:
             sid = http.post("/v1/sessions", json={}).json()["id"]
@@ -145,7 +154,7 @@ def test_the_grace_ends_a_rest_execute_with_503_naming_it_and_the_cell_goes_on_k
         assert error["code"] == "gateway_restarting" and error["execution_id"] == "cell20"
         assert "'cell20'" in error["message"] and f"/v1/sessions/{sid}/history" in error["message"]
         assert int(resp.headers["retry-after"]) > 0
-        print(f"\nSIGTERM to exit with a {grace_s} s grace during a 20 s cell: {exited_s:.1f} s")
+        print(f"\nSIGTERM to exit with a {grace_s:g} s grace during a 20 s cell: {exited_s:.1f} s")
 
     # the next gateway of the name: the cell's record in history, the cell itself
     # ran on in the kept kernel (the next cell waits for it and sees what it set)
@@ -162,4 +171,3 @@ def test_the_grace_ends_a_rest_execute_with_503_naming_it_and_the_cell_goes_on_k
             assert [e["text"] for e in after.json()["events"] if e["type"] == "stream"] == ["yes\n"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=DEADLINE_S) == 0
-    assert containers(docker_client, name) == []  # on_shutdown=stop
