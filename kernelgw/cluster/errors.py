@@ -20,3 +20,12 @@ class ForwardRefused(KernelGWError):
 
     status_code = 403
     code = "forward_refused"
+
+
+class ClusterMisconfigured(KernelGWError):
+    """The session runs on another gateway of the same store, and this one has no
+    ``cluster_secret``, so it can neither forward there nor prove a forward: a
+    setting to fix, not a session that does not exist."""
+
+    status_code = 503
+    code = "cluster_misconfigured"

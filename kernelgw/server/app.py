@@ -197,6 +197,11 @@ def create_app(
             cluster = Cluster(cfg, running_sessions=lambda: len(manager))
         if cluster is not None:
             manager.held_elsewhere = cluster.held_elsewhere  # a key's session quota spans the cluster
+        lone = None
+        if cluster is None and store.dialect == "postgresql":  # a shared store: other gateways' sessions
+            from kernelgw.cluster.lone import LoneGateway
+
+            lone = LoneGateway(cfg)
         install(
             app,
             GatewayState(
@@ -209,6 +214,7 @@ def create_app(
                 metrics=metrics,
                 manager=manager,
                 cluster=cluster,
+                lone=lone,
             ),
         )
         if cluster is not None:  # another host's live gateway of this name: refused before any kernel is touched
@@ -226,6 +232,8 @@ def create_app(
             log.error("could not clean up after a previous gateway: %s", exc.message)
         if cluster is not None:  # after the reattach: peers forward to this gateway once it is live
             await cluster.start()
+        if lone is not None:
+            await lone.warn_if_shared()
         # later: the first notebook export need not import it, nor the first answers wait on it
         warming = asyncio.create_task(_warm_up_nbformat(), name="nbformat-warm-up")
         trimming = asyncio.create_task(AllocatorTrimmer().run(), name="allocator-trim")
@@ -235,6 +243,8 @@ def create_app(
             await cancel_and_wait(warming, trimming)
             if cluster is not None:
                 await cluster.close()
+            if lone is not None:
+                await lone.close()
             await manager.shutdown()
             await be.close()
             await store.close()

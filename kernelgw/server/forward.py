@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # httpx (60 ms of a restart's import time) is imported when a
     # websockets' client (~5 ms) when it forwards a WebSocket
     from websockets.asyncio.client import ClientConnection
 
+    from kernelgw.cluster.lone import LoneGateway
     from kernelgw.cluster.node import Cluster
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,12 @@ class Forwarder:
         state = find_gateway_state(scope["app"]) if scope["type"] in ("http", "websocket") else None
         cluster = state.cluster if state is not None else None
         if state is None or cluster is None:
+            if state is not None and state.lone is not None:
+                try:
+                    await _not_elsewhere(state, state.lone, scope)
+                except KernelGWError as exc:
+                    await refuse(scope, receive, send, exc)
+                    return
             await self.app(scope, receive, send)
             return
         method = scope.get("method", "GET")
@@ -175,6 +182,22 @@ async def _verified(
             return False
         await _principal(state, scope)  # raises Unauthorized
         raise
+
+
+async def _not_elsewhere(state: GatewayState, lone: LoneGateway, scope: Scope) -> None:
+    """Raise `ClusterMisconfigured` when the request names a session another
+    gateway of the store runs (this one has no cluster secret to forward with),
+    for callers who may see it; others are served the 404 of a session that does
+    not exist."""
+    route = session_route(scope["path"]) if scope["type"] in ("http", "websocket") else None
+    if route is None or route.from_store(scope.get("method", "GET")) or _runs_here(state, route):
+        return
+    foreign = await lone.foreign_session(route.candidate_ids())
+    if foreign is None:
+        return
+    principal = await _principal(state, scope)
+    if principal.can_see(foreign.ownership.owner_key):
+        raise foreign.error()
 
 
 def _client_from_peer(scope: Scope) -> None:

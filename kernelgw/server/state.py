@@ -29,6 +29,7 @@ from kernelgw.server.ratelimit import ExecutionRateLimiter
 from kernelgw.storage import Store
 
 if TYPE_CHECKING:  # made and imported only when the gateway is in a cluster (it brings httpx)
+    from kernelgw.cluster.lone import LoneGateway
     from kernelgw.cluster.node import Cluster
 
 _ATTRIBUTE = "gateway"
@@ -50,6 +51,8 @@ class GatewayState:
     """Set by a SIGTERM to `kernelgw serve`: new work refused, then sockets closed."""
     cluster: Cluster | None = None
     """This gateway as one of many (``cluster_secret`` set): registry, peers."""
+    lone: LoneGateway | None = None
+    """No ``cluster_secret`` on a PostgreSQL store: other gateways' sessions are told apart."""
 
     @cached_property
     def workspace_files(self) -> WorkspaceFiles:
