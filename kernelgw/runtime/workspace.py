@@ -58,6 +58,7 @@ LIST_ATTEMPTS = 2
 
 PYTHON = "/opt/kernel/bin/python"
 TAR = "/usr/bin/tar"
+DU = "/usr/bin/du"
 FS_HELPER = [PYTHON, "-I", "-m", "kernelgw_kernel.fs"]
 """``-I``: neither the working directory nor PYTHON* variables can substitute it."""
 SEND_CHUNK = 1 << 20
@@ -438,7 +439,13 @@ async def read_tree(
     made by ``tar c`` as the kernel's user. ``--sparse``: a file's holes are not
     sent, so the stream holds what the tmpfs holds, whatever size a file claims
     (``truncate -s 2G`` is a few bytes). ``max_bytes``: counted as the bytes
-    come, the copy stops with `TreeTooLarge` past it."""
+    come, the copy stops with `TreeTooLarge` past it; and a tree whose files
+    already take more (``du``) is refused before a byte moves. That is what
+    stops a sparse file under gVisor at once, where holes cannot be seen
+    (``st_blocks`` counts the whole size, SEEK_HOLE is EINVAL) and tar would
+    stream every zero up to the cap."""
+    if max_bytes is not None:
+        await _refuse_if_larger(backend, handle, path, max_bytes, timeout)
     proc = await backend.exec(handle, [TAR, "--sparse", "-C", path, "-cf", "-", "--", *members], timeout=timeout)
     try:
         sent = 0
@@ -456,6 +463,30 @@ async def read_tree(
             raise WorkspaceCopyFailed(f"Reading {path} from the kernel failed: {_last_line(proc.stderr)}")
     finally:
         await proc.close()
+
+
+async def _refuse_if_larger(backend: Backend, handle: KernelHandle, path: str, max_bytes: int, timeout: float) -> None:
+    """`TreeTooLarge` when the files under ``path`` take more than ``max_bytes``
+    by ``du``'s count. Only a fast path: a ``du`` that fails or answers nonsense
+    is passed over, and the streamed count still holds."""
+    proc = await backend.exec(handle, [DU, "-s", "-x", "-B1", "--", path], timeout=timeout)
+    try:
+        out = b""
+        while (chunk := await proc.read()) and len(out) < 4096:
+            out += chunk
+        code = await proc.exit_code()
+    finally:
+        await proc.close()
+    field = out.split(b"\t", 1)[0].strip()
+    if code != 0 or not field.isdigit():
+        log.warning("du of %s in a kernel container failed (exit %s); the copy is counted as it streams", path, code)
+        return
+    if int(field) > max_bytes:
+        raise TreeTooLarge(
+            f"{path} does not fit: its files take {_mib(int(field))}, past {_mib(max_bytes)}, the most the "
+            "session's tmpfs sizes allow (workspace_size_mb, packages_size_mb, with room for tar's headers). "
+            "Under gVisor (runsc) a sparse file counts its full size. Delete files to make room."
+        )
 
 
 NO_SPACE = ("No space left on device", "Disk quota exceeded", "File too large", ": Wrote only ")

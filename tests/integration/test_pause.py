@@ -325,3 +325,38 @@ def test_a_session_paused_past_its_ttl_is_ended_with_the_reason(docker_client: d
     finally:
         gw.stop()
     assert_nothing_left(docker_client, name)
+
+
+def test_an_idle_session_whose_pause_finds_no_room_is_ended_with_the_reason(
+    docker_client: docker.DockerClient,
+) -> None:
+    name = f"{gateway_settings().gateway_name}pi"
+    settings = gateway_settings(
+        gateway_name=name,
+        data_dir=f"/tmp/kgwt-data-{name}",
+        idle_action="pause",
+        idle_timeout_s=1,
+        reap_interval_s=0.3,
+        paused_budget_mb=1,
+    )
+    gw = start_gateway(settings)
+    try:
+        with httpx.Client(base_url=gw.url, timeout=120) as http:
+            sid = http.post("/v1/sessions", json={}).json()["id"]
+            run(http, sid, "open('data.bin', 'wb').write(__import__('os').urandom(2 << 20))")
+            # tried once, in vain, it is not tried again every round: it ends as idle_action=end would
+            deadline = time.monotonic() + 30
+            while http.get(f"/v1/sessions/{sid}").status_code != 404:
+                assert time.monotonic() < deadline, "the idle session was neither paused nor ended"
+                time.sleep(0.1)
+            history = http.get(f"/v1/sessions/{sid}/history")
+            while history.json().get("end_reason") is None:  # the end is written behind the answer
+                assert time.monotonic() < deadline, history.text
+                time.sleep(0.05)
+                history = http.get(f"/v1/sessions/{sid}/history")
+            reason = history.json()["end_reason"]
+            assert "could not be paused" in reason and "paused_budget_mb" in reason, reason
+            assert not (Path(settings.data_dir) / "paused" / sid).exists()
+    finally:
+        gw.stop()
+    assert_nothing_left(docker_client, name)
