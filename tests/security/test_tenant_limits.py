@@ -197,3 +197,12 @@ def test_forked_and_resumed_files_belong_to_the_session_that_has_them(http: http
         assert resp.status_code == 200, resp.text
         assert_owned_by_kernel(http, parent)
         assert run_json(http, parent, "import kgw_mod\nprint(json.dumps(kgw_mod.X))") == 1
+
+
+def test_a_session_uid_without_an_account_in_the_image_still_has_a_user_name(
+    http: httpx.Client, session_id: str
+) -> None:
+    # the images name only 61000; getpass (and the libraries that use it) reads USER first
+    named = "import getpass, pathlib\nprint(json.dumps([getpass.getuser(), str(pathlib.Path.home()), os.getuid()]))"
+    user, home, uid = run_json(http, session_id, named)
+    assert (user, home) == ("kernel", "/tmp/home") and uid != 61000, (user, home, uid)

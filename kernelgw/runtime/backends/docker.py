@@ -78,6 +78,10 @@ OOM_RECHECKS = 50
 with three test passes on two cores)."""
 OOM_RECHECK_S = 0.1
 CONTAINER_CONN_DIR = "/conn"
+KERNEL_ACCOUNT_ENV = {"USER": "kernel", "LOGNAME": "kernel"}
+"""The images name only uid 61000 (``kernel``) and a session's uid has no account
+in them: ``getpass.getuser()`` (and what uses it) reads these first. A session's
+own ``env`` may replace them."""
 KERNEL_COMMAND = ["/opt/kernelgw/start-kernel", f"{CONTAINER_CONN_DIR}/kernel.json"]
 # sun_path is 108 bytes including the terminating NUL
 MAX_SOCKET_PATH = 107
@@ -383,7 +387,7 @@ class DockerBackend:
                 nano_cpus=int(spec.cpus * 1e9),
                 init=True,
                 hostname="sandbox",
-                environment=dict(spec.env),
+                environment={**KERNEL_ACCOUNT_ENV, **spec.env},
                 runtime=spec.runtime,
             )
         except docker.errors.ImageNotFound as exc:
