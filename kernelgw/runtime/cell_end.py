@@ -44,6 +44,13 @@ def stores_history(rec: QueuedExecution) -> bool:
     return content.get("store_history", True) is not False and not content.get("silent")
 
 
+def error_after_reply(rec: QueuedExecution) -> bool:
+    """The cell sent an error after its verified reply: an honest kernel replies once
+    the cell is over (an error before the reply, such as a display formatter's,
+    leaves an ``ok`` cell ``ok``), so the reply was forged."""
+    return rec.reply_order is not None and rec.error_order is not None and rec.error_order > rec.reply_order
+
+
 class EndHooks(Protocol):
     """What ending a cell asks of the session (a part of `SessionHooks`)."""
 
@@ -137,7 +144,14 @@ class CellEnds:
         reply = rec.reply or {}
         count = self.count(rec)
         status = reply.get("status")
-        if status == "ok":
+        if status == "ok" and error_after_reply(rec):
+            # the error came before the gateway decided the end, the forged reply
+            # before it: as when it comes after the end (`late_output`), an error
+            rec.anomaly("an error after the execute_reply")
+            error = rec.last_error
+            what = cut_text(f"{error.ename}: {error.evalue}", REASON_MAX_CHARS) if error is not None else "an error"
+            self.finish(rec, "error", f"{what} (sent after the cell's reply)", execution_count=count)
+        elif status == "ok":
             lost = "the kernel's end-of-cell status message was lost; output may be incomplete"
             self.finish(rec, "ok", lost if rec.idle_lost else None, execution_count=count)
         elif rec.interrupted and (reply.get("ename") == "KeyboardInterrupt" or status == "abort"):

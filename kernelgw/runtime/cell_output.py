@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kernelgw import events as ev
-from kernelgw.runtime.execution import QueuedExecution
+from kernelgw.runtime.execution import QueuedExecution, message_order
 from kernelgw.runtime.iopub import payload_size, to_event, trim_error
 from kernelgw.runtime.session_config import SessionConfig
 
@@ -45,6 +45,9 @@ class CellOutput:
         if isinstance(event, ev.Error):
             # never dropped (the error is what a model needs), but trimmed
             event = trim_error(event, ERROR_MAX_BYTES)
+            order = message_order(msg)
+            if order is not None:
+                rec.error_order = max(order, rec.error_order or order)
             rec.output_bytes += payload_size(event)
         elif isinstance(event, _OUTPUT_EVENTS):
             if rec.truncated:

@@ -126,6 +126,9 @@ class QueuedExecution:
     reply_verified: bool = False
     """The reply carries the nonce: it answered this request."""
     reply_order: int | None = None
+    error_order: int | None = None
+    """The latest error's place among the kernel's messages: after a verified
+    reply's, the reply was forged (a kernel replies once its cell is over)."""
     idle_order: int = -1
     """The latest idle's place among the kernel's messages (`message_order`)."""
     end_probe: str | None = None

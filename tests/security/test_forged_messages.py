@@ -13,6 +13,7 @@ as ``late`` events."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
@@ -165,9 +166,58 @@ def test_output_after_an_end_forged_with_the_nonce_is_kept_and_marked_late(
     assert "printed after the forged end\n" in text
     assert [o["evalue"] for o in nb_cell["outputs"] if o["output_type"] == "error"] == ["raised after the forged end"]
 
-    (row,) = audit_rows(gateway, session_id, "execution_late_output")
-    assert row["execution_id"] == eid and row["status"] == "error" and row["error_name"] == "ValueError"
+    rows = audit_rows(gateway, session_id, "execution_late_output")  # one per batch stored
+    assert {r["execution_id"] for r in rows} == {eid}
+    assert [(r["status"], r["error_name"]) for r in rows][-1] == ("error", "ValueError"), rows
 
     after = run(http, session_id, "print('next')")
     assert stdout(after) == "next\n" and after["status"] == "ok"
     assert not [e for e in after["events"] if e["type"] == "error"]
+
+
+FORGED_END_THEN_RAISE = (
+    SEND
+    + """
+nonce = {key: {"status": "ok", "data": {"text/plain": expr}, "metadata": {}}
+         for key, expr in p["content"]["user_expressions"].items() if key == "kernelgw_end"}
+forge("shell", "execute_reply", {"status": "ok", "execution_count": 999, "user_expressions": nonce, "payload": []})
+forge("iopub", "status", {"execution_state": "idle"})
+print("printed right after the forged end")
+raise ValueError("raised right after the forged end")
+"""
+)
+
+
+def events_of(cell: dict[str, Any]) -> list[dict[str, Any]]:
+    events = cell["events"]
+    assert isinstance(events, list)
+    return events
+
+
+def outputs_of(cell: dict[str, Any]) -> list[dict[str, Any]]:
+    """A stored cell's output events, late ones unwrapped."""
+    return [
+        e["event"] if e["type"] == "late" else e for e in events_of(cell) if e["type"] in ("stream", "error", "late")
+    ]
+
+
+def test_an_error_right_after_an_end_forged_with_the_nonce_is_recorded_whatever_the_timing(
+    http: httpx.Client, session_id: str
+) -> None:
+    """Whether the output comes before the gateway decided the end (then the error
+    follows the forged reply) or after it (late), the record is the same."""
+    result = run(http, session_id, FORGED_END_THEN_RAISE)
+    eid = result["execution_id"]
+    deadline = time.monotonic() + 60
+    while True:  # late output is stored after the REST answer: wait for it
+        cell = history_cell(http, session_id, eid)
+        if any(e["type"] == "error" for e in outputs_of(cell)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    outputs = outputs_of(cell)
+    print(f"answered {result['status']}; stored as {[e['type'] for e in events_of(cell)]}")
+    assert [e["text"] for e in outputs if e["type"] == "stream"] == ["printed right after the forged end\n"], cell
+    assert [e["evalue"] for e in outputs if e["type"] == "error"] == ["raised right after the forged end"]
+    assert cell["status"] == "error", cell
+    after = run(http, session_id, "print('next')")
+    assert stdout(after) == "next\n" and after["status"] == "ok"

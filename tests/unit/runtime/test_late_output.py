@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from kernelgw import events as ev
+from kernelgw.runtime.cell_end import error_after_reply
+from kernelgw.runtime.cell_output import CellOutput
 from kernelgw.runtime.execution import EndedCell, QueuedExecution
 from kernelgw.runtime.late_output import late_events
 from kernelgw.runtime.message_routes import MessageRoutes
@@ -133,3 +135,21 @@ def test_a_late_event_round_trips_and_old_clients_can_skip_it() -> None:
     late = ev.Late(seq=9, execution_id="e1", event=ev.Stream(execution_id="e1", name="stdout", text="hi"))
     assert ev.parse_event(late.model_dump_json()) == late
     assert "late" in ev.EVENT_TYPES
+
+
+def error_numbered(parent: str, order: int) -> dict[str, Any]:
+    return {**error(parent), "header": {"msg_type": "error", "msg_id": f"k_1_{order}"}}
+
+
+async def test_an_error_sent_after_the_verified_reply_means_the_reply_was_forged() -> None:
+    """Before the gateway decided the end, an error ordered after the reply: the
+    reply was forged (an honest kernel replies last), so the cell is an error."""
+    rec = QueuedExecution(execution_id="e1", code="x", timeout=10)
+    output = CellOutput(session_config(), lambda event, owner: None)
+    rec.reply_order = 5
+    output.handle(rec, error_numbered("m1", 4))  # a display formatter's error, before the reply
+    assert not error_after_reply(rec)
+    output.handle(rec, error_numbered("m1", 7))
+    assert error_after_reply(rec)
+    rec.reply_order = None  # an unverified reply waits for its end probe instead
+    assert not error_after_reply(rec)
