@@ -108,6 +108,9 @@ class KernelLink:
         self.disconnect_pending = False
         """A socket disconnected and it is not yet known whether ZMQ will retry:
         the running execution must not be finished as "idle lost" meanwhile."""
+        self._oom_seen: tuple[str, int] = ("", 0)
+        """The container's out-of-memory kills when the last cell was sent: only
+        more than these name a death during it out-of-memory (`Backend.state`)."""
         self._kc: KernelClient | None = None
         self._senders: dict[Literal["shell", "stdin"], KernelMessageSender] = {}
         """What the link sends on the shell and stdin, each waking its socket's reader."""
@@ -230,6 +233,9 @@ class KernelLink:
         when there is no kernel to send it to."""
         if (shell := self._senders.get("shell")) is None:
             return False
+        if (handle := self.handle) is not None:
+            # alive now: out-of-memory kills so far (a subprocess's) did not end it
+            self._oom_seen = (handle.container_id, self.backend.oom_kills(handle))
         checks = {ARTIFACTS_KEY: ARTIFACTS_EXPRESSION, END_KEY: repr(execution.nonce)}
         if execution.client is not None:
             # a Jupyter client's own request: its header, so what the kernel
@@ -310,7 +316,8 @@ class KernelLink:
         handle = self.handle
         if handle is None:
             return None
-        return await self.backend.state(handle)
+        container, seen = self._oom_seen
+        return await self.backend.state(handle, seen if container == handle.container_id else 0)
 
     async def resync_if_stale(self, timeout: float = 10.0) -> None:
         """After iopub was dropped, wait until it is back (`kernel_connection.wait_resubscribed`)."""

@@ -151,7 +151,7 @@ class LocalBackend:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(kernel.process.pid, signum)
 
-    async def state(self, handle: KernelHandle) -> KernelState:
+    async def state(self, handle: KernelHandle, oom_seen: int = 0) -> KernelState:
         kernel = self.kernels.get(handle.kernel_id)
         if kernel is None:
             return KernelState(status="missing")
@@ -159,6 +159,9 @@ class LocalBackend:
         if code is None:
             return KernelState(status="running")
         return KernelState(status="exited", exit_code=code)  # negative: killed by that signal
+
+    def oom_kills(self, handle: KernelHandle) -> int:
+        return 0  # no memory limit here
 
     async def seal(self, handle: KernelHandle) -> None:
         """The Docker backend's check that the sockets are sockets; nothing to

@@ -121,6 +121,10 @@ class KernelContainer:
 class KernelState:
     status: KernelStatus
     oom_killed: bool = False
+    """Exited: an out-of-memory kill came after the caller last saw the kernel
+    alive (``oom_seen``), not merely ever in the container's life."""
+    oom_kills: int = 0
+    """The out-of-memory kills the engine reported for the container so far."""
     exit_code: int | None = None
     error: str | None = None
 
@@ -222,8 +226,15 @@ class Backend(Protocol):
         """Send a signal to the kernel process (SIGINT to interrupt a cell)."""
         ...
 
-    async def state(self, handle: KernelHandle) -> KernelState:
-        """Whether the container still runs, and if not, why (OOM, exit code)."""
+    async def state(self, handle: KernelHandle, oom_seen: int = 0) -> KernelState:
+        """Whether the container still runs, and if not, why (exit code; an
+        out-of-memory kill when the container's count of them passed
+        ``oom_seen``, what `oom_kills` said when the caller last knew the kernel
+        alive: a subprocess killed earlier does not make a later kill one)."""
+        ...
+
+    def oom_kills(self, handle: KernelHandle) -> int:
+        """The out-of-memory kills reported for the container so far. Never blocks."""
         ...
 
     async def seal(self, handle: KernelHandle) -> None:

@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -57,6 +58,7 @@ from kernelgw.runtime.backends.base import (
     helper_command,
 )
 from kernelgw.runtime.backends.labels import LABEL_GATEWAY, LABEL_KERNEL, LABEL_SESSION, LABEL_STORE, LABEL_UID
+from kernelgw.runtime.backends.oom_events import OomCounter
 from kernelgw.runtime.backends.uids import UidAllocator
 from kernelgw.runtime.backends.workspace_store import STORE_MOUNT_MODE, WorkspaceStore, session_mounts
 
@@ -73,9 +75,9 @@ real fds, R's ``system()``) goes to the engine's log, on the host's disk: the
 json-file driver with one file of at most 1 MiB keeps that bounded, and
 ``docker logs`` still shows the last of it (a failed start's diagnostics)."""
 OOM_RECHECKS = 50
-"""A SIGKILL exit is asked about again for up to OOM_RECHECKS x OOM_RECHECK_S (5 s:
-0.5 s was too short for gVisor under a loaded CI machine, and 2 s once for runc
-with three test passes on two cores)."""
+"""A SIGKILL exit waits for an ``oom`` event that may follow it for up to
+OOM_RECHECKS x OOM_RECHECK_S (5 s; seen 60 ms after the exit under gVisor; the
+count is in memory, so waiting costs no engine call)."""
 OOM_RECHECK_S = 0.1
 CONTAINER_CONN_DIR = "/conn"
 KERNEL_ACCOUNT_ENV = {"USER": "kernel", "LOGNAME": "kernel"}
@@ -205,6 +207,8 @@ class DockerBackend:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="docker")
         self._client_factory = client_factory or partial(docker.from_env, max_pool_size=max_workers, timeout=60)
         self._docker: docker.DockerClient | None = None
+        self._ooms = OomCounter(gateway_name, self._client)
+        """Out-of-memory kills by container (`kernelgw.runtime.backends.oom_events`)."""
         self.workspaces = WorkspaceStore(
             gateway_name=gateway_name,
             uid_of=self._session_ids,
@@ -357,6 +361,7 @@ class DockerBackend:
 
     def _start_sync(self, spec: KernelSpec, store_volumes: dict[str, str] | None, uid: int) -> KernelHandle:
         self._client()  # an engine that does not answer fails here, before anything is made
+        self._watch_ooms()
         kernel_id = secrets.token_hex(6)
         key = secrets.token_hex(32)
         conn_dir = self._make_conn_dir(kernel_id, key, uid)
@@ -453,6 +458,7 @@ class DockerBackend:
             if exc.status_code != 409:  # 409: removal already in progress
                 log.warning("removing container %s failed: %s", handle.container_id[:12], exc)
         shutil.rmtree(handle.conn_dir, ignore_errors=True)
+        self._ooms.forget(handle.container_id)
 
     async def end_session(self, session_id: str) -> None:
         await self.workspaces.end(session_id)
@@ -465,19 +471,37 @@ class DockerBackend:
             # 409: not running. Nothing to interrupt; the state poll reports death.
             log.info("signal %s to %s failed: %s", signum, handle.container_id[:12], exc)
 
-    async def state(self, handle: KernelHandle) -> KernelState:
-        state = await self._state(handle)
-        # The engine learns of an out-of-memory kill from a separate event that can
-        # come after the exit (seen under load with gVisor): a SIGKILL exit is asked
-        # about again for a moment before it is called anything but out-of-memory.
+    async def state(self, handle: KernelHandle, oom_seen: int = 0) -> KernelState:
+        state = await self._state(handle, oom_seen)
+        # The engine's ``oom`` event can come after the exit (seen under gVisor:
+        # the shim sent the exit first): a SIGKILL exit is asked about again for a
+        # moment before it is called anything but out-of-memory.
         for _ in range(OOM_RECHECKS):
             if state.status != "exited" or state.oom_killed or state.exit_code != 128 + 9:
                 break
             await asyncio.sleep(OOM_RECHECK_S)
-            state = await self._state(handle)
+            state = replace(state, **self._oom_verdict(handle, oom_seen, bool(state.oom_killed)))
         return state
 
-    async def _state(self, handle: KernelHandle) -> KernelState:
+    def oom_kills(self, handle: KernelHandle) -> int:
+        return self._ooms.count(handle.container_id)
+
+    def _oom_verdict(self, handle: KernelHandle, oom_seen: int, flag: bool) -> dict[str, Any]:
+        """``oom_killed`` and ``oom_kills`` of an exited kernel: counted from the
+        engine's events (`OomCounter`), or its sticky flag while they are not read."""
+        kills = self._ooms.count(handle.container_id)
+        if not self._ooms.watching:
+            return {"oom_killed": flag, "oom_kills": kills}
+        return {"oom_killed": kills > oom_seen, "oom_kills": kills}
+
+    def _watch_ooms(self) -> None:
+        """Subscribe to the engine's ``oom`` events, once (blocking)."""
+        try:
+            self._ooms.ensure_watching()
+        except docker.errors.DockerException as exc:
+            log.warning("subscribing to the engine's out-of-memory events failed: %s", exc)
+
+    async def _state(self, handle: KernelHandle, oom_seen: int) -> KernelState:
         try:
             info = await self._run(self._client().api.inspect_container, handle.container_id)
         except docker.errors.NotFound:
@@ -487,12 +511,12 @@ class DockerBackend:
             return KernelState(status="running", error=str(exc))
         st = info.get("State", {})
         if st.get("Running"):
-            return KernelState(status="running", oom_killed=bool(st.get("OOMKilled")))
+            return KernelState(status="running", oom_kills=self._ooms.count(handle.container_id))
         return KernelState(
             status="exited",
-            oom_killed=bool(st.get("OOMKilled")),
             exit_code=st.get("ExitCode"),
             error=st.get("Error") or None,
+            **self._oom_verdict(handle, oom_seen, bool(st.get("OOMKilled"))),
         )
 
     async def seal(self, handle: KernelHandle) -> None:
@@ -527,6 +551,7 @@ class DockerBackend:
         return await self._run(self._list_sync)
 
     def _list_sync(self) -> list[KernelContainer]:
+        self._watch_ooms()  # kernels found again after a restart
         found = self._client().api.containers(all=True, filters={"label": f"{LABEL_GATEWAY}={self.gateway_name}"})
         found = [c for c in found if LABEL_STORE not in (c.get("Labels") or {})]
         return [
@@ -637,6 +662,7 @@ class DockerBackend:
         return await self._run(check)
 
     async def close(self) -> None:
+        await self._run(self._ooms.close)
         if self._docker is not None:
             await self._run(self._docker.close)
         self._pool.shutdown(wait=False, cancel_futures=True)

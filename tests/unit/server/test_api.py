@@ -26,8 +26,11 @@ class EngineDown:
 
     async def signal(self, handle: KernelHandle, signum: int) -> None: ...
 
-    async def state(self, handle: KernelHandle) -> KernelState:
+    async def state(self, handle: KernelHandle, oom_seen: int = 0) -> KernelState:
         return KernelState(status="missing")
+
+    def oom_kills(self, handle: KernelHandle) -> int:
+        return 0
 
     async def seal(self, handle: KernelHandle) -> None: ...
 
