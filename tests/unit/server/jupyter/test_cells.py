@@ -169,6 +169,9 @@ async def test_a_client_that_reconnects_gets_what_its_cells_sent_meanwhile(gw: G
     url = channels_url(gw, kernel, gw.alice)  # session_id=abc
     ended = execute_request("import time\nprint('a'); time.sleep(1); print('b'); 6 * 7")
     running = execute_request("print('c'); time.sleep(1); print('d'); time.sleep(2); print('e')")
+    watcher = await connect(
+        f"{gw.ws_url}/v1/sessions/{kernel}/ws", additional_headers={"Authorization": f"Bearer {gw.alice}"}
+    )
     async with connect(url) as ws:
         await ws.send(json.dumps(ended))
         await ws.send(json.dumps(running))
@@ -177,8 +180,15 @@ async def test_a_client_that_reconnects_gets_what_its_cells_sent_meanwhile(gw: G
             if (m := await receive_json(ws))["msg_type"] == "stream":
                 printed += m["content"]["text"]
     async with connect(url.replace("session_id=abc", "session_id=other")) as stranger:
-        # another client of the same kernel is not sent them (its own iopub aside)
-        await asyncio.sleep(2.2)  # the first cell ends and the second prints 'c' and 'd' meanwhile
+        # another client of the same kernel is not sent them (its own iopub aside);
+        # meanwhile the first cell ends and the second prints 'c' and 'd', as the
+        # /v1 watcher sees (a wait on that, not a sleep)
+        seen = ""
+        async with watcher, asyncio.timeout(RECEIVE_TIMEOUT_S):
+            while "d\n" not in seen:
+                event = json.loads(await watcher.recv())
+                if event["type"] == "stream" and event.get("execution_id") == running["header"]["msg_id"]:
+                    seen += event["text"]
         probe = request("kernel_info_request", {})
         await stranger.send(json.dumps(probe))
         got = await collect(stranger, probe["header"]["msg_id"])
