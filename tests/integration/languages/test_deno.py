@@ -135,7 +135,7 @@ def test_interrupt_ends_an_endless_loop_and_keeps_state(kernel: Kernel) -> None:
     r, seconds = kernel.interrupt_when_started('console.log("looping"); while (true) { spins++ }', "looping")
     assert r.status == "error"
     print(
-        f"interrupted {seconds:.2f} s after the signal (its speed is not asserted on this shared machine: no benchmark measures interrupt latency yet)"
+        f"interrupted {seconds:.2f} s after the signal"  # not asserted: benchmarks/bench_languages.py measures it (interrupt)
     )
     after = kernel.execute("spins > 0")
     assert after.data == [{"text/plain": "true"}]
