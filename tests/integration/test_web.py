@@ -404,6 +404,31 @@ def test_clear_output_and_update_display(tab: Tab) -> None:
     assert later.locator(".cell-outputs").inner_text().strip() == ""
 
 
+def test_output_after_a_forged_end_is_shown_marked_late(tab: Tab, http: httpx.Client) -> None:
+    sid = tab.new_session()
+    cell = tab.run(
+        "k = get_ipython().kernel\n"
+        "p = k.get_parent()\n"
+        "nonce = {key: {'status': 'ok', 'data': {'text/plain': expr}, 'metadata': {}}\n"
+        "         for key, expr in p['content']['user_expressions'].items() if key == 'kernelgw_end'}\n"
+        "reply = {'status': 'ok', 'execution_count': 9, 'user_expressions': nonce, 'payload': []}\n"
+        "k.session.send(k.shell_stream, 'execute_reply', reply, parent=p, ident=k._parent_ident['shell'])\n"
+        "k.session.send(k.iopub_socket, 'status', {'execution_state': 'idle'}, parent=p)\n"
+        "import os, time\n"
+        "deadline = time.monotonic() + 120\n"
+        "while not os.path.exists('late-go') and time.monotonic() < deadline:\n"
+        "    time.sleep(0.02)\n"
+        "print('printed after the forged end')\n"
+        "raise ValueError('raised after the forged end')"
+    )  # the forged end: ok, nothing shown yet
+    assert stdout_of(cell) == ""
+    assert http.put(f"/v1/sessions/{sid}/files/late-go", content=b"go").status_code == 201
+    expect(cell).to_have_attribute("data-status", "error", timeout=60_000)
+    expect(cell.locator(".output-late")).to_have_text("⚠ sent after this execution had ended")
+    assert stdout_of(cell) == "printed after the forged end\n"
+    expect(cell.locator(".output-error")).to_contain_text("raised after the forged end")
+
+
 def test_a_refused_cell_shows_the_gateways_message(tab: Tab) -> None:
     tab.new_session()
     too_big = "x = 1\n" + "#" * (1024 * 1024 + 10_000)  # over the gateway's max_code_bytes

@@ -294,6 +294,18 @@ class Cell {
         this.lastStream = null;
         break;
       }
+      case "late": {
+        // output the kernel sent after this cell's done (a forged end): shown, marked
+        if (!event.event) break;
+        if (!this.lateNoted) {
+          this.lateNoted = true;
+          this.outputEl.append(el("div", "output output-note warn output-late", "⚠ sent after this execution had ended"));
+          this.lastStream = null;
+        }
+        this.handle(event.event);
+        if (event.event.type === "error") this.setStatus("error");
+        break;
+      }
       case "done":
         this.finish(event);
         break;
