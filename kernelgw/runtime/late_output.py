@@ -42,14 +42,18 @@ MAX_PENDING = 10_000
 def late_events(cell: EndedCell, msg: dict[str, Any], config: SessionConfig) -> list[LateEvent]:
     """What of one late iopub message is kept: counted against the cell's output
     cap like its own output (past it, one ``truncated`` says so and the rest is
-    dropped). An error is trimmed and past the cap dropped too, but it still
-    turns the cell's status to ``error``. Pure but for ``cell``'s counters."""
+    dropped). The first late error is kept whatever the cap, trimmed (it says
+    how the cell really ended, and turns its status to ``error``); later ones
+    count like the rest. Pure but for ``cell``'s counters."""
     event = to_event(msg, cell.execution_id)
     if not isinstance(event, LateEvent):
         return []  # a status, a clear_output (it would hide what came before), the unknown
     if isinstance(event, ev.Error):
-        cell.late_error = True
         event = trim_error(event, ERROR_MAX_BYTES)
+        first, cell.late_error = not cell.late_error, True
+        if first:
+            cell.output_bytes += payload_size(event)
+            return [event]
     if cell.truncated:
         return []
     kept: list[LateEvent] = []
