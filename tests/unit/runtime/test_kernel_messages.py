@@ -130,7 +130,9 @@ async def test_a_burst_is_read_in_one_batch_and_bad_messages_do_not_stop_the_rea
     await push.send_multipart(frames(Session(key=b"forger")))
     for i in range(6):
         await push.send_multipart(frames(kernel, content={"name": "stdout", "text": f"{i}\n"}))
-    await asyncio.sleep(0.05)  # all queued before the first read
+    # all queued before the first read: an inproc send puts the message in the pipe
+    # before it returns, and the pipe is readable (a wait on that, not a sleep)
+    assert await pull.poll(5000) == zmq.POLLIN
     first = await asyncio.wait_for(reader.batch(), 5)
     second = await asyncio.wait_for(reader.batch(), 5)
     assert [m["content"]["text"] for m in first] == ["0\n", "1\n", "2\n"]  # the forgery took a slot
@@ -186,7 +188,7 @@ async def test_a_read_stops_taking_messages_once_it_holds_its_bytes(pipe: Pipe) 
     reader = KernelMessageReader(pull, Session(key=KEY), lambda exc: None, max_batch_bytes=25_000)
     for _ in range(4):
         await push.send_multipart(frames(kernel, content={"name": "stdout", "text": "x" * 10_000}))
-    await asyncio.sleep(0.05)
+    assert await pull.poll(5000) == zmq.POLLIN  # queued (inproc: in the pipe once sent)
     sizes = [len(await asyncio.wait_for(reader.batch(), 5)) for _ in range(2)]
     assert sizes == [3, 1]  # 10 kB, 20 kB, 30 kB: past the bound after the third
 
