@@ -11,9 +11,13 @@
 #     --network=none     containers on the default bridge do not start without it
 #     --host-uds=create  lets the kernel create its ipc:// sockets in the
 #                        bind-mounted connection directory
-#   Not --oci-seccomp: with it (runsc 20221219) the kernel aborts (signal 6) at
-#   start under kernelgw's profile, so under gVisor the profile is not applied and
-#   gVisor's own kernel is the boundary (its io_uring is its own, not the host's).
+#     --oci-seccomp      applies the containers' seccomp profile inside the
+#                        sandbox too, so unshare, chroot, ptrace and io_uring
+#                        fail as under runc. kernelgw gives runsc kernels a
+#                        profile that allows clone3 (gVisor has none, ENOSYS):
+#                        runsc 20221219 ignores the default profile's ENOSYS
+#                        for it and answers EPERM, so no thread could start
+#                        (the kernel aborted, signal 6) with an older kernelgw.
 #   The file is rewritten and dockerd reloaded (SIGHUP) only when that changed
 #   something, or when the engine does not list the runtime yet.
 # - Checks that `docker info` lists the runtime with those arguments, then runs
@@ -35,7 +39,7 @@ export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 IMAGE=${KERNELGW_IMAGE:-kernelgw/python:latest}
 DAEMON_JSON=${KERNELGW_DAEMON_JSON:-/etc/docker/daemon.json}
-REQUIRED_ARGS='["--network=none", "--host-uds=create"]'
+REQUIRED_ARGS='["--network=none", "--host-uds=create", "--oci-seccomp"]'
 
 docker info >/dev/null 2>&1 || die "no Docker engine answers; run scripts/ensure-docker.sh first"
 

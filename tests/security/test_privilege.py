@@ -3,9 +3,9 @@ capabilities, another process's memory, mounts, new namespaces, chroot.
 
 Covered elsewhere (test_sandbox.py, moving here from tests/integration): the kernel runs as its session's own uid (no host account)
 with CapEff 0; test_init.py: PID 1 is out of the kernel's reach. Here: every process in the container, setuid binaries, ptrace,
-mount, unshare and chroot. Under gVisor (runsc) a user namespace can be made
-inside the sandbox's own kernel; that is accepted only if it still grants
-nothing over the container's files.
+mount, unshare and chroot: EPERM under runc and runsc alike (gVisor applies the
+seccomp profile with ``--oci-seccomp``, scripts/ensure-runsc.sh; without it a
+user namespace could be made inside the sandbox's own kernel, and chroot after it).
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import pytest
 
 from kernelgw.config import parse_uid_range
 from tests.integration.conftest import RunningGateway
-from tests.security.conftest import RUNTIME, in_child, run_json, session_containers
+from tests.security.conftest import in_child, run_json, session_containers
 
 pytestmark = pytest.mark.integration
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
 # CAP_KILL (5), CAP_SETGID (6), CAP_SETUID (7), CAP_SETPCAP (8): all PID 1 may hold
 INIT_CAPS = 0x1E0
 
@@ -128,9 +129,10 @@ def test_mount_fails(http: httpx.Client, session_id: str) -> None:
     assert result["binary"] != 0 and result["mounted"] is False, result
 
 
-@pytest.mark.parametrize("flag", ["CLONE_NEWUSER", "CLONE_NEWNS"])
-def test_unshare_fails_or_grants_nothing(http: httpx.Client, session_id: str, flag: str) -> None:
-    value = {"CLONE_NEWUSER": CLONE_NEWUSER, "CLONE_NEWNS": CLONE_NEWNS}[flag]
+@pytest.mark.parametrize("flag", ["CLONE_NEWUSER", "CLONE_NEWNS", "CLONE_NEWUSER|CLONE_NEWNS", "CLONE_NEWNET"])
+def test_unshare_fails_and_grants_nothing(http: httpx.Client, session_id: str, flag: str) -> None:
+    flags = {"CLONE_NEWUSER": CLONE_NEWUSER, "CLONE_NEWNS": CLONE_NEWNS, "CLONE_NEWNET": CLONE_NEWNET}
+    value = sum(flags[f] for f in flag.split("|"))
     probe = (
         f"result = {{'unshare': outcome(lambda: libc('unshare', {value}))}}\n"
         "def write():\n"
@@ -140,15 +142,20 @@ def test_unshare_fails_or_grants_nothing(http: httpx.Client, session_id: str, fl
         "print(json.dumps(result))\n"
     )
     result = run_json(http, session_id, in_child(probe))
-    if RUNTIME == "runsc" and result["unshare"] == "ok":
-        # gVisor implements namespaces inside its own kernel: whatever the new
-        # namespace grants stays in the sandbox, and the files stay out of reach
-        assert result["write_etc"] in {"EROFS", "EACCES", "EPERM"}, result
-        assert result["read_root"] in {"EACCES", "ENOENT"}, result
-    else:
-        assert result["unshare"] == "EPERM", result
+    assert result["unshare"] == "EPERM", result
+    assert result["write_etc"] in {"EROFS", "EACCES", "EPERM"}, result
+    assert result["read_root"] in {"EACCES", "ENOENT"}, result
 
 
 def test_chroot_fails(http: httpx.Client, session_id: str) -> None:
     probe = "print(json.dumps(outcome(lambda: libc('chroot', b'/tmp'))))\n"
     assert run_json(http, session_id, in_child(probe)) == "EPERM"
+
+
+def test_chroot_fails_after_unshare_too(http: httpx.Client, session_id: str) -> None:
+    """The path the issue found under runsc: a user namespace first, then chroot."""
+    probe = (
+        f"first = outcome(lambda: libc('unshare', {CLONE_NEWUSER | CLONE_NEWNS}))\n"
+        "print(json.dumps([first, outcome(lambda: libc('chroot', b'/tmp'))]))\n"
+    )
+    assert run_json(http, session_id, in_child(probe)) == ["EPERM", "EPERM"]
