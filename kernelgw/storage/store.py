@@ -563,7 +563,10 @@ class Store:
         if not self._writer.running:
             raise StorageUnavailable("The history storage is not running.")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.enqueue(f"late output of execution {execution_id} of session {session.id}", write, future, size=len(text))
+        # deferrable, though awaited: behind every row queued before it, also the
+        # cell's end answered from the journal (an answer's row would jump ahead of it)
+        what = f"late output of execution {execution_id} of session {session.id}"
+        self.enqueue(what, write, future, deferrable=True, size=len(text))
         await future
         errors = [p.event.event for p in events if isinstance(p.event, ev.Late) and isinstance(p.event.event, ev.Error)]
         self._audit(

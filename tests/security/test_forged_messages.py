@@ -215,7 +215,7 @@ def test_an_error_right_after_an_end_forged_with_the_nonce_is_recorded_whatever_
             break
         time.sleep(0.05)
     outputs = outputs_of(cell)
-    print(f"answered {result['status']}; stored as {[e['type'] for e in events_of(cell)]}")
+    print(f"answered {result['status']}; stored as {[e['type'] for e in events_of(cell)]}; {result['events'][-1]}")
     assert [e["text"] for e in outputs if e["type"] == "stream"] == ["printed right after the forged end\n"], cell
     assert [e["evalue"] for e in outputs if e["type"] == "error"] == ["raised right after the forged end"]
     assert cell["status"] == "error", cell

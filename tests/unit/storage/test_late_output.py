@@ -77,3 +77,21 @@ async def test_late_output_of_a_cell_never_stored_changes_nothing(dialect_store:
     event = ev.Stream(execution_id="gone", name="stdout", text="x")
     await store.execution_late(session, "gone", [late(5, "gone", event)], 0, True)
     assert await store.list_executions(session.id) == []
+
+
+async def test_late_output_queued_right_behind_its_cells_end_finds_the_record(dialect_store: Store) -> None:
+    """A small cell's end may be answered from the journal before its row is
+    committed: late output queued right behind it, in the same batch of the
+    writer, is still written after that row (not dropped for want of it)."""
+    store = dialect_store
+    session = stand_in_session()
+    await store.session_started(session)
+    cell = OkCell(store, session, seq=0)
+    cell.print("on time\n")
+    eid = cell.rec.execution_id
+    error = ev.Error(execution_id=eid, ename="ValueError", evalue="late", traceback=[], traceback_text=[])
+    await cell.finish()  # no await of the writer in between
+    await store.execution_late(session, eid, [late(cell.seq + 2, eid, error)], 0, True)
+    (record,) = await store.list_executions(session.id)
+    assert record.status == "error"
+    assert [e.type for e in record.events] == ["queued", "stream", "done", "late"]
