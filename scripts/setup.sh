@@ -27,9 +27,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  # --no-deps: the lock is complete, and it lifts pins pip alone would refuse
-  # (pyproject.toml's [tool.uv] override-dependencies)
-  .venv/bin/python -m pip install --quiet --no-deps -r requirements/lock.txt
+  .venv/bin/python -m pip install --quiet -r requirements/lock.txt
   .venv/bin/python -m pip install --quiet --no-deps -e '.[all,test,dev]'
   echo "$want" > "$stamp"
   echo "installed kernelgw[all,test,dev] from requirements/lock.txt"

@@ -92,6 +92,10 @@ echo "==> HAProxy for the many-gateways test"
 bash scripts/ensure-haproxy.sh
 echo "==> Node and @jupyterlab/services for JupyterLab's client library test"
 bash scripts/ensure-jupyterlab-services.sh
+echo "==> Enterprise Gateway (its own tool venv) for its GatewayClient's test"
+KERNELGW_ENTERPRISE_GATEWAY_PYTHON=$(bash scripts/ensure-enterprise-gateway.sh)
+export KERNELGW_ENTERPRISE_GATEWAY_PYTHON
+echo "$KERNELGW_ENTERPRISE_GATEWAY_PYTHON"
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1  # Debian's chromium only, never a downloaded browser
 mkdir -p test-output
 
