@@ -548,6 +548,7 @@ class Store:
         async def write(conn: AsyncConnection) -> None:
             row = (await conn.execute(found)).first()
             if row is None:  # never stored (its record failed): nothing to append to
+                log.warning("session %s: late output of %s has no record to join", session.id, execution_id)
                 return
             values = {"session_id": session.id, "execution_id": execution_id, "position": row.position}
             await conn.execute(
