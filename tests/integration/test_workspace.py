@@ -103,6 +103,46 @@ def test_files_and_packages_survive_restart_timeout_and_out_of_memory(
     assert not [n for n in containers + volumes if sid in n], (containers, volumes)
 
 
+def test_files_outlive_the_kernel_after_a_pause_and_resume_too(
+    docker_client: docker.DockerClient, http: httpx.Client
+) -> None:
+    """A pause removes the session's store (its files go to the snapshot), but
+    the session goes on: once resumed, its files outlive its kernel again, both
+    a crash (the kernel's container killed, no restart to keep them first) and
+    a restart, and after a second pause and resume as well. The same steps
+    without a pause are the test above."""
+    sid = http.post("/v1/sessions", json={}).json()["id"]
+    name = gateway_settings().gateway_name
+    try:
+        seed(http, sid)
+        for round_ in (1, 2):
+            if round_ == 2 and not KEPT:
+                seed(http, sid)  # gVisor: the kill and the restarts of the first round emptied it
+            assert http.post(f"/v1/sessions/{sid}/pause").status_code == 200
+            assert not [n for n in stores(docker_client, name)[0] if sid in n]
+            assert http.post(f"/v1/sessions/{sid}/resume").status_code == 200
+            later = f"later{round_}.txt"
+            assert http.put(f"/v1/sessions/{sid}/files/{later}", content=b"later").status_code == 201
+            assert looks(http, sid) == ["uploaded", "written", "42", "True"]
+            if KEPT:  # kept from the resume on, not only from the next restart
+                assert [n for n in stores(docker_client, name)[0] if sid in n]
+
+            (kernel,) = docker_client.containers.list(filters={"label": f"kernelgw.session={sid}"})
+            kernel.kill()
+            done = run(http, sid, "1")["events"][-1]
+            assert done["status"] == "dead", done
+            assert http.post(f"/v1/sessions/{sid}/restart").status_code == 200
+            assert looks(http, sid) == AFTER_NEW_KERNEL
+            assert stdout(run(http, sid, f"import os; print(os.path.exists({later!r}))")) == f"{KEPT}\n"
+            assert http.post(f"/v1/sessions/{sid}/restart").status_code == 200  # and a plain restart
+            assert looks(http, sid) == AFTER_NEW_KERNEL
+            assert run(http, sid, "x = 1")["status"] == "ok"  # the variable the next round's `looks` expects
+    finally:
+        assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+    containers, volumes = stores(docker_client, name)
+    assert not [n for n in containers + volumes if sid in n], (containers, volumes)
+
+
 def test_the_workspace_quota_holds_across_kernels(docker_client: docker.DockerClient) -> None:
     """The workspace is still a tmpfs of the session's size: a new kernel cannot
     write past what the old one left."""

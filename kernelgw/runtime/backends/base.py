@@ -217,9 +217,11 @@ class Backend(Protocol):
         """Remove what a session keeps across its kernels (its workspace and
         installed packages, where the backend keeps them apart from the kernel).
 
-        Called once, when the session ends (deleted, reaped, or it failed to
-        start); never on a restart or when a gateway leaves kernels running.
-        Idempotent; failures are logged, not raised."""
+        Called when the session ends (deleted, reaped, or it failed to start),
+        and when it is paused or its resume failed (its files are then in the
+        snapshot): a later ``start`` for the session and ``keep_workspace``
+        keep its files again. Never on a restart or when a gateway leaves
+        kernels running. Idempotent; failures are logged, not raised."""
         ...
 
     async def signal(self, handle: KernelHandle, signum: int) -> None:

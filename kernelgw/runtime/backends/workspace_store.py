@@ -95,7 +95,8 @@ class WorkspaceStore:
         self._starts: dict[str, asyncio.Future[None]] = {}
         """Store containers being started, by session id (see ``end``)."""
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
-        """Sessions ended lately: a late `keep` for one makes no store."""
+        """Sessions ended lately: a late `keep` for one makes no store, until a
+        kernel starts for it again (`volumes`)."""
 
     def keeps(self, spec: KernelSpec) -> bool:
         """Whether the kernels of ``spec`` get a workspace that outlives them."""
@@ -103,7 +104,13 @@ class WorkspaceStore:
 
     async def volumes(self, spec: KernelSpec) -> dict[str, str]:
         """The session's volumes by mount path, for a kernel to mount (the
-        volumes only: the store starts once there are files to keep)."""
+        volumes only: the store starts once there are files to keep).
+
+        A kernel starting for a session ended here means it goes on: a pause
+        ends its store (its files are in the snapshot), and the resume's kernel
+        must get one again, or its files would not outlive that kernel. Its
+        starts and ends take turns (the session's lifecycle lock)."""
+        self._ended.pop(spec.session_id, None)
         volumes, _ = await self._run(self._prepare, spec)
         return volumes
 
