@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import dataclasses
 import logging
 import shutil
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -427,7 +428,7 @@ class SessionManager:
             raise KernelDied(f"Session {source.id} has no running kernel to fork; restart it first.")
         cells = source.lineage
         session = await self.create(self.fork_options(source, opts), principal)
-        try:
+        async with self._deleted_if_fork_fails(session):
             target = session.handle
             assert target is not None
             started = time.perf_counter()
@@ -437,32 +438,30 @@ class SessionManager:
             await session.keep_files()
             copy_ms = (time.perf_counter() - started) * 1000
             report = await session.replay(cells, "fork")
-        except BaseException:
-            try:
-                await asyncio.shield(self.delete(session.id, reason="fork failed"))
-            except (SessionNotFound, asyncio.CancelledError):
-                pass
-            raise
         return session, Fork(source.id, copied, copy_ms, report)
 
     async def _fork_paused(
         self, source: KernelSession, opts: SessionOptions, principal: Principal
     ) -> tuple[KernelSession, Fork]:
         session = await self.create(self.fork_options(source, opts), principal)
-        try:
+        async with self._deleted_if_fork_fails(session):
             started = time.perf_counter()
             done = await source.fork_snapshot_into(session, self.settings.file_io_timeout_s)
             if done is None:
                 raise KernelDied(f"Session {source.id} stopped being paused while it was forked; fork it again.")
             copied, namespace = done
             copy_ms = (time.perf_counter() - started) * 1000
-        except BaseException:
-            try:
-                await asyncio.shield(self.delete(session.id, reason="fork failed"))
-            except (SessionNotFound, asyncio.CancelledError):
-                pass
-            raise
         return session, Fork(source.id, copied, copy_ms, ReplayReport("fork", (), 0.0), namespace)
+
+    @contextlib.asynccontextmanager
+    async def _deleted_if_fork_fails(self, session: KernelSession) -> AsyncIterator[None]:
+        """A fork that fails (or is cancelled) half-way leaves no session behind."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(SessionNotFound, asyncio.CancelledError):
+                await asyncio.shield(self.delete(session.id, reason="fork failed"))
+            raise
 
     def get(self, session_id: str, principal: Principal = ANONYMOUS) -> KernelSession:
         """The session, if it exists and ``principal`` may see it: another key's
