@@ -162,10 +162,11 @@ def seccomp_profile(runtime: str = "runc") -> str:
       operations (open, connect, ...) seccomp never sees; no kernel needs it,
       and Docker's own default blocks it from 25.0 (moby/moby#46762).
 
-    gVisor (runsc) applies OCI seccomp only with ``--oci-seccomp``
-    (scripts/ensure-runsc.sh sets it); without it the Sentry answers these
-    calls itself (tests/security/test_seccomp_edges.py). Its profile differs in
-    one rule (`gvisor_profile`).
+    gVisor (runsc) applies OCI seccomp only with ``--oci-seccomp``, which
+    scripts/ensure-runsc.sh does not set (runsc 20221219 misapplies the profile:
+    docs/security.md); without it the Sentry answers these calls itself
+    (tests/security/test_seccomp_edges.py). Its profile differs in one rule
+    (`gvisor_profile`), so that a kernel at least starts with the flag.
     """
     text = importlib.resources.files("kernelgw.runtime.backends").joinpath("seccomp.json").read_text(encoding="utf-8")
     profile = json.loads(text)
