@@ -151,6 +151,13 @@ class QueuedExecution:
     """The kernel it was sent to (its lineage is that kernel's)."""
     death: str | None = None
     """Why the kernel died while it ran (it then ends ``dead``)."""
+    followed: EndedCell | None = None
+    """Set for a cell a previous gateway sent and left running in the kept kernel
+    (`ExecutionQueue.follow`): its output goes to its record as late output of
+    this, and its end completes that record."""
+    followed_error: tuple[str, str] | None = None
+    """A followed cell's latest error on iopub (``ename``, ``evalue``): its reply went
+    to the previous gateway, so this says how it ended."""
 
     @property
     def origin(self) -> ClientOrigin | None:
@@ -195,6 +202,8 @@ class QueuedExecution:
         after that reply are in (iopub keeps order, so its output is in too); a
         reply without the nonce waits for its end probe instead (`KernelLink`)."""
         if self.reply is None:
+            if self.followed is not None and self.end_replied and self.end_idle:
+                self.finished.set()  # a followed cell that ended before this gateway listened
             return
         if self.silent:
             done = self.idle_seen
@@ -252,6 +261,9 @@ class EndedCell:
     """An error came after its end: its record says ``error`` now."""
     late_parts: int = 0
     """How many batches of late output were stored (each is one chunk of its record)."""
+    followed: bool = False
+    """A cell a previous gateway left running, followed by this one: its output after
+    the interim end is its own, not a forgery (an error does not mark it)."""
 
     @classmethod
     def of(cls, execution: QueuedExecution) -> EndedCell:

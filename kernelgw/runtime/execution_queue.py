@@ -23,6 +23,7 @@ import functools
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -32,14 +33,21 @@ from kernelgw.events import ReplayTrigger
 from kernelgw.runtime.backends.base import KernelState
 from kernelgw.runtime.cell_end import CellEnds
 from kernelgw.runtime.cell_output import CellOutput
-from kernelgw.runtime.execution import ClientRequest, EndedCell, QueuedExecution, checkpoint_due
+from kernelgw.runtime.execution import (
+    ClientRequest,
+    EndedCell,
+    QueuedExecution,
+    checkpoint_due,
+    message_order,
+    parse_artifacts,
+)
 from kernelgw.runtime.fanout import EventFanout
 from kernelgw.runtime.kernel_link import KernelLink
 from kernelgw.runtime.late_output import LateOutput
 from kernelgw.runtime.lineage import Lineage, LineageCell, ReplayJob
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.output_backlog import OutputBacklog
-from kernelgw.runtime.recorder import CHUNK_BYTES
+from kernelgw.runtime.recorder import CHUNK_BYTES, FollowedCell
 from kernelgw.runtime.replay_runner import ReplayRunner
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.runtime.session_hooks import SessionHooks
@@ -54,6 +62,10 @@ request means the idle was lost: finish anyway instead of hanging."""
 RECENT_IDS = 10000
 """How many execution ids a session remembers to refuse reuse."""
 ABORTED = "aborted: an earlier cell from the same Jupyter client failed and asked to stop on error"
+FOLLOW_MISSED = (
+    "the gateway stopped while this cell ran and the kernel was kept; the cell ended while no gateway "
+    "was connected, so its outcome and its output after the last stored event were not seen"
+)
 
 
 class ExecutionQueue:
@@ -95,6 +107,9 @@ class ExecutionQueue:
         """The cells that built the running kernel's state (`kernelgw.runtime.lineage`)."""
         self._worker: asyncio.Task[None] | None = None
         self._recent_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._detaching = False
+        """Set by `stop` for a gateway that keeps the kernel: a followed cell's record
+        is left for the next gateway to complete."""
         self._between_cells = asyncio.Event()
         """Set while the worker holds no execution (what `close` waits for)."""
         self._between_cells.set()
@@ -148,7 +163,26 @@ class ExecutionQueue:
         return self.current
 
     def on_output(self, execution: QueuedExecution, msg: dict[str, Any]) -> None:
+        if execution.followed is not None:
+            self._followed_output(execution, execution.followed, msg)
+            return
         self._output.handle(execution, msg)
+
+    def _followed_output(self, rec: QueuedExecution, ended: EndedCell, msg: dict[str, Any]) -> None:
+        """An iopub message of a followed cell (`follow`): its idle and error order
+        tell its end; its output goes to its record after the interim end, as late
+        output (stored, then sent as ``late``: its ``done`` went out already)."""
+        msg_type = msg["msg_type"]
+        if msg_type == "status":
+            if (msg.get("content") or {}).get("execution_state") == "idle":
+                rec.note_idle(msg)
+            return
+        if msg_type == "error":
+            content = msg.get("content") or {}
+            rec.followed_error = (str(content.get("ename", "Error")), str(content.get("evalue", "")))
+            if (order := message_order(msg)) is not None:
+                rec.error_order = max(order, rec.error_order or order)
+        self._late.accept(ended, msg)
 
     def on_message_refused(self, execution: QueuedExecution) -> None:
         self._output.message_refused(execution)
@@ -255,11 +289,20 @@ class ExecutionQueue:
         drain_s: float = 2.0,
         reason: str = "the session was deleted",
         queued_reason: str = "the session was deleted before this execution ran",
+        *,
+        detaching: bool = False,
     ) -> list[QueuedExecution]:
         """Let the running execution publish its done event (ended with ``reason``),
         stop the worker, and end what is still queued (``queued_reason``). Returns
-        the executions left to record."""
+        the executions left to record. ``detaching``: the kernel is kept, and the
+        running cell is left for the next gateway to follow (`followed_by_next`)."""
         self._queued_reason = queued_reason  # also for a cell the worker takes up meanwhile
+        self._detaching = detaching
+        if detaching and (current := self.current) is not None and followable(current) and current.followed is None:
+            # the next gateway follows it: what comes until the link stops is its
+            # output after the interim end (late output, not a forgery)
+            current.followed = EndedCell.of(current)
+            current.followed.followed = True
         running = self.abort_current(reason)
         if self._worker is not None:
             try:
@@ -278,14 +321,143 @@ class ExecutionQueue:
         await self._late.close(drain_s)
         return unrecorded
 
+    async def close_late(self, grace_s: float) -> None:
+        """Store and send the late output accepted since `stop` (within ``grace_s``)."""
+        await self._late.close(grace_s)
+
+    def followed_by_next(self, rec: QueuedExecution | None) -> FollowedCell | None:
+        """After `stop` with ``detaching`` and the link's stop: what the next gateway
+        needs to follow ``rec`` (the cell that was running) to its end, or None
+        when it is not to be followed (never sent, or its reply already in)."""
+        if rec is None or rec.followed is None or rec.msg_id is None:
+            return None
+        ended = rec.followed
+        return FollowedCell(
+            execution_id=rec.execution_id,
+            msg_id=rec.msg_id,
+            nonce=rec.nonce,
+            timeout_s=rec.timeout,
+            sent_at=time.time() - (time.monotonic() - rec.started),
+            output_bytes=ended.output_bytes,
+            truncated=ended.truncated,
+            late_parts=ended.late_parts,
+        )
+
+    def follow(self, cell: FollowedCell, interim: ev.Done) -> QueuedExecution:
+        """Follow a cell a previous gateway sent and left running in the kept kernel,
+        ahead of every queued cell (the kernel runs one at a time): its later output
+        is appended to its record as late output, and once it ends (its reply and
+        idle, or its timeout's remainder, or the kernel's death) its real end
+        replaces the record's interim one (``interim``, its ``done`` sent already)."""
+        rec = QueuedExecution(execution_id=cell.execution_id, code="", timeout=cell.timeout_s, nonce=cell.nonce)
+        rec.msg_id = cell.msg_id
+        rec.started = time.monotonic() - max(0.0, time.time() - cell.sent_at)
+        rec.output_bytes, rec.truncated = cell.output_bytes, cell.truncated
+        announced: asyncio.Future[ev.Done] = asyncio.get_running_loop().create_future()
+        announced.set_result(interim)
+        rec.followed = EndedCell(
+            cell.execution_id,
+            rec.anomalies,
+            weakref.ref(rec),
+            announced,
+            cell.output_bytes,
+            cell.truncated,
+            late_parts=cell.late_parts,
+            followed=True,
+        )
+        self._recent_ids[cell.execution_id] = None
+        self._cells.appendleft(rec)
+        self._wake.set()
+        return rec
+
     # ------------------------------------------------------------- the worker
     async def _work(self) -> None:
         while True:
             item = await self._next()
             if isinstance(item, ReplayJob):
                 await self._replays.run(item, self._config.max_exec_timeout_s)
+            elif item.followed is not None:
+                await self._run_followed(item)
             else:
                 await self._run(item)
+
+    async def _run_followed(self, rec: QueuedExecution) -> None:
+        """Follow a cell a previous gateway left running (`follow`) to its end."""
+        self.current = rec
+        self._between_cells.clear()
+        try:
+            await self._follow(rec)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never let one execution kill the worker
+            log.exception("following execution %s failed inside the gateway", rec.execution_id)
+            self._ends.finish(rec, "dead", f"gateway error: {exc}")
+        finally:
+            self.current = None
+            self._hooks.touch()
+        self._ending = rec
+        try:
+            await self._end_followed(rec)
+        finally:
+            self._ending = None
+            self._between_cells.set()
+
+    async def _follow(self, rec: QueuedExecution) -> None:
+        status = self._status
+        if status.state in ("closed", "dead") or not self._link.connected or rec.msg_id is None:
+            self._ends.finish(rec, "dead", status.dead_reason or "the kernel is not running")
+            return
+        status.state = "busy"
+        rec.kernel_id = self._link.handle.kernel_id if self._link.handle is not None else None
+        try:
+            if not self._link.follow(rec, rec.msg_id):
+                self._ends.finish(rec, "dead", status.dead_reason or "the kernel is not running")
+                return
+            # what remains of its timeout (a moment at least: the end probe tells
+            # a cell that ended before this gateway listened)
+            remaining = max(rec.timeout - (time.monotonic() - rec.started), self._config.state_poll_s)
+            outcome = await self._wait(rec, remaining)
+            if outcome == "timeout":
+                await self._on_timeout(rec)
+            elif isinstance(outcome, KernelState):
+                await self._on_death(rec, outcome)
+            elif rec.abort_reason is not None:
+                self._ends.finish(rec, "dead", rec.abort_reason, state_lost=True)
+            elif rec.reply is None and not rec.idle_seen:
+                self._ends.finish(rec, "dead", FOLLOW_MISSED)
+            else:
+                if rec.reply is None:
+                    # its reply went to the previous gateway's socket, gone: its end is
+                    # the end probe's (answered after it), its outcome what its iopub said
+                    rec.reply = followed_reply(rec)
+                    rec.artifacts = parse_artifacts(rec.probe_reply or {})
+                else:
+                    await self._ends.collect_artifacts(rec)
+                self._ends.finish_from_reply(rec)
+        finally:
+            self._link.forget(rec)
+            if status.state == "busy":
+                status.state = "idle"
+
+    async def _end_followed(self, rec: QueuedExecution) -> None:
+        """Store a followed cell's real end over its interim record, after its late
+        output (none of it is published as ``done``: its ``done`` went out once)."""
+        ended = rec.followed
+        assert ended is not None
+        if self._detaching and rec.abort_reason is not None:
+            return  # the gateway stops again, keeping the kernel: the next one follows on
+        if rec.ending is None:
+            self._ends.finish(rec, "dead", "gateway error: the execution ended without a status")
+        assert rec.ending is not None
+        await self._late.drained()
+        ended.followed = False  # from now on, output for it is late as for any ended cell
+        await self._hooks.followed_ended(rec, rec.ending)
+        if not rec.done.done():
+            rec.done.set_result(rec.ending)
+        # not in this gateway's lineage (its code is in its record, not here): the
+        # next reattachment reads it from the store with the rest
+        if rec.ending.artifacts:
+            await self._hooks.keep_files()
 
     async def _next(self) -> QueuedExecution | ReplayJob:
         """The next replay, else the next queued cell (unless cells are held)."""
@@ -463,3 +635,22 @@ class ExecutionQueue:
         ``auto_replay``, unless ``rec`` is itself replayed (no loops) or the
         gateway is replacing the kernel anyway (a restart, a deletion)."""
         return self._config.auto_replay and rec.replay_of is None and rec.abort_reason is None
+
+
+def followable(rec: QueuedExecution) -> bool:
+    """Whether a cell running when its gateway stops, keeping the kernel, can be
+    followed by the next gateway: a cell the kernel was sent whose reply has not
+    come (one whose reply came is over but for its idle)."""
+    return rec.msg_id is not None and not rec.silent and rec.reply is None and rec.end_probe is None
+
+
+def followed_reply(rec: QueuedExecution) -> dict[str, Any]:
+    """The reply a followed cell's kernel sent to the previous gateway, as far as
+    this one can tell: ``error`` when its iopub sent an error, else ``ok``; its
+    execution count as the end probe's reply gives it (a silent request answers
+    with the count of the last cell that counted: this one, if it did)."""
+    count = (rec.probe_reply or {}).get("execution_count")
+    if rec.followed_error is not None:
+        ename, evalue = rec.followed_error
+        return {"status": "error", "ename": ename, "evalue": evalue, "execution_count": count}
+    return {"status": "ok", "execution_count": count}

@@ -34,7 +34,7 @@ import zmq.asyncio
 from jupyter_client.session import Session
 
 from kernelgw.runtime.backends.base import Backend, KernelHandle, KernelSpec, KernelState
-from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, ARTIFACTS_KEY, END_KEY, QueuedExecution
+from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, ARTIFACTS_KEY, END_KEY, EndedCell, QueuedExecution
 from kernelgw.runtime.kernel_connection import (
     DEEP_SEND_QUEUE,
     KernelClient,
@@ -200,8 +200,9 @@ class KernelLink:
         shell = self._senders["shell"]
         return await wait_ready(kc, shell, self._message_readers, self.backend, handle, timeout, channel)
 
-    async def stop(self) -> None:
-        """Stop the readers, disconnect, and remove the container."""
+    async def stop(self, *, keep_container: bool = False) -> None:
+        """Stop the readers, disconnect, and remove the container (``keep_container``:
+        leave it running, and ``handle`` set, for the next gateway)."""
         if self._kc is not None:
             # Monitors first, while the watchers still hold the other end of each
             # monitor pipe: libzmq sends monitor events blocking, holding the lock
@@ -223,7 +224,7 @@ class KernelLink:
             self._senders = {}
             self._kc.stop_channels()
             self._kc = None
-        if self.handle is not None:
+        if self.handle is not None and not keep_container:
             handle, self.handle = self.handle, None
             await self.backend.stop(handle)
 
@@ -277,6 +278,25 @@ class KernelLink:
     def forget(self, execution: QueuedExecution) -> None:
         """Stop routing messages to ``execution`` (`MessageRoutes.forget`)."""
         self._routes.forget(execution)
+
+    def follow(self, execution: QueuedExecution, msg_id: str) -> bool:
+        """Route the messages of a request a previous gateway sent as ``msg_id``
+        (and left running in the kernel) to ``execution``, and send an end probe
+        behind it at once: the kernel answers the probe after that request, so
+        the probe tells its end also when the request ended before this link
+        listened (its reply and idle then lost). False when there is no kernel."""
+        if "shell" not in self._senders:
+            return False
+        self._routes.expect(execution, msg_id)
+        self._routes.probe_end(execution)
+        if execution.end_probe is None:
+            self._routes.forget(execution)
+            return False
+        return True
+
+    def ended(self, msg_id: str) -> EndedCell | None:
+        """What the link remembers of the ended cell sent as ``msg_id`` (`EndedCell`)."""
+        return self._routes.ended(msg_id)
 
     def _send_end_probe(self) -> str | None:
         """An end probe (`MessageRoutes.probe_end`): a silent request that also reads

@@ -105,6 +105,11 @@ class LateOutput:
         if self._pending and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._keep(), name=f"late-output-{cell.execution_id}")
 
+    async def drained(self) -> None:
+        """Return once the late output accepted so far is stored and sent (or failed)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.wait({self._task})
+
     async def close(self, grace_s: float) -> None:
         """The session is over: what waits is stored and sent within ``grace_s``,
         then no more."""

@@ -100,10 +100,14 @@ class MessageRoutes:
         output counts on from what came before)."""
         ended = self._ended.get(msg_id)
         if ended is None:
-            ended = self._ended[msg_id] = EndedCell.of(execution)
+            ended = self._ended[msg_id] = execution.followed or EndedCell.of(execution)
             while len(self._ended) > ENDED_REMEMBERED:
                 self._ended.popitem(last=False)
         return ended
+
+    def ended(self, msg_id: str) -> EndedCell | None:
+        """What is remembered of the ended cell sent as ``msg_id``, if anything."""
+        return self._ended.get(msg_id)
 
     def forget_ended(self) -> None:
         """The kernel is gone: nothing more will come for its ended cells or end probes."""
@@ -173,7 +177,8 @@ class MessageRoutes:
         # out), whatever the timing: late, never dropped
         ended = self._ended_cell(parent, execution) if execution is not None else self._ended.get(parent)
         if ended is not None and msg["msg_type"] in LATE_OUTPUT:
-            listener.on_anomaly(ended, f"a {msg['msg_type']} message after the cell had ended")
+            if not ended.followed:  # a followed cell's output after its interim end is its own
+                listener.on_anomaly(ended, f"a {msg['msg_type']} message after the cell had ended")
             listener.on_late_output(ended, msg)
 
     # ------------------------------------------------------------- shell
@@ -193,7 +198,7 @@ class MessageRoutes:
             return
         if execution is None:
             ended = self._ended.get(parent) if parent else None
-            if ended is not None:
+            if ended is not None and not ended.followed:
                 listener.on_anomaly(ended, "an execute_reply after the cell had ended")
             return
         self._on_reply(execution, msg)

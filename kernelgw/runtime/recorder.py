@@ -75,6 +75,33 @@ class RecordedSession(Protocol):
         """Where a successor gateway's event numbering must continue."""
         ...
 
+    @property
+    def following(self) -> FollowedCell | None:
+        """A cell left running in the kernel for the next gateway to follow (`FollowedCell`)."""
+        ...
+
+
+@dataclass(frozen=True)
+class FollowedCell:
+    """A cell a gateway left running in a kept kernel (``on_shutdown=keep``): what
+    the next gateway of the name needs to follow it to its end and complete its
+    record (`kernelgw.runtime.execution_queue.ExecutionQueue.follow`)."""
+
+    execution_id: str
+    msg_id: str
+    """Its ``execute_request``'s msg_id: what the kernel's messages for it name as parent."""
+    nonce: str
+    """Its end-of-cell nonce (`kernelgw.runtime.execution.answers`): tells its real reply."""
+    timeout_s: float
+    """Its whole timeout; the follower enforces what remains of it."""
+    sent_at: float
+    """When the kernel was sent it (Unix time): its duration and remaining timeout count from here."""
+    output_bytes: int = 0
+    """Its output so far, counted against its cap (late output included)."""
+    truncated: bool = False
+    late_parts: int = 0
+    """Batches of output already appended to its record after its interim end."""
+
 
 @dataclass(frozen=True)
 class StoredCell:
@@ -109,6 +136,8 @@ class StoredSession:
     """Paused: no container to reach; its state is in the gateway's snapshot directory."""
     lineage_kernels: tuple[str, ...] = ()
     """The kernels whose stored cells make the lineage (empty: the handle's alone)."""
+    following: FollowedCell | None = None
+    """A cell the previous gateway left running in the kernel, to follow to its end."""
 
 
 @dataclass(frozen=True)
@@ -214,6 +243,16 @@ class Recorder(Protocol):
         its ``part``-th batch, numbered and not yet published: append it to the
         execution's record, after its ``done`` (``error``: an error came late, its
         status is ``error`` now), and return once committed; raise when it cannot be."""
+        ...
+
+    async def execution_followed(
+        self, session: RecordedSession, execution_id: str, done: ev.Done, interim_reason: str
+    ) -> None:
+        """A cell a previous gateway left running (`FollowedCell`) ended: its record's
+        interim end (``dead`` with ``interim_reason``; any other record is left as it
+        is) is replaced by ``done``'s status, execution count, duration and reason;
+        return once committed (after any late output queued before), raise when it
+        cannot be."""
         ...
 
     async def session_ended(self, session: RecordedSession, reason: str) -> None:

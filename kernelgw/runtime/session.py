@@ -54,7 +54,7 @@ from kernelgw.runtime.pause import (
     save_namespace,
     snapshot_bytes,
 )
-from kernelgw.runtime.recorder import Recorder, StoredSession
+from kernelgw.runtime.recorder import FollowedCell, Recorder, StoredSession
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.runtime.session_state import SessionState, SessionStatus
 from kernelgw.runtime.workspace import tree_caps
@@ -79,8 +79,9 @@ CUT_OFF_DONE_REASON = (
     "(the kernel and its variables were kept)"
 )
 DETACHED_DONE_REASON = (
-    "the gateway stopped while this cell ran; the kernel was kept and may still be running it, "
-    "but its output after this point is not recorded"
+    "the gateway stopped while this cell ran; the kernel was kept and runs it on: the next gateway of "
+    "this name follows it and records here its later output and how it ended (output sent while no "
+    "gateway was connected is lost)"
 )
 DETACHED_QUEUED_REASON = "the gateway stopped before this cell ran; it did not run"
 RECORD_TIMEOUT_S = 10.0
@@ -145,6 +146,8 @@ class KernelSession:
         self.lineage_kernels: tuple[str, ...] = ()
         self._files_kept = False
         """The backend was told to keep the files past the kernel (`keep_files`)."""
+        self._following: FollowedCell | None = None
+        """A cell a gateway left running in the kept kernel, until it is followed to its end."""
         """The kernels whose stored cells make the lineage: the running one, and
         those it was resumed from (a resume carries the state without re-running)."""
 
@@ -204,6 +207,12 @@ class KernelSession:
     def paused_from(self) -> KernelHandle | None:
         """While paused: the kernel it was paused from (its lineage is stored under it)."""
         return self._paused_from
+
+    @property
+    def following(self) -> FollowedCell | None:
+        """A cell left running in the kernel by a gateway that stopped keeping it,
+        stored for the next gateway, until one followed it to its end."""
+        return self._following
 
     @property
     def handle(self) -> KernelHandle | None:
@@ -474,6 +483,17 @@ class KernelSession:
             self._executions.lineage = Lineage(stored.handle.kernel_id, stored.lineage)
             self.lineage_kernels = stored.lineage_kernels or (stored.handle.kernel_id,)
             self._seed(stored)
+            if (cell := stored.following) is not None:
+                # the cell the previous gateway left running: followed to its end first
+                self._following = cell
+                interim = ev.Done(
+                    execution_id=cell.execution_id,
+                    status="dead",
+                    reason=DETACHED_DONE_REASON,
+                    duration_ms=0.0,
+                    state_lost=False,
+                )
+                self._executions.follow(cell, interim)
         self._executions.start()
 
     async def restore_paused(
@@ -528,13 +548,20 @@ class KernelSession:
             if self.state == "closed":
                 return
             self.state = "closed"
-            unrecorded = await self._executions.stop(reason=DETACHED_DONE_REASON, queued_reason=DETACHED_QUEUED_REASON)
+            running = self._executions.current
+            unrecorded = await self._executions.stop(
+                reason=DETACHED_DONE_REASON, queued_reason=DETACHED_QUEUED_REASON, detaching=True
+            )
+            await self._link.stop(keep_container=True)
+            # what the running cell sent until the link stopped is in its record;
+            # the next gateway follows it from there
+            await self._executions.close_late(RECORD_TIMEOUT_S)
+            self._following = self._executions.followed_by_next(running)
             # the counters as they are now, for the next gateway: its numbering
             # goes on right after the last event sent (no gap after a clean stop)
             self._fanout.reserved = self._fanout.seq
             self.kernel_changed()
-            self._link.handle = None  # so stop() disconnects without removing the container
-            await self._link.stop()
+            self._link.handle = None
             self._fanout.close_all()
         for rec in unrecorded:
             await self.record_execution(rec)
@@ -640,13 +667,32 @@ class KernelSession:
         if self.recorder is None:
             return True
         part, cell.late_parts = cell.late_parts, cell.late_parts + 1
+        # a followed cell's error is how it ended (its real end sets the status), not a forgery
+        error = cell.late_error and not cell.followed
         try:
             async with asyncio.timeout(RECORD_TIMEOUT_S):
-                await self.recorder.execution_late(self, cell.execution_id, events, part, cell.late_error)
+                await self.recorder.execution_late(self, cell.execution_id, events, part, error)
         except Exception:
             log.exception("recording the late output of execution %s failed", cell.execution_id)
             return False
         return True
+
+    async def followed_ended(self, rec: QueuedExecution, done: ev.Done) -> None:
+        """A followed cell ended (`ExecutionQueue.follow`): its real end replaces its
+        interim record (only that one: a record completed already is left), and
+        the store no longer names it for the next gateway to follow."""
+        hook = getattr(self.recorder, "execution_followed", None)
+        try:
+            if hook is not None:
+                async with asyncio.timeout(RECORD_TIMEOUT_S):
+                    await hook(self, rec.execution_id, done, DETACHED_DONE_REASON)
+        except Exception:
+            log.exception("recording the end of followed execution %s failed", rec.execution_id)
+        finally:
+            # after the record: a gateway killed in between follows it again and
+            # finds it completed (the store completes an interim record only)
+            self._following = None
+            self.kernel_changed()
 
     # ------------------------------------------------------------- executing
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from kernelgw import events as ev
 from kernelgw.runtime.cell_end import EndHooks
 from kernelgw.runtime.execution import QueuedExecution
 
@@ -32,6 +33,11 @@ class SessionHooks(EndHooks, Protocol):
 
     async def keep_files(self) -> None:
         """The session has files now: keep them past its kernel (logs, never raises)."""
+        ...
+
+    async def followed_ended(self, rec: QueuedExecution, done: ev.Done) -> None:
+        """A cell a previous gateway left running ended (`ExecutionQueue.follow`):
+        store ``done`` over its interim record (logs, never raises)."""
         ...
 
     async def restart_after_death(self) -> str | None:

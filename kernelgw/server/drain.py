@@ -134,9 +134,10 @@ def cut_off_response(session_id: str, execution_id: str, on_shutdown: Literal["k
     history = f"GET /v1/sessions/{session_id}/history"
     if on_shutdown == "keep":
         what = (
-            f"the kernel is kept and goes on running it. Do not send it again: after the restart its record "
-            f"(output up to now, status 'dead' with the reason) is in {history}, and what the cell leaves "
-            "behind (variables, files) is in the session"
+            f"the kernel is kept and goes on running it. Do not send it again: after the restart its record is "
+            f"in {history}, with its output up to now and status 'dead' until the restarted gateway, which "
+            "follows the cell, records how it ended (what it prints while no gateway is connected is lost); "
+            "what the cell leaves behind (variables, files) is in the session"
         )
     else:
         what = f"the session ends with the gateway (on_shutdown=stop). Its record (output up to now) is in {history}"

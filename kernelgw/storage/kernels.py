@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Row, select, update
 
 from kernelgw.runtime.backends.base import KernelHandle, KernelSpec
-from kernelgw.runtime.recorder import StoredSession
+from kernelgw.runtime.recorder import FollowedCell, StoredSession
 from kernelgw.storage import schema
 from kernelgw.storage.records import as_utc
 from kernelgw.storage.thread_engine import StoreConnection
@@ -45,6 +45,8 @@ def kernel_values(session: RecordedSession) -> dict[str, Any]:
         "paused": session.paused_from is not None,
         # a paused session's lineage is that of the kernel it was paused from
         "lineage_kernels": list(session.lineage_kernels),
+        # a cell left running in the kept kernel: the next gateway follows it
+        "following": dataclasses.asdict(following) if (following := getattr(session, "following", None)) else None,
     }
     return {
         "container_id": handle.container_id,
@@ -80,7 +82,28 @@ def stored_session(row: Any) -> StoredSession:
         auto_replay=bool(kernel.get("auto_replay", False)),
         paused=bool(kernel.get("paused", False)),
         lineage_kernels=tuple(str(k) for k in kernel.get("lineage_kernels") or [kernel["kernel_id"]]),
+        following=_followed(kernel.get("following")),
     )
+
+
+def _followed(value: Any) -> FollowedCell | None:
+    """The stored cell to follow, or None (none stored, or unreadable: then the
+    cell's record stays as the previous gateway left it)."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return FollowedCell(
+            execution_id=str(value["execution_id"]),
+            msg_id=str(value["msg_id"]),
+            nonce=str(value["nonce"]),
+            timeout_s=float(value["timeout_s"]),
+            sent_at=float(value["sent_at"]),
+            output_bytes=int(value.get("output_bytes", 0)),
+            truncated=bool(value.get("truncated", False)),
+            late_parts=int(value.get("late_parts", 0)),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 async def open_session_rows(conn: StoreConnection, gateway_name: str) -> Sequence[Row[Any]]:

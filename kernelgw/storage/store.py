@@ -580,6 +580,51 @@ class Store:
             detail=f"{len(events)} events the kernel sent after the execution's end, appended to its record",
         )
 
+    async def execution_followed(
+        self, session: RecordedSession, execution_id: str, done: ev.Done, interim_reason: str
+    ) -> None:
+        """Replace the interim end of a cell a previous gateway left running (its
+        row ``dead`` with ``interim_reason``; a row completed already is left) by
+        how it really ended, and wait for the commit: behind its late output
+        queued before (deferrable, like that)."""
+        t = schema.executions
+        found = (
+            select(t.c.position)
+            .where(
+                t.c.session_id == session.id,
+                t.c.execution_id == execution_id,
+                t.c.status == "dead",
+                t.c.reason == interim_reason,
+            )
+            .order_by(t.c.position.desc())
+            .limit(1)
+        )
+        final = {
+            "status": done.status,
+            "execution_count": done.execution_count,
+            "duration_ms": done.duration_ms,
+            "reason": done.reason,
+            "state_lost": done.state_lost,
+        }
+
+        async def write(conn: AsyncConnection) -> None:
+            row = (await conn.execute(found)).first()
+            if row is None:
+                log.warning(
+                    "session %s: followed execution %s has no interim record to complete", session.id, execution_id
+                )
+                return
+            where = (t.c.session_id == session.id) & (t.c.position == row.position) & (t.c.execution_id == execution_id)
+            await conn.execute(update(t).where(where).values(**final))
+
+        if not self._writer.running:
+            raise StorageUnavailable("The history storage is not running.")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.enqueue(
+            f"end of followed execution {execution_id} of session {session.id}", write, future, deferrable=True
+        )
+        await future
+
     async def session_ended(self, session: RecordedSession, reason: str) -> None:
         self._positions.pop(session.id, None)
         ended_at = _now()

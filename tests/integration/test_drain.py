@@ -2,7 +2,9 @@
 refused with 503 + Retry-After, the running cell streams to its ``done``, then
 the WebSocket closes with 1012 and the process exits 0); a second signal during
 the drain exits at once; a REST execute still running when the grace ends is
-answered 503 naming its execution, and the process exits without waiting for it."""
+answered 503 naming its execution, and the process exits without waiting for it;
+with on_shutdown=keep the next gateway follows that cell to its end and completes
+its record (its later output, its real status)."""
 
 from __future__ import annotations
 
@@ -114,20 +116,32 @@ def test_the_grace_ends_a_rest_execute_with_503_naming_it_and_the_cell_goes_on_k
     docker_client: docker.DockerClient, tmp_path: Path
 ) -> None:
     """An open HTTP request once held the process until its cell ended (uvicorn
-    waits for open requests): a 20 s cell with a 10 s grace exited after 18.3 s."""
+    waits for open requests): a 20 s cell with a 10 s grace exited after 18.3 s. The cell runs on in the
+    kept kernel, and the next gateway follows it: its record ends ok with all its output."""
     name = f"drainx{os.getpid()}"
     env = {"KERNELGW_RUNTIME": RUNTIME, "KERNELGW_ON_SHUTDOWN": "keep", "KERNELGW_SHUTDOWN_GRACE_S": "10"}
     try:
-        kept_then_ended(name, env, tmp_path)
+        kept_then_ended(name, env, tmp_path, docker_client)
     finally:  # on_shutdown=keep: a failure half-way must not leave the kernel behind
         left = containers(docker_client, name)
         remove_everything(docker_client, name)
     assert left == []  # the second gateway ran with on_shutdown=stop
 
 
-def kept_then_ended(name: str, env: dict[str, str], tmp_path: Path) -> None:
-    """SIGTERM during the cell, then the next gateway of the name (on_shutdown=stop)."""
-    code = "import time\nprint('started', flush=True)\ntime.sleep(20)\nfinished = 'yes'\nprint('finished', flush=True)"
+GO_FILE = "/tmp/kgw-test-go"
+"""The kept cell goes on once this file exists in its container: the test creates
+it once the next gateway has reattached (output sent while no gateway listens is
+lost, so the cell must not print its end before)."""
+
+
+def kept_then_ended(name: str, env: dict[str, str], tmp_path: Path, docker_client: docker.DockerClient) -> None:
+    """SIGTERM during the cell, then the next gateway of the name (on_shutdown=stop),
+    which follows the cell the first one left running to its end."""
+    code = (
+        "import os, time\nprint('started', flush=True)\n"
+        f"while not os.path.exists({GO_FILE!r}):\n    time.sleep(0.05)\n"
+        "finished = 'yes'\nprint('finished', flush=True)"
+    )
     answers: list[tuple[httpx.Response, int | None]] = []
     grace_s = float(env["KERNELGW_SHUTDOWN_GRACE_S"])
     log = tmp_path / "gateway.log"
@@ -154,20 +168,39 @@ def kept_then_ended(name: str, env: dict[str, str], tmp_path: Path) -> None:
         assert error["code"] == "gateway_restarting" and error["execution_id"] == "cell20"
         assert "'cell20'" in error["message"] and f"/v1/sessions/{sid}/history" in error["message"]
         assert int(resp.headers["retry-after"]) > 0
-        print(f"\nSIGTERM to exit with a {grace_s:g} s grace during a 20 s cell: {exited_s:.1f} s")
+        print(f"\nSIGTERM to exit with a {grace_s:g} s grace during a running cell: {exited_s:.1f} s")
 
     # the next gateway of the name: the cell's record in history, the cell itself
-    # ran on in the kept kernel (the next cell waits for it and sees what it set)
+    # runs on in the kept kernel, followed by the new gateway to its end
     stop = {**env, "KERNELGW_ON_SHUTDOWN": "stop"}
     with gateway_process(name, tmp_path / "data", log, IMAGE, **stop) as (proc, url):
         with httpx.Client(base_url=url, timeout=DEADLINE_S) as http:
-            history = http.get(f"/v1/sessions/{sid}/history")
-            assert history.status_code == 200, history.text
-            (cell,) = [e for e in history.json()["executions"] if e["execution_id"] == "cell20"]
-            assert cell["code"] == code and cell["status"] == "dead" and cell["reason"]
-            assert "started\n" in [e.get("text") for e in cell["events"]]
+            interim = cell_record(http, sid)
+            assert interim["code"] == code and interim["status"] == "dead"
+            assert "next gateway" in interim["reason"]  # the interim end says it is followed
+            # reattached and following it: now let the cell finish
+            (kernel,) = docker_client.containers.list(filters={"label": f"{LABEL_GATEWAY}={name}"})
+            assert kernel.exec_run(["touch", GO_FILE]).exit_code == 0
+            until(lambda: cell_record(http, sid)["reason"] != interim["reason"], "the followed cell's real end")
+            cell = cell_record(http, sid)
+            assert cell["status"] == "ok", (cell["reason"], cell["events"])
+            assert cell["reason"] is None and isinstance(cell["execution_count"], int)
+            texts = "".join(
+                (e["event"] if e["type"] == "late" else e).get("text", "")
+                for e in cell["events"]
+                if (e["event"] if e["type"] == "late" else e)["type"] == "stream"
+            )
+            assert texts == "started\nfinished\n", cell["events"]
+            # the next cell ran after it, and sees what it set
             after = http.post(f"/v1/sessions/{sid}/execute", json={"code": "print(finished)"})
             assert after.status_code == 200, after.text
             assert [e["text"] for e in after.json()["events"] if e["type"] == "stream"] == ["yes\n"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=DEADLINE_S) == 0
+
+
+def cell_record(http: httpx.Client, sid: str) -> dict[str, Any]:
+    history = http.get(f"/v1/sessions/{sid}/history")
+    assert history.status_code == 200, history.text
+    (cell,) = [e for e in history.json()["executions"] if e["execution_id"] == "cell20"]
+    return cell  # type: ignore[no-any-return]
