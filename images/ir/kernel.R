@@ -20,9 +20,12 @@ local({
     # It now ends as IPython's does: an error KeyboardInterrupt (shown unless
     # the request was silent) and a reply with status "error", so the gateway
     # says the cell was interrupted rather than failed.
+    answered <- new.env()
+    answered$msg_id <- ""
     send <- kernel_methods$send_response
     send_fn <- send@.Data
     body(send_fn) <- bquote({
+        if (msg_type == "execute_reply") assign("msg_id", parent_msg$header$msg_id, envir = .(answered))
         if (msg_type == "execute_reply" && identical(content$status, "abort")) {
             interrupted <- list(ename = "KeyboardInterrupt", evalue = "", traceback = list("KeyboardInterrupt"))
             if (!isTRUE(parent_msg$content$silent)) {
@@ -34,5 +37,38 @@ local({
     })
     send@.Data <- send_fn
     assign("send_response", send, envir = kernel_methods)
+
+    # A SIGINT (the gateway's interrupt) that lands in a cell's request before
+    # or after IRkernel's own evaluate (which turns it into an "abort" reply)
+    # reached R's top level, which under -f halts R: the kernel died. Such a
+    # cell is now answered as interrupted, unless its reply went out already.
+    executor_methods <- IRkernel:::Executor$def@refMethods
+    execute <- executor_methods$execute
+    execute_fn <- execute@.Data
+    body(execute_fn) <- bquote({
+        tryCatch(.(body(execute_fn)), interrupt = function(cond) {
+            if (!identical(get("msg_id", envir = .(answered)), request$header$msg_id)) {
+                send_response("execute_reply", request, "shell", list(status = "abort", execution_count = execution_count))
+            }
+        })
+    })
+    execute@.Data <- execute_fn
+    assign("execute", execute, envir = executor_methods)
+
+    # One that lands outside any request (after a reply, before the next poll)
+    # is dropped: the main loop polls again.
+    run <- kernel_methods$run
+    run_fn <- run@.Data
+    body(run_fn) <- bquote({
+        repeat {
+            ended <- tryCatch({
+                .(body(run_fn))
+                TRUE
+            }, interrupt = function(e) FALSE)
+            if (ended) break
+        }
+    })
+    run@.Data <- run_fn
+    assign("run", run, envir = kernel_methods)
 })
 IRkernel::main()

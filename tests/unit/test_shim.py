@@ -411,3 +411,31 @@ def test_a_cell_idle_that_waited_behind_a_fence_starts_its_own(shim: ModuleType)
     probe2, marker2 = probe_of(kernel, fences)
     assert probe2["msg_id"] != probe1["msg_id"]
     assert fences.iopub(pub(kernel, "stream", {"name": "stdout", "text": marker2}, probe2)) == [second_idle]
+
+
+def test_a_cell_has_started_once_the_kernel_says_so_for_it(shim: ModuleType) -> None:
+    """A SIGINT for a cell whose request the kernel has not begun to run waits
+    for its start (Shim.interrupt): one that lands in the kernel's handling of
+    the request killed or hung IRkernel. The start is the cell's execute_input
+    or first output, for that cell only, once."""
+    gateway, kernel = Session(key=KEY), Session(key=KEY)
+    ws = FakeWorkspace()
+    ex = shim.Expressions(shim.Signer(KEY), ws.snapshot, ws.changes)
+    request = frames_of(gateway, "execute_request", {"code": "x", "silent": False, "user_expressions": {}})
+    header = parsed(kernel, ex.request(request))["header"]
+    assert ex.running == header["msg_id"] and not ex.started
+    other = frames_of(kernel, "execute_input", {"code": "y"}, parent={"msg_id": "someone-else"})
+    busy = frames_of(kernel, "status", {"execution_state": "busy"}, parent=header)
+    assert not ex.started_by(other) and not ex.started_by(busy) and not ex.started
+    started = frames_of(kernel, "execute_input", {"code": "x", "execution_count": 1}, parent=header)
+    assert ex.started_by(started) and ex.started
+    output = frames_of(kernel, "stream", {"name": "stdout", "text": "1"}, parent=header)
+    assert not ex.started_by(output)  # once
+    ex.reply(frames_of(kernel, "execute_reply", {"status": "ok", "execution_count": 1}, parent=header))
+    assert ex.running is None and not ex.started_by(started)
+
+
+def test_the_languages_harness_waits_for_the_shims_own_words(shim: ModuleType) -> None:
+    from tests.integration.languages import NOT_PASSED_ON
+
+    assert NOT_PASSED_ON in shim.NOT_PASSED_ON

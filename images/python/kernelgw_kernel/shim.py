@@ -70,6 +70,10 @@ RECONNECT_IVL_MS = 10
 default of 100 ms would add up to 100 ms to every cold start)."""
 TERM_GRACE_S = 5.0
 """After SIGTERM, how long the kernel may take before it is killed."""
+STARTED_BY = frozenset({"execute_input", "stream", "display_data", "update_display_data", "execute_result", "error"})
+"""The iopub messages that show a cell has started in the kernel (`Expressions.started`)."""
+NOT_PASSED_ON = "kernelgw shim: SIGINT while no cell runs: not passed on"
+"""Said on stderr (the container's log) for a SIGINT that finds no cell running."""
 DRAIN_S = 0.2
 """After the kernel exited, how long what it sent last is still relayed."""
 LINGER_MS = 1000
@@ -189,6 +193,9 @@ class Expressions:
         self.running: str | None = None
         """The msg_id of the cell the kernel runs (a non-silent execute_request
         whose reply has not come): a SIGINT while none runs is not passed on."""
+        self.started = False
+        """The running cell has started in the kernel (its execute_input, or any
+        output of it, came): an interrupt now lands inside the cell."""
         self.interrupted = False
         """The shim sent an interrupt_request since the last cell started: the
         cell's failed reply is reported as Python's ``KeyboardInterrupt`` (Deno
@@ -213,6 +220,7 @@ class Expressions:
         if not content.get("silent"):
             self.before = self.snapshot()
             self.interrupted = False
+            self.started = False
             msg_id = header.get("msg_id")
             self.running = msg_id if isinstance(msg_id, str) else None
         expressions = content.get("user_expressions")
@@ -234,6 +242,25 @@ class Expressions:
         while len(self.pending) > PENDING_MAX:
             self.pending.popitem(last=False)
         return self._with_content(frames, i, content)
+
+    def started_by(self, frames: list[bytes]) -> bool:
+        """Whether this iopub message from the kernel is the first sign that the
+        running cell has started (then `started` is set)."""
+        if self.running is None or self.started:
+            return False
+        i = split(frames)
+        if i is None or len(frames) < i + 4:
+            return False
+        try:
+            header, parent = json.loads(frames[i + 2]), json.loads(frames[i + 3])
+        except ValueError:
+            return False
+        if not isinstance(header, dict) or not isinstance(parent, dict) or parent.get("msg_id") != self.running:
+            return False
+        if header.get("msg_type") not in STARTED_BY:
+            return False
+        self.started = True
+        return True
 
     def reply(self, frames: list[bytes]) -> list[bytes]:
         """An execute_reply from the kernel, with the answers to what its
@@ -600,6 +627,10 @@ class Shim:
         self.signer = Signer(str(front.get("key", "")).encode(), str(front.get("signature_scheme", "hmac-sha256")))
         self.session = os.urandom(8).hex()
         self.interrupts = 0
+        self.interrupt_waiting: str | None = None
+        """The cell (msg_id) a SIGINT came for before the kernel started it (`interrupt`)."""
+        self.pid = 0
+        """The kernel's process (set by `run`)."""
         self.ctx = zmq.Context()
         f, b = addresses(front), addresses(back)
         identity = b"kernelgw-shim-" + self.session.encode()
@@ -693,6 +724,10 @@ class Shim:
     def route(self, frames: list[bytes], channel: str, from_front: bool) -> list[list[bytes]]:
         """The messages to send on for ``frames`` (none: unroutable, or held)."""
         if channel == "iopub":
+            if not from_front and self.expressions.started_by(frames):
+                if self.interrupt_waiting is not None and self.interrupt_waiting == self.expressions.running:
+                    self._interrupt(self.pid)
+                self.interrupt_waiting = None
             if from_front or self.fences is None:
                 return [frames]
             return self.fences.iopub(frames)
@@ -714,8 +749,21 @@ class Shim:
         return [self.expressions.reply(routed) if channel == "shell" else routed]
 
     def interrupt(self, pid: int) -> None:
+        """A SIGINT for the kernel: passed on only while a cell runs in it. A cell
+        whose request was sent but which has not started (no execute_input yet)
+        gets it when it starts: an interrupt that lands in the kernel's handling
+        of a request, outside the cell, killed or hung IRkernel."""
+        self.interrupt_waiting = None
         if self.expressions.running is None:
-            return  # no cell runs: nothing to interrupt (IRkernel hung on a SIGINT between cells under load)
+            # no cell runs: nothing to interrupt; said on stderr, the container's (bounded) log
+            print(NOT_PASSED_ON, file=sys.stderr, flush=True)
+            return
+        if not self.expressions.started:
+            self.interrupt_waiting = self.expressions.running
+            return
+        self._interrupt(pid)
+
+    def _interrupt(self, pid: int) -> None:
         if self.interrupter is None:
             try:
                 os.kill(pid, signal.SIGINT)
@@ -731,6 +779,7 @@ class Shim:
 
     def run(self, pid: int, wakeup: int) -> int:
         """Relay until the kernel ``pid`` exited; returns its exit code."""
+        self.pid = pid
         poller = zmq.Poller()
         for s in self.peer:
             poller.register(s, zmq.POLLIN)
@@ -749,6 +798,9 @@ class Shim:
                 events = poller.poll(timeout)
             except zmq.ZMQError:
                 events = []
+            # signals first: a SIGINT sent between two cells must find no cell
+            # running, even when the next cell's request came in the same poll
+            events.sort(key=lambda event: event[0] != wakeup)
             for s, _ in events:
                 if s == wakeup:
                     for signum in _read_signals(wakeup):

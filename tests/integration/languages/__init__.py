@@ -34,6 +34,10 @@ from kernelgw.runtime.backends.base import KernelHandle, KernelSpec
 from kernelgw.runtime.backends.docker import DockerBackend
 from kernelgw.runtime.execution import ARTIFACTS_EXPRESSION, ARTIFACTS_KEY, END_KEY
 
+NOT_PASSED_ON = "SIGINT while no cell runs: not passed on"
+"""What the shim (images/python/kernelgw_kernel/shim.py) says in the container's log
+for a SIGINT that finds no cell running (tests/unit/test_shim.py holds them together)."""
+
 RUNTIME_DIR = Path("/tmp/kgwt")
 
 
@@ -170,6 +174,23 @@ class Kernel:
     def signal(self, signum: int = signal.SIGINT) -> None:
         """A signal to the container, as the gateway interrupts a cell."""
         asyncio.run(self.backend.signal(self.handle, signum))
+
+    def signal_between_cells(self, timeout: float = 30) -> None:
+        """SIGINT the container while no cell runs, and wait until the shim has
+        taken it (its log says it was not passed on): the signal reaches the shim
+        through the container's init, later than the engine's answer, and one
+        still on its way when the next cell is sent interrupts that cell."""
+        container = docker.from_env().containers.get(self.handle.container_id)
+
+        def said() -> int:
+            return container.logs(stdout=False, stderr=True).decode(errors="replace").count(NOT_PASSED_ON)
+
+        before = said()
+        self.signal()
+        deadline = time.monotonic() + timeout
+        while said() == before:
+            assert time.monotonic() < deadline, f"the shim never took the SIGINT within {timeout} s"
+            time.sleep(0.05)
 
     def arrivals(self, code: str, timeout: float = 60) -> list[tuple[float, str, str]]:
         """Run ``code``; each stream message as (seconds after the request, name, text)."""

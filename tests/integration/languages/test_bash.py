@@ -141,7 +141,7 @@ def test_sigint_interrupts_an_endless_loop_and_the_kernel_goes_on(kernel: Kernel
 
 def test_sigint_between_cells_changes_nothing(kernel: Kernel) -> None:
     ok(kernel.execute("between=1"))
-    kernel.signal()
+    kernel.signal_between_cells()
     assert ok(kernel.execute("echo $((between + 1))")).stdout == "2\n"
     assert kernel.state() == "running"
 
