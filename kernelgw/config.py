@@ -210,9 +210,11 @@ class Settings(BaseSettings):
     its session's containers are gone. Empty: every kernel runs as ``kernel_uid``,
     sharing those limits. A gateway not running as root runs every kernel as its
     own uid, whatever this says (it cannot give files to another)."""
-    uid_state_dir: Path = Path("/run/kernelgw")
+    uid_state_dir: Path = Path("/run/kernelgw/.uids")
     """Where the gateways of one host keep the lock and reservations of
-    ``kernel_uid_range``: the same directory for all of them."""
+    ``kernel_uid_range``: the same directory for all of them. The gateway image
+    puts it in its runtime directory (bind-mounted from the host, which is
+    ``/run/kernelgw`` by default, so host and container gateways share it)."""
 
     # --- limits: defaults for a session, and the most a session may ask for
     memory_mb: int = 2048

@@ -163,6 +163,9 @@ def advertise_url(port: str) -> str:
 def serve(args: list[str]) -> None:
     os.environ["KERNELGW_GATEWAY_NAME"] = gateway_name()
     runtime_dir = Path(os.environ.get("KERNELGW_RUNTIME_DIR", "/run/kernelgw"))
+    # the uid lock must be the host's, shared with every gateway there: the
+    # container's own file system is read-only and private
+    os.environ.setdefault("KERNELGW_UID_STATE_DIR", str(runtime_dir / ".uids"))
     client = connect_engine()
     check_runtime_dir(client, runtime_dir)
     ensure_kernel_image(client, os.environ.get("KERNELGW_IMAGE", DEFAULT_IMAGE))

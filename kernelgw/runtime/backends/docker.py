@@ -204,7 +204,7 @@ class DockerBackend:
         kernel_uid: int = DEFAULT_KERNEL_UID,
         kernel_gid: int = DEFAULT_KERNEL_UID,
         kernel_uids: range | None = None,
-        uid_state_dir: Path = Path("/run/kernelgw"),
+        uid_state_dir: Path = Path("/run/kernelgw/.uids"),
         keep_workspaces: bool = True,
         max_workers: int = 32,
         client_factory: Callable[[], docker.DockerClient] | None = None,
