@@ -75,8 +75,14 @@ class Settings(BaseSettings):
     """Time a connection has to send a request's complete headers (from opening, or
     from its previous response) before it is closed: slow-header clients cannot
     hold connections open."""
-    keepalive_timeout_s: float = Field(5.0, gt=0)
-    """An idle keep-alive connection is closed after this long without a byte."""
+    keepalive_timeout_s: float = Field(8.0, gt=0)
+    """An idle keep-alive connection is closed after this long without a byte.
+    Longer than the idle expiry of common clients (httpx, which the SDK and E2B's
+    SDK use, and Node's agents: 5 s), so they drop a connection before the
+    gateway does: at 5 s against httpx's 5 s, a request sent on a connection at
+    the moment the gateway closed it failed with "Server disconnected without
+    sending a response" (seen in CI). Below ``header_timeout_s``, so an idle
+    connection ends here, quietly."""
     workers: int = Field(1, ge=1, le=64)
     """Gateway processes serving the one ``host:port`` together (``kernelgw serve
     --workers N``; about one per core): each owns the sessions it creates and

@@ -99,3 +99,15 @@ def test_gateway_names_the_engine_would_refuse_are_refused_at_start(name: str) -
 @pytest.mark.parametrize("name", ["default", "gw-1", "host_2.example", "A" * 63])
 def test_gateway_names_of_letters_digits_and_separators_are_taken(name: str) -> None:
     assert Settings(gateway_name=name).gateway_name == name
+
+
+def test_the_gateway_keeps_idle_connections_longer_than_httpx_does() -> None:
+    """A client must drop an idle connection before the gateway closes it: with
+    both at 5 s, a request sent as the gateway closed the connection failed with
+    "Server disconnected without sending a response" (the SDK and E2B's SDK use
+    httpx). The header deadline still ends an idle connection soon after."""
+    import httpx
+
+    settings = Settings()
+    assert settings.keepalive_timeout_s > httpx.Limits().keepalive_expiry + 1
+    assert settings.keepalive_timeout_s < settings.header_timeout_s
