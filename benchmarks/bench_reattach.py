@@ -61,9 +61,9 @@ SERVE_IMPORTS = (
 )
 # ... and the route modules create_app imports when it is called.
 APP_IMPORTS = (
-    "import kernelgw.server.auth, kernelgw.server.history, kernelgw.server.routes, kernelgw.server.ws, "
-    "kernelgw.server.jupyter.channels, kernelgw.server.jupyter.rest, kernelgw.server.files, "
-    "kernelgw.server.packages, kernelgw.server.web"
+    "import kernelgw.server.auth, kernelgw.server.v1.history, kernelgw.server.v1.routes, kernelgw.server.v1.ws, "
+    "kernelgw.server.jupyter.channels, kernelgw.server.jupyter.rest, kernelgw.server.v1.files, "
+    "kernelgw.server.v1.packages, kernelgw.server.web"
 )
 # Seconds to import the route modules after serve's imports; with BLOCK_RFC3987, as in an
 # install without jsonschema's optional rfc3987-syntax (it compiles ~40 lark grammars on import).

@@ -69,9 +69,10 @@ async def _warm_up_nbformat() -> None:
 def routers() -> tuple[APIRouter, ...]:
     """The app's routers, in the order their routes are matched (imports them)."""
     from kernelgw.server import auth as auth_routes
-    from kernelgw.server import docs, files, gateways, history, packages, routes, web, ws
+    from kernelgw.server import docs, gateways, web
     from kernelgw.server.jupyter import channels as jupyter_channels
     from kernelgw.server.jupyter import rest as jupyter_rest
+    from kernelgw.server.v1 import files, history, packages, routes, ws
 
     return (
         routes.public,

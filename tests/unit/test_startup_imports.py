@@ -46,11 +46,11 @@ LAZY = {
 IN_THE_LIFESPAN = {
     "docker": "the Docker SDK (requests, charset_normalizer) is imported by create_backend in that thread",
     "kernelgw.runtime.backends.docker": "create_backend imports it in that thread",
-    "kernelgw.server.routes": "the route modules are imported there (include_routes)",
+    "kernelgw.server.v1.routes": "the route modules are imported there (include_routes)",
     "kernelgw.server.auth": "a route module (the CLI's checks import kernelgw.server.authenticator)",
-    "kernelgw.server.ws": "the route modules are imported there (include_routes)",
+    "kernelgw.server.v1.ws": "the route modules are imported there (include_routes)",
     "kernelgw.server.jupyter.rest": "the route modules are imported there (include_routes)",
-    "kernelgw.server.files": "the route modules are imported there (include_routes)",
+    "kernelgw.server.v1.files": "the route modules are imported there (include_routes)",
 }
 
 # Runs `kernelgw serve` as the console script does, with the server's `run`
@@ -108,8 +108,8 @@ def test_the_probe_reaches_the_server(serve_modules: set[str]) -> None:
     in it (else the absences below would prove nothing)."""
     for module in (
         "kernelgw.server.app",
-        "kernelgw.server.routes",
-        "kernelgw.server.ws",
+        "kernelgw.server.v1.routes",
+        "kernelgw.server.v1.ws",
         "kernelgw.storage.store",
         "kernelgw.runtime.backends.docker",
     ):

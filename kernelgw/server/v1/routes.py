@@ -31,12 +31,12 @@ from kernelgw.models import (
 from kernelgw.runtime.lineage import ReplayReport
 from kernelgw.runtime.manager import SessionManager, SessionOptions
 from kernelgw.runtime.pause import NamespaceSummary
-from kernelgw.server import history
 from kernelgw.server.admission import admit
 from kernelgw.server.auth import authenticate, principal_of, require_admin, session_for
 from kernelgw.server.availability import DEFAULT_RETRY_AFTER_S, check_available, unready_reasons
 from kernelgw.server.drain import cut_off_response, until_done_or_closing
 from kernelgw.server.state import gateway_state
+from kernelgw.server.v1 import history
 
 _errors: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 422, 429, 503)

@@ -13,8 +13,8 @@ from kernelgw.kernels import profile
 from kernelgw.models import ErrorResponse, ImageInfo, ImageList, InstallRequest, InstallResult
 from kernelgw.runtime.packages import PackageInstaller, check_request, image_target
 from kernelgw.server.auth import authenticate, session_for
-from kernelgw.server.files import session_handle
 from kernelgw.server.state import gateway_state
+from kernelgw.server.v1.files import session_handle
 
 _errors: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 422, 500, 503)
