@@ -77,7 +77,8 @@ class ClientCells:
         self.missed: list[tuple[JupyterCell, list[Message]]] = []
         """Cells that ended while the client was away, with their answers."""
         self.waiting: dict[str, JupyterCell] = {}
-        """Ended cells whose answer waits for the kernel's idle on this connection."""
+        """Ended cells whose answer waits: for the kernel's idle on this connection,
+        or for an earlier cell's answer (answers go out in the order cells were sent)."""
 
     def send(self, channel: str, msg: dict[str, Any]) -> None:
         if self.owner is not None:
@@ -92,6 +93,19 @@ class ClientCells:
     def drop(self, cell: JupyterCell) -> None:
         """The queue refused it: it was never queued."""
         self.pending.pop(cell.msg_id, None)
+
+    def flush(self) -> None:
+        """Send the ready answers of the oldest waiting cells, up to the first one
+        still waiting for its idle: a cell aborted behind a failed one is not
+        answered before it (ipykernel answers its queue in order, and clients
+        that collect one msg_id at a time would miss the later reply)."""
+        for cell in sorted(self.waiting.values(), key=lambda c: c.number):
+            if not cell.ready:
+                return
+            del self.waiting[cell.msg_id]
+            answer, cell.answer = cell.answer, None
+            for channel, msg in answer or ():
+                self.send(channel, msg)
 
     def idle(self, msg_id: str, msg: dict[str, Any]) -> bool:
         """The kernel's ``status: idle`` for ``msg_id`` reached the connection:
@@ -130,6 +144,8 @@ class JupyterCell:
         self.stop_on_error = msg.content.get("stop_on_error", True) is not False
         self.message = msg.to_zmq()
         self.aborted = False
+        self.ready = False
+        """Its answer may go out (its idle came, or need not be waited for)."""
         self.adopted = False
         """The client reconnected while this cell was queued or running."""
         self.idle_order = -1
@@ -171,19 +187,17 @@ class JupyterCell:
             return
         reply = execution.reply_msg
         self.after = execution.reply_order if execution.reply_verified else (message_order(reply) if reply else None)
+        cells.waiting[self.msg_id] = self
         if reply is None or self.after is None or self.idle_order > self.after:
             # never ran, no order to go by, or the kernel's idle is in: all output came first
             self.release()
             return
-        cells.waiting[self.msg_id] = self
         asyncio.get_running_loop().call_later(IDLE_WAIT_S, self.release)
 
     def release(self) -> None:
-        """Send the cell's answer (once)."""
-        answer, self.answer = self.answer, None
-        self.cells.waiting.pop(self.msg_id, None)
-        for channel, msg in answer or ():
-            self.cells.send(channel, msg)
+        """The cell's answer may go out (once), after those of the client's earlier cells."""
+        self.ready = True
+        self.cells.flush()
 
     def _answer(self, execution: QueuedExecution) -> list[Message]:
         """The messages that end the cell for the client."""
@@ -236,7 +250,7 @@ def leave(session: KernelSession, client_session: str | None, cells: ClientCells
     cells.owner = None
     if not client_session or not (cells.pending or cells.missed):
         return
-    for cell in list(cells.waiting.values()):
+    for cell in sorted(cells.waiting.values(), key=lambda c: c.number):
         cells.missed.append((cell, cell.answer or []))
         cell.answer = None
     cells.waiting.clear()

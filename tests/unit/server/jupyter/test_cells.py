@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from websockets.asyncio.client import connect
 
 from kernelgw.storage.store import Store
+from tests.support.waiting import until
 from tests.unit.server.jupyter.conftest import (
     RECEIVE_TIMEOUT_S,
     Gateway,
@@ -110,13 +113,25 @@ async def test_a_v1_cell_waits_its_turn_without_its_timeout_running(gw: Gateway,
         assert [c["status"] for c in await history(gw, kernel)] == ["ok", "ok"]
 
 
-async def test_stop_on_error_aborts_the_clients_queued_cells(gw: Gateway, kernel: str) -> None:
-    async with connect(channels_url(gw, kernel, gw.alice)) as ws:
-        first = execute_request("import time; time.sleep(0.5); 1 / 0")
+async def queued_behind(http: httpx.AsyncClient, kernel: str, n: int) -> None:
+    """Until the session's queue holds ``n`` cells behind the running one."""
+
+    async def queued() -> bool:
+        return bool((await http.get(f"/v1/sessions/{kernel}")).json()["queue_length"] >= n)
+
+    await until(queued, f"{n} cells queued")
+
+
+async def test_stop_on_error_aborts_the_clients_queued_cells(gw: Gateway, kernel: str, tmp_path: Path) -> None:
+    go = tmp_path / "go"  # the first cell fails only once the others are queued (not after a fixed sleep)
+    async with connect(channels_url(gw, kernel, gw.alice)) as ws, gw.client(gw.alice, scheme="Bearer") as http:
+        first = execute_request(f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)\n1 / 0")
         second = execute_request("print('second')")
         third = execute_request("print('third')", stop_on_error=False)
         for msg in (first, second, third):
             await ws.send(json.dumps(msg))
+        await queued_behind(http, kernel, 2)
+        go.touch()
         msgs = await collect(ws, first["header"]["msg_id"])
         assert of_type(msgs, "execute_reply")[0]["content"]["status"] == "error"
         msgs = await collect(ws, second["header"]["msg_id"])
