@@ -104,6 +104,9 @@ class QueuedExecution:
     """Events dropped from the start of ``published`` once their chunk was committed (`release`)."""
     retain_output: bool = False
     """Keep every event in ``published`` (a caller answers with the whole output at the end)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables for this cell only (`kernelgw.runtime.cell_env`; Python
+    kernels), set by the caller right after ``submit``, before it awaits anything."""
     last_error: ev.Error | None = None
     """The latest ``error`` event published (kept when its chunk is released)."""
     chunk_committed: Callable[[int], None] | None = None

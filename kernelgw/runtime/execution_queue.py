@@ -30,6 +30,7 @@ from typing import Any, Literal
 from kernelgw import events as ev
 from kernelgw.errors import BadRequest
 from kernelgw.events import ReplayTrigger
+from kernelgw.runtime import cell_env
 from kernelgw.runtime.backends.base import KernelState
 from kernelgw.runtime.cell_end import CellEnds
 from kernelgw.runtime.cell_output import CellOutput
@@ -525,6 +526,8 @@ class ExecutionQueue:
         backlog.begin(rec.execution_id)
         rec.chunk_committed = functools.partial(backlog.committed, rec.execution_id)
         try:
+            if rec.env and not await self._set_env(rec):
+                return
             if not self._link.send(rec):
                 self._ends.finish(rec, "dead", status.dead_reason or "the kernel is not running; restart the session")
                 return
@@ -543,6 +546,18 @@ class ExecutionQueue:
             self._link.forget(rec)
             if status.state == "busy":
                 status.state = "idle"
+
+    async def _set_env(self, rec: QueuedExecution) -> bool:
+        """Set the cell's own environment variables in the kernel, right before it
+        (`kernelgw.runtime.cell_env`); False when the kernel refused (the cell is
+        ended then, not run). A kernel slow to answer gets the cell all the same:
+        it runs what it is sent in order, so the variables are set before the cell."""
+        reply = await self._link.silent_request(cell_env.setter_code(rec.env))
+        if reply is None or reply.get("status") == "ok":
+            return True
+        why = f"{reply.get('ename')}: {reply.get('evalue')}"
+        self._ends.finish(rec, "error", f"the cell's environment variables could not be set in the kernel ({why})")
+        return False
 
     async def _wait(self, rec: QueuedExecution, timeout: float) -> Literal["finished", "timeout"] | KernelState:
         """Wait for reply + idle, polling the container so a dead kernel is noticed."""
