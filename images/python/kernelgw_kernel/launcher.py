@@ -360,11 +360,13 @@ def _no_copy(channel: str) -> contextlib.AbstractContextManager[None]:
 
 
 def _python_shell(app: Any) -> None:
+    from kernelgw_kernel import displays
     from kernelgw_kernel.expressions import install_fast_expressions
 
     install_traceback_limits(app.shell)
     forget_outputs(app.shell)
     install_fast_expressions(app.shell)
+    displays.install(app.shell)  # a figure's chart, a DataFrame's data (lazily)
 
 
 def main() -> None:
