@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from kernelgw import events as ev
 from kernelgw.runtime.iopub import payload_size, strip_ansi, to_event
 
@@ -71,6 +73,14 @@ def test_payload_size() -> None:
     assert payload_size(ev.Stream(name="stdout", text="abc")) == 3
     assert payload_size(ev.Display(data={"text/plain": "ab", "image/png": "cdef"})) == 6
     assert payload_size(ev.Done(status="ok", duration_ms=1)) == 0
+
+
+def test_payload_size_counts_json_values_as_their_json() -> None:
+    chart = {"type": "line", "elements": [{"label": "a", "points": [[i * 0.5, i] for i in range(10_000)]}]}
+    display = ev.Display(data={"text/plain": "ab", "application/vnd.kernelgw.chart+json": chart})
+    assert payload_size(display) == 2 + len(orjson.dumps(chart)) > 100_000
+    huge = {"n": 2**70}  # past orjson's 64 bits: str() instead
+    assert payload_size(ev.Result(data={"application/json": huge})) == len(str(huge))
 
 
 def test_payload_size_counts_metadata_errors_in_full_and_clear_output() -> None:
