@@ -34,6 +34,15 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, 
 MimeBundle = dict[str, Any]
 """MIME type -> data, exactly as the kernel sent it (``image/png`` stays base64)."""
 
+CHART_MIME = "application/vnd.kernelgw.chart+json"
+"""In a display's or result's bundle: the structured chart of a figure (the Python
+kernel adds it to matplotlib figures): ``{"type", "title", "elements", ...}``, E2B's
+chart. Its shape and bounds: images/python/kernelgw_kernel/displays.py; the SDK's
+typed view: `kernelgw.client.execution.Chart`."""
+DATA_MIME = "application/vnd.kernelgw.data+json"
+"""In a display's or result's bundle: a table's data as ``{"column": [values]}``
+(the Python kernel adds it to pandas DataFrames of up to 10,000 cells; E2B's data)."""
+
 DoneStatus = Literal["ok", "error", "timeout", "interrupted", "dead"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -10,7 +10,9 @@ Two views of the same events:
   `Execution.stdout`, `Execution.stderr`, `Execution.results`, `Execution.text`,
   `Execution.error`, `Execution.events`;
 * the **display** -- what a notebook frontend would show once the cell is done:
-  `Execution.outputs`, `Execution.displays`, `Execution.images`. Here
+  `Execution.outputs`, `Execution.displays`, `Execution.images`, and the
+  structured data beside them, `Execution.charts` (a figure's chart) and
+  `Execution.data` (a DataFrame's columns). Here
   ``update_display`` replaces the data of every earlier display with the same
   ``display_id``, ``clear_output(wait=False)`` empties what was shown so far and
   ``clear_output(wait=True)`` does so right before the next output arrives
@@ -23,10 +25,12 @@ import base64
 import binascii
 import html
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from kernelgw.errors import KernelGWError
 from kernelgw.events import (
+    CHART_MIME,
+    DATA_MIME,
     EVENT_LIST_ADAPTER,
     ClearOutput,
     Display,
@@ -42,11 +46,90 @@ from kernelgw.events import (
     parse_event,
 )
 
-__all__ = ["Execution", "ExecutionBuilder", "ExecutionError", "Output"]
+__all__ = [
+    "BarElement",
+    "BoxElement",
+    "Chart",
+    "ChartType",
+    "Execution",
+    "ExecutionBuilder",
+    "ExecutionError",
+    "Output",
+    "PieElement",
+    "PointSeries",
+    "TableData",
+]
 
 Output = Stream | Display | Result | Error
 """One output as a notebook shows it (nbformat: stream, display_data,
 execute_result, error)."""
+
+ChartType = Literal["line", "scatter", "bar", "pie", "box_and_whisker", "superchart", "unknown"]
+
+
+class PointSeries(TypedDict):
+    """One line or scatter series: ``points`` are ``[x, y]`` pairs (a number, an
+    ISO 8601 string on a date axis, a label on a categorical one)."""
+
+    label: str
+    points: list[list[float | str]]
+
+
+class BarElement(TypedDict):
+    label: str
+    group: str
+    """The bar's container (its ``label=``, else ``Group N``)."""
+    value: float
+
+
+class PieElement(TypedDict):
+    label: str
+    angle: float
+    """The wedge's angle in degrees."""
+    radius: float
+
+
+class BoxElement(TypedDict):
+    label: str
+    min: float
+    first_quartile: float
+    median: float
+    third_quartile: float
+    max: float
+    outliers: list[float]
+
+
+class Chart(TypedDict):
+    """A figure's structured chart (the ``application/vnd.kernelgw.chart+json``
+    MIME type; E2B's chart): what the picture shows, for a model or a UI to use.
+
+    ``elements`` by ``type``: `PointSeries` (line, scatter), `BarElement` (bar),
+    `PieElement` (pie), `BoxElement` (box_and_whisker), one `Chart` per axes
+    (superchart, a figure of several axes; its title is the figure's), nothing
+    for unknown. Labels, units and scales are absent or None where the figure
+    has none; a unit is what an axis label holds in ``(...)`` or ``[...]``."""
+
+    type: ChartType
+    title: str | None
+    elements: list[Any]
+    x_label: NotRequired[str | None]
+    y_label: NotRequired[str | None]
+    x_unit: NotRequired[str | None]
+    y_unit: NotRequired[str | None]
+    x_scale: NotRequired[str]
+    """line and scatter: linear, datetime, categorical, log, ..."""
+    y_scale: NotRequired[str]
+    x_ticks: NotRequired[list[float | str]]
+    x_tick_labels: NotRequired[list[str]]
+    y_ticks: NotRequired[list[float | str]]
+    y_tick_labels: NotRequired[list[str]]
+
+
+TableData = dict[str, list[Any]]
+"""A table's columns as lists of JSON values, by column name (the
+``application/vnd.kernelgw.data+json`` MIME type; E2B's data): the DataFrame's
+``to_dict(orient="list")``, without its index; missing values are None and
+timestamps ISO 8601 strings."""
 
 _IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/svg+xml")
 
@@ -366,6 +449,35 @@ class Execution:
                     images.append(png)
         return images
 
+    def _shown(self, mime: str) -> list[dict[str, Any]]:
+        return [
+            output.data[mime]
+            for output in self._outputs
+            if isinstance(output, (Display, Result)) and isinstance(output.data.get(mime), dict)
+        ]
+
+    @property
+    def charts(self) -> list[Chart]:
+        """The structured charts of the figures shown, in order (`Chart`): the
+        Python kernel adds one to each matplotlib figure with data (not to a
+        blank one, nor past 10,000 points); other kernels send none.
+
+        >>> execution.charts[0]["type"], execution.charts[0]["title"]  # doctest: +SKIP
+        ('line', 'Growth')
+        """
+        return cast(list[Chart], self._shown(CHART_MIME))
+
+    @property
+    def data(self) -> list[TableData]:
+        """The data of the tables shown (each DataFrame displayed or left as the
+        cell's value), in order, as columns of values (`TableData`); a DataFrame of
+        more than 10,000 cells has none (its text and HTML are still shown).
+
+        >>> execution.data[0]["price"]  # doctest: +SKIP
+        [9.5, 12.0, None]
+        """
+        return cast(list[TableData], self._shown(DATA_MIME))
+
     # ------------------------------------------------------ notebook / repr
 
     def __repr__(self) -> str:
@@ -379,6 +491,10 @@ class Execution:
             parts.append(f"stdout={len(self.stdout)} chars")
         if self.images:
             parts.append(f"images={len(self.images)}")
+        if self.charts:
+            parts.append(f"charts={len(self.charts)}")
+        if self.data:
+            parts.append(f"data={len(self.data)}")
         return f"Execution({', '.join(parts)})"
 
     def _repr_png_(self) -> bytes | None:

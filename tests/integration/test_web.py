@@ -208,6 +208,8 @@ def test_chart_dataframe_and_error_render(tab: Tab, shots: Path) -> None:
     expect(img).to_be_visible()
     assert (img.get_attribute("src") or "").startswith("data:image/png;base64,")
     assert img.evaluate("i => i.complete && i.naturalWidth") > 100
+    # the figure's structured chart, as a caption (not raw JSON)
+    expect(chart.locator(".output-caption")).to_have_text("line chart \u201ca chart\u201d \u00b7 1 series")
 
     table = tab.run(
         "import pandas as pd\n"
@@ -230,6 +232,7 @@ def test_chart_dataframe_and_error_render(tab: Tab, shots: Path) -> None:
     assert inner["y"] + inner["height"] <= outer["y"] + outer["height"] + 1, (inner, outer)
     assert outer["height"] < inner["height"] + 30, (inner, outer)
     expect(table.locator(".output-result")).to_have_attribute("data-prompt", "Out[2]")
+    expect(table.locator(".output-caption")).to_have_text("data: 3 rows \u00d7 3 columns (city, temp, rank)")
 
     error = tab.run("def f(x):\n    return 1 / x\n\nf(0)", status="error")
     box = error.locator(".output-error")

@@ -8,7 +8,7 @@ import pytest
 
 from kernelgw.client.execution import Execution, ExecutionBuilder, ExecutionError
 from kernelgw.errors import KernelGWError
-from kernelgw.events import Display, Result, Stream
+from kernelgw.events import CHART_MIME, DATA_MIME, Display, Result, Stream
 
 EID = "e1"
 PNG1 = b"\x89PNG\r\n\x1a\n-one"
@@ -110,6 +110,38 @@ def test_images_are_decoded_from_displays_and_results_in_order():
     assert ex._repr_png_() == PNG1
     assert len(ex.displays) == 2
     assert ex.text == "<Image>"
+
+
+CHART = {"type": "line", "title": "Growth", "elements": [{"label": "a", "points": [[0, 1.0], [1, 2.0]]}]}
+BAR = {"type": "bar", "title": None, "elements": [{"label": "x", "group": "Group 0", "value": 3.0}]}
+TABLE = {"price": [9.5, None], "when": ["2024-01-01T00:00:00", None]}
+
+
+def test_charts_and_data_are_read_from_what_is_shown_in_order():
+    ex = Execution(
+        run_events(
+            display({"image/png": b64(PNG1), CHART_MIME: CHART, "text/plain": "<Figure>"}),
+            display({"text/plain": "<Figure>", "image/png": b64(PNG2)}),  # a blank figure: no chart
+            display({CHART_MIME: "not a chart", "text/plain": "x"}),  # not a JSON object: ignored
+            result({"text/plain": "   price", "text/html": "<table/>", DATA_MIME: TABLE}),
+        )
+    )
+    assert ex.charts == [CHART]
+    assert ex.charts[0]["type"] == "line" and ex.charts[0]["title"] == "Growth"
+    assert ex.data == [TABLE]
+    assert "charts=1" in repr(ex) and "data=1" in repr(ex)
+
+    # the display view: a cleared chart is gone, an updated one replaced
+    ex = Execution(
+        run_events(
+            display({CHART_MIME: CHART}, display_id="d"),
+            clear(),
+            display({CHART_MIME: CHART}, display_id="d"),
+            update({CHART_MIME: BAR}, "d"),
+        )
+    )
+    assert ex.charts == [BAR]
+    assert ex.data == []
 
 
 def test_base64_with_line_breaks_is_accepted():

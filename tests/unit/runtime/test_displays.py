@@ -22,12 +22,10 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
+from kernelgw.events import CHART_MIME, DATA_MIME
 from tests.support.local_backend import image_helper
 from tests.unit.runtime.conftest import SessionFactory
 from tests.unit.runtime.test_session import run
-
-CHART_MIME = "application/vnd.kernelgw.chart+json"
-DATA_MIME = "application/vnd.kernelgw.data+json"
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +53,9 @@ def axes(title: str = "") -> tuple[Figure, Any]:
     return figure, ax
 
 
-def test_the_mime_types_are_kernelgws_own(displays: ModuleType) -> None:
+def test_the_kernel_and_the_event_schema_name_the_same_mime_types(displays: ModuleType) -> None:
     assert (displays.CHART_MIME, displays.DATA_MIME) == (CHART_MIME, DATA_MIME)
+    assert CHART_MIME == "application/vnd.kernelgw.chart+json" and DATA_MIME == "application/vnd.kernelgw.data+json"
 
 
 # ---------------------------------------------------------------- json_safe

@@ -208,14 +208,67 @@ function image(mime, value, meta) {
   return img;
 }
 
+// Structured data the Python kernel sends beside a figure's picture and a
+// DataFrame's table (kernelgw/events.py CHART_MIME, DATA_MIME): shown as a one-line
+// caption under the picture or table, never as raw JSON.
+const CHART_MIME = "application/vnd.kernelgw.chart+json";
+const DATA_MIME = "application/vnd.kernelgw.data+json";
+const STRUCTURED = new Set([CHART_MIME, DATA_MIME]);
+
+const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
+function chartWords(chart) {
+  const type = String(chart.type || "unknown").replace(/_/g, " ");
+  const title = chart.title ? ` \u201c${chart.title}\u201d` : "";
+  const elements = Array.isArray(chart.elements) ? chart.elements : [];
+  if (chart.type === "superchart") {
+    const parts = elements.filter(isObject).map((c) => String(c.type || "unknown").replace(/_/g, " "));
+    return `${plural(parts.length, "chart")}${title}: ${parts.join(", ")}`;
+  }
+  const count = {
+    line: () => plural(elements.length, "series"),
+    scatter: () => plural(elements.length, "series"),
+    bar: () => plural(elements.length, "bar"),
+    pie: () => plural(elements.length, "slice"),
+    box_and_whisker: () => plural(elements.length, "box"),
+  }[chart.type];
+  const axes = [chart.x_label, chart.y_label].filter(Boolean).join(" / ");
+  return [`${type} chart${title}`, count ? count() : "", axes].filter(Boolean).join(" \u00b7 ");
+}
+
+function dataWords(table) {
+  const columns = Object.keys(table);
+  const first = columns.length ? table[columns[0]] : [];
+  const rows = Array.isArray(first) ? first.length : 0;
+  const names = columns.length > 6 ? [...columns.slice(0, 6), "\u2026"] : columns;
+  return `data: ${plural(rows, "row")} \u00d7 ${plural(columns.length, "column")} (${names.join(", ")})`;
+}
+
+/** A one-line caption for a bundle's chart or table data, or null. */
+export function structuredCaption(data) {
+  const words = [];
+  if (isObject(data[CHART_MIME])) words.push(chartWords(data[CHART_MIME]));
+  if (isObject(data[DATA_MIME])) words.push(dataWords(data[DATA_MIME]));
+  if (!words.length) return null;
+  const el = document.createElement("div");
+  el.className = "output-caption";
+  el.textContent = words.join("; ");
+  return el;
+}
+
 /** The richest representation of a MIME bundle this page can show safely. */
 export function renderBundle(data, metadata) {
   const mime = MIME_ORDER.find((m) => data[m] !== undefined && data[m] !== null);
   const wrap = document.createElement("div");
   wrap.className = "output output-rich";
+  const caption = structuredCaption(data);
   if (!mime) {
-    const types = Object.keys(data).join(", ") || "nothing";
-    wrap.append(pre(`[output of type ${types}: not shown here]`, "output-note"));
+    const types = Object.keys(data).filter((m) => !(caption && STRUCTURED.has(m)));
+    if (types.length || !caption) {
+      wrap.append(pre(`[output of type ${types.join(", ") || "nothing"}: not shown here]`, "output-note"));
+    }
+    if (caption) wrap.append(caption);
     return wrap;
   }
   wrap.dataset.mime = mime;
@@ -223,6 +276,7 @@ export function renderBundle(data, metadata) {
   else if (mime.startsWith("image/")) wrap.append(image(mime, data[mime], metadata));
   else if (mime === "application/json") wrap.append(pre(JSON.stringify(data[mime], null, 2), "output-text"));
   else wrap.append(pre(asText(data[mime]), "output-text"));
+  if (caption) wrap.append(caption);
   return wrap;
 }
 
