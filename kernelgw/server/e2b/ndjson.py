@@ -11,7 +11,8 @@ with ``parse_output`` (e2b_code_interpreter/models.py)::
     {"type": "keepalive"}               (while nothing else comes: the SDK skips it)
 
 The shapes follow E2B's own server (e2b-dev/code-interpreter, template/server):
-MIME types go to named fields and the rest to ``extra``; ``text/plain`` loses
+MIME types go to named fields (kernelgw's chart and data types to ``chart``
+and ``data``) and the rest to ``extra``; ``text/plain`` loses
 one pair of enclosing quotes (``'a'`` reads ``a``, as E2B's SDK users expect);
 a traceback is the kernel's lines joined with nothing between them; ``None``
 fields are left out. An ``update_display`` and a ``clear_output`` have no E2B
@@ -54,10 +55,15 @@ MIME_FIELDS: dict[str, str] = {
     "text/latex": "latex",
     "application/json": "json",
     "application/javascript": "javascript",
+    ev.DATA_MIME: "data",
+    ev.CHART_MIME: "chart",
     "e2b/data": "data",
     "e2b/chart": "chart",
 }
-"""A result's MIME types and the field E2B's SDK reads each from; others go to ``extra``."""
+"""A result's MIME types and the field E2B's SDK reads each from; others go to ``extra``.
+kernelgw's Python kernel gives a DataFrame's data and a figure's chart as E2B's
+(`kernelgw.events.DATA_MIME`, `CHART_MIME`); a kernel with E2B's own formatters
+gives them as ``e2b/data`` and ``e2b/chart``."""
 
 
 class _Line(BaseModel):

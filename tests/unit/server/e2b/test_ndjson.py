@@ -223,3 +223,17 @@ def test_a_keepalive_is_a_line_the_sdk_skips() -> None:
     parse_output(execution, ndjson.KEEPALIVE)
     assert ndjson.KEEPALIVE.endswith("\n")
     assert (execution.results, execution.error, execution.logs.stdout) == ([], None, [])
+
+
+def test_kernelgw_chart_and_data_types_are_e2b_chart_and_data() -> None:
+    chart = {"type": "line", "title": "t", "x_label": "x", "y_label": "y", "x_unit": None, "y_unit": None}
+    chart |= {"x_ticks": [], "x_tick_labels": [], "x_scale": "linear", "y_ticks": [], "y_tick_labels": []}
+    chart |= {"y_scale": "linear", "elements": []}
+    data = {"a": [1, 2]}
+    lines, execution = feed(
+        [ev.Result(execution_id=EID, data={"text/plain": "<Figure>", ev.CHART_MIME: chart, ev.DATA_MIME: data})]
+    )
+    assert (lines[0]["chart"], lines[0]["data"], lines[0]["extra"]) == (chart, data, {})
+    (result,) = execution.results
+    assert result.data == data
+    assert result.chart is not None and result.chart.title == "t"
