@@ -253,6 +253,11 @@ class Settings(BaseSettings):
     history and the audit log) and its snapshot deleted; 0: paused sessions are
     kept until deleted. Checked every ``reap_interval_s``."""
     reap_interval_s: float = 30.0
+    max_lease_s: float = Field(86400.0, gt=0)
+    """Longest lease (E2B's sandbox timeout) a session may be given at once, in
+    seconds; it can be extended by that much again. A session under a lease ends
+    (or pauses) when it runs out, within about a second, and is not reaped as idle
+    before."""
     kernel_start_timeout_s: float = 60.0
     on_shutdown: Literal["keep", "stop"] = "keep"
     """``keep``: a gateway that stops leaves its kernels running for the next one

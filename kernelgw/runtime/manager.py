@@ -1,9 +1,10 @@
-"""All sessions of one gateway: creation within limits, lookup, idle reaping.
+"""All sessions of one gateway: creation within limits, lookup, idle reaping, leases.
 
 Like jupyter_server's MultiKernelManager plus its culler, but each kernel lives in
 its own container. At start the manager reattaches the live kernels a previous
 process of its name left (by default a gateway that stops leaves them running)
-and removes the containers nobody can reattach.
+and removes the containers nobody can reattach. A session created with a lease
+(`kernelgw.runtime.lease`) ends, or pauses, when it runs out.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import builtins
 import contextlib
 import dataclasses
+import functools
 import logging
 import shutil
 import time
@@ -20,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 from kernelgw.config import Settings
 from kernelgw.errors import (
@@ -28,6 +31,7 @@ from kernelgw.errors import (
     KernelGWError,
     KernelNotOffered,
     LimitExceeded,
+    SessionBusy,
     SessionLimitReached,
     SessionNotFound,
     StorageUnavailable,
@@ -35,6 +39,16 @@ from kernelgw.errors import (
 from kernelgw.kernels import DEFAULT_KERNEL, profile
 from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
 from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelSpec
+from kernelgw.runtime.lease import (
+    LEASE_ENDED_REASON,
+    LEASE_PAUSED_REASON,
+    SessionTerms,
+    check_access_sha256,
+    check_lease_end,
+    check_lease_s,
+    check_metadata,
+    lease_until,
+)
 from kernelgw.runtime.lineage import ReplayReport
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.pause import NamespaceSummary, PausedBudgetExceeded, SnapshotBudget, SnapshotTooLarge
@@ -62,6 +76,14 @@ class SessionOptions:
     auto_replay: bool = False
     kernel: str | None = None
     """A kernel name of the gateway's ``kernels`` (None: the first of them)."""
+    metadata: dict[str, str] = field(default_factory=dict)
+    """Free labels kept with the session (E2B's metadata; at most 64, `kernelgw.runtime.lease`)."""
+    lease_s: float | None = None
+    """The session ends, or pauses (``on_lease_end``), this long from its creation
+    unless `SessionManager.set_lease` moves it (None: no lease)."""
+    on_lease_end: Literal["end", "pause"] = "end"
+    access_sha256: str | None = None
+    """The sha256 (hex) of a per-session access token the face issued (`KernelSession.check_access`)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +96,16 @@ class Fork:
     replay: ReplayReport
     namespace: NamespaceSummary | None = None
     """A fork of a paused session: the variables its snapshot gave (no replay)."""
+
+
+def _stored_terms(stored: StoredSession, *, lease: bool) -> SessionTerms:
+    """A stored session's terms as they were (``lease=False``: without its lease)."""
+    return SessionTerms(
+        metadata=dict(stored.metadata),
+        lease_until=stored.lease_until if lease else None,
+        on_lease_end="pause" if stored.on_lease_end == "pause" else "end",
+        access_sha256=stored.access_sha256,
+    )
 
 
 class SessionManager:
@@ -92,6 +124,13 @@ class SessionManager:
         self._starting_by: dict[str, int] = {}
         """Sessions being started, by API key id ("" without authentication)."""
         self._reaper: asyncio.Task[None] | None = None
+        self._lease_keeper: asyncio.Task[None] | None = None
+        self._leases_changed = asyncio.Event()
+        """Set when a lease is set or one's end was handled: the keeper looks again."""
+        self._lease_ends: dict[str, asyncio.Task[None]] = {}
+        """Sessions whose lease ran out, being ended or paused."""
+        self._lease_acting: set[str] = set()
+        """Of them, those past the last check: too late to extend."""
         self.snapshots = SnapshotBudget(
             settings.paused_budget_mb * (1 << 20),
             on_change=metrics.paused_snapshot_bytes.set if metrics is not None else None,
@@ -107,6 +146,8 @@ class SessionManager:
         rest, then start reaping and warming the pools."""
         await self.reattach()
         self._reaper = asyncio.create_task(self._reap_loop(), name="idle-reaper")
+        # its first round ends at once the leases that ran out while no gateway ran
+        self._lease_keeper = asyncio.create_task(self._keep_leases(), name="lease-keeper")
         self._start_pools()
 
     async def reattach(self) -> builtins.list[str]:
@@ -152,6 +193,7 @@ class SessionManager:
         session = KernelSession(stored.session_id, stored.spec, self.backend, config, self.recorder, self.metrics)
         session.owner = stored.owner
         session.created_at = stored.created_at
+        session.terms = _stored_terms(stored, lease=True)
         try:
             await session.reattach(stored, self.settings.reattach_timeout_s)
         except Exception as exc:
@@ -181,6 +223,7 @@ class SessionManager:
         session = KernelSession(stored.session_id, stored.spec, self.backend, config, self.recorder, self.metrics)
         session.owner = stored.owner
         session.created_at = stored.created_at
+        session.terms = _stored_terms(stored, lease=False)  # no lease runs while paused
         await session.restore_paused(stored, directory, self.snapshots)
         self._sessions[session.id] = session
         return True
@@ -240,8 +283,12 @@ class SessionManager:
     async def shutdown(self) -> None:
         """Stop reaping and empty the pools; then, with ``on_shutdown=keep``, leave
         the sessions' kernels running (open in the store, counters recorded) for
-        the next gateway of this name, else end the sessions."""
+        the next gateway of this name, else end the sessions. A lease's end cut
+        off here is enforced by the next gateway (its lease is stored)."""
         await cancel_and_wait(self._reaper)
+        await cancel_and_wait(self._lease_keeper)
+        for task in list(self._lease_ends.values()):
+            await cancel_and_wait(task)
         await asyncio.gather(*(pool.close() for pool in self.pools.values()), return_exceptions=True)
         if self.settings.on_shutdown == "keep" and self.recorder is not None:
             sessions = [self._sessions.pop(sid) for sid in list(self._sessions)]
@@ -342,9 +389,21 @@ class SessionManager:
             raise
         return session
 
+    def _terms(self, opts: SessionOptions) -> SessionTerms:
+        """The new session's labels, lease end and access hash, checked (the lease
+        itself starts once the session is up)."""
+        if opts.lease_s is not None:
+            check_lease_s(opts.lease_s, self.settings.max_lease_s)
+        return SessionTerms(
+            metadata=check_metadata(opts.metadata),
+            on_lease_end=check_lease_end(opts.on_lease_end),
+            access_sha256=check_access_sha256(opts.access_sha256),
+        )
+
     async def create(self, opts: SessionOptions | None = None, principal: Principal = ANONYMOUS) -> KernelSession:
         opts = opts or SessionOptions()
         spec = self._spec("new", opts, principal.quotas)  # validate before anything starts
+        terms = self._terms(opts)
         per_key = principal.quotas.max_sessions or self.settings.max_sessions_per_key
         elsewhere = 0
         if self.held_elsewhere is not None and principal.key_id is not None and per_key is not None:
@@ -387,6 +446,10 @@ class SessionManager:
             if not self._starting_by[key]:
                 del self._starting_by[key]
         session.owner = principal.key_id
+        if opts.lease_s is not None:
+            terms.lease_until = lease_until(opts.lease_s)  # from when the session is up
+            self._leases_changed.set()
+        session.terms = terms
         self._sessions[session.id] = session
         if self.metrics is not None:
             self.metrics.session_start.labels(source).observe(time.perf_counter() - started)
@@ -396,7 +459,9 @@ class SessionManager:
         return session
 
     def fork_options(self, source: KernelSession, opts: SessionOptions) -> SessionOptions:
-        """A fork's options: what the request gave, else the source's."""
+        """A fork's options: what the request gave, else the source's. Of the
+        source's terms only its metadata is copied: the fork's lease and access
+        token are the request's own."""
         spec, config = source.spec, source.config
         if opts.kernel not in (None, spec.kernel):
             raise BadRequest(f"a fork runs its source's kernel ({spec.kernel}); leave out `kernel`, or give that one")
@@ -409,6 +474,10 @@ class SessionManager:
             runtime=opts.runtime if opts.runtime is not None else spec.runtime,
             auto_replay=opts.auto_replay or config.auto_replay,
             kernel=spec.kernel,
+            metadata=dict(opts.metadata) if opts.metadata else source.metadata,
+            lease_s=opts.lease_s,
+            on_lease_end=opts.on_lease_end,
+            access_sha256=opts.access_sha256,
         )
 
     async def fork(
@@ -502,13 +571,15 @@ class SessionManager:
     async def reap_idle(self) -> builtins.list[str]:
         """End (or, with ``idle_action=pause``, pause) sessions idle longer than the
         timeout with nobody watching; one whose snapshot finds no room (413,
-        507) is ended instead. Paused sessions end after ``paused_ttl_s``."""
+        507) is ended instead. Paused sessions end after ``paused_ttl_s``. A
+        session under a lease is left to it: its lease says how long it lives."""
         await self.expire_paused()
         now = time.monotonic()
         idle = [
             s
             for s in self._sessions.values()
             if s.state != "paused"
+            and s.lease_until is None
             and s.queue_length == 0
             and s.subscriber_count == 0
             and now - s.last_activity > self.settings.idle_timeout_s
@@ -555,12 +626,97 @@ class SessionManager:
     def snapshot_dir(self, session_id: str) -> Path:
         return Path(self.settings.data_dir) / "paused" / session_id
 
-    async def pause(self, session: KernelSession) -> Paused:
-        """Free a session's container, keeping its state on disk (``KernelSession.pause``)."""
+    async def pause(self, session: KernelSession, reason: str | None = None) -> Paused:
+        """Free a session's container, keeping its state on disk (``KernelSession.pause``);
+        its lease stops. ``reason``: why, for the audit log."""
         s = self.settings
         return await session.pause(
-            self.snapshot_dir(session.id), s.snapshot_max_bytes, s.file_io_timeout_s, self.snapshots
+            self.snapshot_dir(session.id), s.snapshot_max_bytes, s.file_io_timeout_s, self.snapshots, reason
         )
+
+    # ------------------------------------------------------------------ leases
+    async def set_lease(self, session: KernelSession, seconds: float) -> None:
+        """The session's lease runs out ``seconds`` from now (set or moved, sooner or
+        later); returns once the store has it. A paused session has no lease
+        (resume it first), nor has one whose lease ran out and is being ended."""
+        seconds = check_lease_s(seconds, self.settings.max_lease_s)
+        if self._sessions.get(session.id) is not session or session.state == "closed":
+            raise SessionNotFound(session.id)
+        if session.state == "paused":
+            raise SessionBusy(
+                "The session is paused, and no timeout (lease) runs while it is paused: "
+                "resume it (connect to it), then set its timeout."
+            )
+        if session.id in self._lease_acting:
+            raise SessionBusy(
+                f"The session's timeout ran out and it is being {'paused' if session.on_lease_end == 'pause' else 'ended'}"
+                "; it can no longer be extended."
+            )
+        session.terms.lease_until = lease_until(seconds)
+        self._leases_changed.set()
+        if self.recorder is not None:
+            await self.recorder.lease_changed(session)
+
+    async def _keep_leases(self) -> None:
+        """End or pause each session whose lease ran out, as it runs out: the keeper
+        sleeps until the nearest lease end, or until a lease is set (no polling);
+        each end runs in a task of its own, so a slow pause delays no other."""
+        while True:
+            self._leases_changed.clear()
+            try:
+                wait = self._leases_due()
+            except Exception:
+                log.exception("checking leases failed")
+                wait = self.settings.reap_interval_s
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._leases_changed.wait()
+
+    def _leases_due(self) -> float | None:
+        """Start ending the sessions whose lease ran out; the seconds until the next
+        lease runs out (None: none runs)."""
+        now = datetime.now(UTC)
+        nearest: float | None = None
+        for session in builtins.list(self._sessions.values()):
+            left = session.terms.lease_left_s(now)
+            if left is None or session.state in ("paused", "closed"):
+                continue
+            if left > 0:
+                nearest = left if nearest is None else min(nearest, left)
+            elif session.id not in self._lease_ends:
+                task = asyncio.create_task(self._lease_ran_out(session), name=f"lease-end-{session.id}")
+                self._lease_ends[session.id] = task
+                task.add_done_callback(functools.partial(self._lease_ended, session.id))
+        return nearest
+
+    def _lease_ended(self, session_id: str, task: asyncio.Task[None]) -> None:
+        self._lease_ends.pop(session_id, None)
+        self._lease_acting.discard(session_id)
+        self._leases_changed.set()  # one extended meanwhile may run out later
+
+    async def _lease_ran_out(self, session: KernelSession) -> None:
+        """Pause (``on_lease_end=pause``) or end a session whose lease ran out; a
+        pause that fails (a cell running, not a Python kernel, no room) ends it,
+        saying why. Both are audited with the reason."""
+        left = session.terms.lease_left_s(datetime.now(UTC))
+        if left is None or left > 0 or session.state in ("paused", "closed"):
+            return  # extended, paused or ended meanwhile
+        self._lease_acting.add(session.id)
+        reason = LEASE_ENDED_REASON
+        try:
+            if session.on_lease_end == "pause":
+                try:
+                    await self.pause(session, reason=LEASE_PAUSED_REASON)
+                    log.info("session %s paused: %s", session.id, LEASE_PAUSED_REASON)
+                    return
+                except Exception as exc:
+                    why = exc.message if isinstance(exc, KernelGWError) else str(exc) or type(exc).__name__
+                    reason = f"{LEASE_ENDED_REASON}; it was to be paused, but could not be: {why}"
+            await self.delete(session.id, reason=reason)
+        except SessionNotFound:
+            pass  # deleted meanwhile
+        except Exception:
+            log.exception("ending session %s, whose lease ran out, failed", session.id)
 
     async def _reap_loop(self) -> None:
         while True:

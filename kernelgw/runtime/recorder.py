@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -80,6 +80,26 @@ class RecordedSession(Protocol):
         """A cell left running in the kernel for the next gateway to follow (`FollowedCell`)."""
         ...
 
+    @property
+    def metadata(self) -> dict[str, str]:
+        """Free labels kept with the session (`kernelgw.runtime.lease`)."""
+        ...
+
+    @property
+    def lease_until(self) -> datetime | None:
+        """When its lease runs out (UTC); None: no lease runs."""
+        ...
+
+    @property
+    def on_lease_end(self) -> str:
+        """``end`` or ``pause``."""
+        ...
+
+    @property
+    def access_sha256(self) -> str | None:
+        """The sha256 of its access token (never the token)."""
+        ...
+
 
 @dataclass(frozen=True)
 class FollowedCell:
@@ -138,6 +158,11 @@ class StoredSession:
     """The kernels whose stored cells make the lineage (empty: the handle's alone)."""
     following: FollowedCell | None = None
     """A cell the previous gateway left running in the kernel, to follow to its end."""
+    metadata: dict[str, str] = field(default_factory=dict)
+    lease_until: datetime | None = None
+    """When its lease runs out (UTC; None: no lease ran). Passed already: ended at once."""
+    on_lease_end: str = "end"
+    access_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -261,7 +286,14 @@ class Recorder(Protocol):
 
     def kernel_changed(self, session: RecordedSession) -> None:
         """The session's kernel, execution count or last seq changed (a restart,
-        a graceful shutdown that keeps the kernel): store what reattach needs."""
+        a graceful shutdown that keeps the kernel, a pause, which stops the
+        lease): store what reattach needs."""
+        ...
+
+    async def lease_changed(self, session: RecordedSession) -> None:
+        """The session's lease was set or extended (`SessionManager.set_lease`): store
+        ``lease_until`` and ``on_lease_end``; return once committed, raise when it
+        cannot be (the caller's answer says so)."""
         ...
 
     async def open_sessions(self, replay_bytes: int = 0) -> list[StoredSession]:

@@ -40,6 +40,7 @@ from kernelgw.runtime.execution import (
 from kernelgw.runtime.execution_queue import ExecutionQueue
 from kernelgw.runtime.fanout import EventFanout, Published, Subscription
 from kernelgw.runtime.kernel_link import KernelLink
+from kernelgw.runtime.lease import SessionTerms
 from kernelgw.runtime.lineage import Lineage, LineageCell, ReplayReport
 from kernelgw.runtime.loop_share import LoopShare
 from kernelgw.runtime.metrics import Metrics
@@ -144,12 +145,14 @@ class KernelSession:
         """What the snapshot holds of ``_budget``, given back when it is removed."""
         self._resuming: asyncio.Task[None] | None = None
         self.lineage_kernels: tuple[str, ...] = ()
+        """The kernels whose stored cells make the lineage: the running one, and
+        those it was resumed from (a resume carries the state without re-running)."""
         self._files_kept = False
         """The backend was told to keep the files past the kernel (`keep_files`)."""
         self._following: FollowedCell | None = None
         """A cell a gateway left running in the kept kernel, until it is followed to its end."""
-        """The kernels whose stored cells make the lineage: the running one, and
-        those it was resumed from (a resume carries the state without re-running)."""
+        self._terms = SessionTerms()
+        """Labels, lease and access hash (`terms`)."""
 
     # ------------------------------------------------------------- attributes
     @property
@@ -218,6 +221,43 @@ class KernelSession:
     def handle(self) -> KernelHandle | None:
         """The running kernel's container, or None while (re)starting or closed."""
         return self._link.handle
+
+    # ------------------------------------------------------------- terms
+    @property
+    def terms(self) -> SessionTerms:
+        """Its labels, lease and access hash (`kernelgw.runtime.lease`): the manager's
+        to set (at creation, restore, `SessionManager.set_lease`); faces read the
+        properties below."""
+        return self._terms
+
+    @terms.setter
+    def terms(self, terms: SessionTerms) -> None:
+        self._terms = terms
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """Free labels kept with the session (a copy: change them through the manager)."""
+        return dict(self._terms.metadata)
+
+    @property
+    def lease_until(self) -> datetime | None:
+        """When its lease runs out (UTC); None: no lease runs (none set, or paused)."""
+        return self._terms.lease_until
+
+    @property
+    def on_lease_end(self) -> str:
+        """``end`` or ``pause``: what the manager does when the lease runs out."""
+        return self._terms.on_lease_end
+
+    @property
+    def access_sha256(self) -> str | None:
+        """The sha256 of its access token (None: it has none); for the store only."""
+        return self._terms.access_sha256
+
+    def check_access(self, token: str) -> bool:
+        """Whether ``token`` is the access token the session was created with
+        (constant-time; False when it has none)."""
+        return self._terms.check_access(token)
 
     # ------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -309,14 +349,20 @@ class KernelSession:
 
     # ------------------------------------------------------------- pause
     async def pause(
-        self, directory: Path, max_bytes: int, timeout: float, budget: SnapshotBudget | None = None
+        self,
+        directory: Path,
+        max_bytes: int,
+        timeout: float,
+        budget: SnapshotBudget | None = None,
+        reason: str | None = None,
     ) -> Paused:
         """Save the namespace, the workspace and the packages into ``directory`` and
         remove the container (memory and CPU freed). Only between cells: a cell
         running or queued is a 409. Cells sent meanwhile wait and resume it. The
         snapshot is capped by the session's tmpfs sizes and takes its bytes from
         ``budget``; a pause that fails for either (413, 507) or anything else
-        leaves the session running as it was."""
+        leaves the session running as it was. A lease stops while paused
+        (cleared). ``reason``: why it was paused, for the audit log."""
         if not profile(self.spec.kernel).python:
             raise NotForThisKernel(
                 f"Only Python sessions can be paused (their variables are pickled); this one runs {self.spec.kernel}. "
@@ -349,8 +395,10 @@ class KernelSession:
                 await self.backend.end_session(self.id)
                 self._files_kept = False
                 self.state = "paused"
+                self._terms.lease_until = None  # no lease runs while paused
                 self.kernel_changed()  # a restarted gateway brings it back paused
-                self.kernel_event("session_paused", f"{stored} bytes saved")
+                saved = f"{stored} bytes saved"
+                self.kernel_event("session_paused", f"{reason}; {saved}" if reason else saved)
             finally:
                 self._executions.release()
             self._snapshot = directory
@@ -793,4 +841,6 @@ class KernelSession:
             "dead_reason": self.dead_reason,
             "owner": self.owner,
             "auto_replay": self.config.auto_replay,
+            "metadata": self.metadata,
+            "lease_until": self.lease_until,
         }

@@ -1,9 +1,10 @@
 """What a restarted gateway reattaches from: each open session's kernel, in its row.
 
 The session row keeps the kernel's container id, its connection dict (with the
-kernel's HMAC key: protect the store), socket directory, spec and timeout, and
-the counters the session had reached. A gateway of the same name reads them
-back at start (`Store.open_sessions`) and reattaches or ends each session.
+kernel's HMAC key: protect the store), socket directory, spec and timeout, the
+counters the session had reached, and its terms (labels, lease, access hash). A
+gateway of the same name reads them back at start (`Store.open_sessions`) and
+reattaches or ends each session.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from sqlalchemy import Row, select, update
 from kernelgw.runtime.backends.base import KernelHandle, KernelSpec
 from kernelgw.runtime.recorder import FollowedCell, StoredSession
 from kernelgw.storage import schema
-from kernelgw.storage.records import as_utc
+from kernelgw.storage.records import as_utc, stored_metadata
 from kernelgw.storage.thread_engine import StoreConnection
 
 if TYPE_CHECKING:
@@ -58,6 +59,23 @@ def kernel_values(session: RecordedSession) -> dict[str, Any]:
     }
 
 
+def lease_values(session: RecordedSession) -> dict[str, Any]:
+    """The session row's lease columns (written at creation, at each lease change
+    and with the kernel: a pause stops the lease)."""
+    until = session.lease_until
+    return {"lease_until": until.astimezone(UTC) if until is not None else None, "on_lease_end": session.on_lease_end}
+
+
+def terms_values(session: RecordedSession) -> dict[str, Any]:
+    """The session row's terms columns: labels, lease, the access token's hash."""
+    metadata = session.metadata
+    return {
+        "session_metadata": json.dumps(metadata) if metadata else None,
+        "access_sha256": session.access_sha256,
+        **lease_values(session),
+    }
+
+
 def stored_session(row: Any) -> StoredSession:
     """A session row back as what the manager reattaches; raises ValueError,
     KeyError or TypeError when its kernel column is unreadable."""
@@ -83,6 +101,10 @@ def stored_session(row: Any) -> StoredSession:
         paused=bool(kernel.get("paused", False)),
         lineage_kernels=tuple(str(k) for k in kernel.get("lineage_kernels") or [kernel["kernel_id"]]),
         following=_followed(kernel.get("following")),
+        metadata=stored_metadata(row.session_metadata),
+        lease_until=as_utc(row.lease_until) if row.lease_until is not None else None,
+        on_lease_end="pause" if row.on_lease_end == "pause" else "end",
+        access_sha256=row.access_sha256,
     )
 
 

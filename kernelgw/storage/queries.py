@@ -17,7 +17,7 @@ from sqlalchemy import func, or_, select
 from kernelgw.kernels import DEFAULT_KERNEL
 from kernelgw.runtime.lineage import LineageCell
 from kernelgw.storage import schema
-from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
+from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc, stored_metadata
 from kernelgw.storage.retention import RUNNING
 from kernelgw.storage.thread_engine import StoreConnection, StoreEngine, on_one_connection
 
@@ -81,6 +81,7 @@ async def get_session(engine: StoreEngine, session_id: str) -> SessionRecord | N
         language_info=json.loads(row.language_info or "{}"),
         owner=row.owner,
         kernel=row.kernel_name or DEFAULT_KERNEL,
+        metadata=stored_metadata(row.session_metadata),
     )
 
 

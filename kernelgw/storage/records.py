@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -12,6 +13,15 @@ from kernelgw.events import EVENT_LIST_ADAPTER, Event
 def as_utc(value: datetime) -> datetime:
     """SQLite gives back naive datetimes; everything stored is UTC."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def stored_metadata(text: str | None) -> dict[str, str]:
+    """A session row's ``session_metadata`` back (empty when none, or unreadable)."""
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,8 @@ class SessionRecord:
     """The id of the API key that created the session (None without authentication)."""
     kernel: str = "python3"
     """The kernel's name (``kernelgw.kernels``): the notebook's kernelspec."""
+    metadata: dict[str, str] = field(default_factory=dict)
+    """The labels a face gave the session (E2B's metadata)."""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,13 @@ sessions = Table(
     Column("kernel", Text, nullable=True),
     Column("execution_count", Integer, nullable=True),
     Column("last_seq", Integer, nullable=True),
+    # what a face gave the session (kernelgw.runtime.lease): free labels (JSON),
+    # a lease (NULL: none runs; on_lease_end NULL: end) and the sha256 of its
+    # access token (never the token); NULL in rows stored before 0008
+    Column("session_metadata", Text, nullable=True),
+    Column("lease_until", DateTime(timezone=True), nullable=True),
+    Column("on_lease_end", String(8), nullable=True),
+    Column("access_sha256", String(64), nullable=True),
     Index("kgw_sessions_ended", "ended_at"),
     Index("kgw_sessions_gateway_open", "gateway_name", "ended_at"),
 )

@@ -37,7 +37,14 @@ from kernelgw.storage.database import Database
 from kernelgw.storage.engine import DB_FILE, async_database_url, database_url_for
 from kernelgw.storage.health import WriteHealth
 from kernelgw.storage.journal import MAX_RECORD_BYTES, Journal
-from kernelgw.storage.kernels import CRASHED_REASON, kernel_values, open_session_rows, stored_session
+from kernelgw.storage.kernels import (
+    CRASHED_REASON,
+    kernel_values,
+    lease_values,
+    open_session_rows,
+    stored_session,
+    terms_values,
+)
 from kernelgw.storage.records import ExecutionRecord, NoteRecord, SessionRecord, as_utc
 from kernelgw.storage.retention import CUT_OFF_REASON, RUNNING
 from kernelgw.storage.thread_engine import StoreEngine
@@ -317,6 +324,7 @@ class Store:
             "owner": session.owner,
             "kernel_name": session.spec.kernel,
             **kernel_values(session),
+            **terms_values(session),
         }
         self._positions[session.id] = 0
 
@@ -641,12 +649,26 @@ class Store:
         self._audit(kind, session, detail=reason)
 
     def kernel_changed(self, session: RecordedSession) -> None:
-        values = kernel_values(session)
+        values = {**kernel_values(session), **lease_values(session)}
 
         async def write(conn: AsyncConnection) -> None:
             await conn.execute(update(schema.sessions).where(schema.sessions.c.id == session.id).values(**values))
 
         self.enqueue(f"kernel of session {session.id}", write)
+
+    async def lease_changed(self, session: RecordedSession) -> None:
+        """Store the session's lease and wait for the commit: a lease acknowledged
+        is one a restarted gateway enforces."""
+        values = lease_values(session)
+
+        async def write(conn: AsyncConnection) -> None:
+            await conn.execute(update(schema.sessions).where(schema.sessions.c.id == session.id).values(**values))
+
+        if not self._writer.running:
+            raise StorageUnavailable("The history storage is not running.")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.enqueue(f"lease of session {session.id}", write, future)
+        await future
 
     async def open_sessions(self, replay_bytes: int = 0) -> list[StoredSession]:
         """Open sessions of this gateway name with a kernel to reach, each with its

@@ -22,6 +22,10 @@ def stand_in_session(session_id: str) -> Any:
         handle=None,  # no kernel to reattach: a restart of the store's gateway ends it
         paused_from=None,
         lineage_kernels=(),
+        metadata={},
+        lease_until=None,
+        on_lease_end="end",
+        access_sha256=None,
     )
 
 

@@ -16,6 +16,8 @@ Revisions (``versions/``):
   header and whether its answer was delivered (reconnect after a restart).
 - ``0007``: a cell's output is stored in chunks as it comes (``kgw_execution_chunks``),
   so no write of it is large and the gateway need not hold it until the cell ends.
+- ``0008``: each session keeps its labels (metadata), lease and access token's
+  hash, what a face (E2B's) gave it.
 
 To change the schema: change `kernelgw.storage.schema` and add a revision after
 the head here (copy the latest file; ``down_revision`` names the one before).
@@ -43,7 +45,9 @@ CHANNELS = "0006"
 """Executions name the Jupyter client that sent them (its return is sent what it missed)."""
 OUTPUT_CHUNKS = "0007"
 """A cell's output is stored in append-only chunks as it comes."""
-HEAD = OUTPUT_CHUNKS
+SESSION_TERMS = "0008"
+"""Sessions keep their metadata, lease and access token's hash."""
+HEAD = SESSION_TERMS
 """The newest revision, what this release's databases are at. Named here so that a
 start on an up-to-date database need not import Alembic to know it; a new revision
 moves it (tests/unit/storage/test_migrations.py checks Alembic's scripts agree)."""

@@ -25,6 +25,7 @@ from kernelgw.storage.migrations import (
     OUTPUT_CHUNKS,
     REATTACH,
     REPLAY,
+    SESSION_TERMS,
     VERSION_TABLE,
     MigrationsNeedAConnection,
 )
@@ -63,7 +64,7 @@ def test_the_comparison_sees_a_schema_that_differs(engine: Engine) -> None:
         ("kgw_executions", c) for c in ("kernel_id", "replay_of", "no_replay")
     } | {("kgw_sessions", "kernel_name")} | {
         ("kgw_executions", c) for c in ("client_session", "client_header", "client_answered")
-    }
+    } | {("kgw_sessions", c) for c in ("session_metadata", "lease_until", "on_lease_end", "access_sha256")}
     tables = {d[1].name for d in found if isinstance(d, tuple) and d[0] == "remove_table"}
     assert tables == {"kgw_gateways", "kgw_execution_chunks"}
     indexes = {d[1].name for d in found if isinstance(d, tuple) and d[0] == "remove_index"}
@@ -75,6 +76,7 @@ def test_the_revisions_are_one_line_from_the_baseline() -> None:
     script = ScriptDirectory.from_config(migrate.alembic_config())
     assert script.get_heads() == [migrate.head()]
     assert [r.revision for r in script.walk_revisions()] == [
+        SESSION_TERMS,
         OUTPUT_CHUNKS,
         CHANNELS,
         GATEWAYS,
@@ -107,7 +109,7 @@ def test_downgrading_the_replay_revision_gives_the_reattach_schema_back(engine: 
         command.downgrade(migrate.alembic_config(conn), REATTACH)
         assert migrate.current_revision(conn) == REATTACH
     assert differences(engine, previous_schema.REATTACH_RELEASE) == []
-    assert upgrade(engine).after == migrate.head() == OUTPUT_CHUNKS
+    assert upgrade(engine).after == migrate.head() == SESSION_TERMS
 
 
 def test_upgrading_from_the_reattach_revision_keeps_every_execution_replayable_in_no_lineage(
@@ -124,7 +126,7 @@ def test_upgrading_from_the_reattach_revision_keeps_every_execution_replayable_i
                 "VALUES ('s', 0, 'e0', 1, 'x = 1', 'ok', '2025-01-01 00:00:00', 1.0, 0, '[]')"
             )
         )
-    assert upgrade(engine).after == OUTPUT_CHUNKS
+    assert upgrade(engine).after == SESSION_TERMS
     with engine.connect() as conn:
         row = conn.execute(text("SELECT kernel_id, replay_of, no_replay FROM kgw_executions")).one()
     assert tuple(row) == (None, None, None)
@@ -141,13 +143,13 @@ def test_sessions_stored_before_kernel_names_read_back_as_python(engine: Engine)
                 "VALUES ('s', 'g', 'kernelgw/python:latest', '2025-01-01 00:00:00', '{}')"
             )
         )
-    assert upgrade(engine).after == OUTPUT_CHUNKS
+    assert upgrade(engine).after == SESSION_TERMS
     with engine.connect() as conn:
         assert conn.execute(text("SELECT kernel_name FROM kgw_sessions")).scalar() is None
     with engine.begin() as conn:
         command.downgrade(migrate.alembic_config(conn), REPLAY)
     assert "kernel_name" not in {c["name"] for c in inspect(engine).get_columns("kgw_sessions")}
-    assert upgrade(engine).after == OUTPUT_CHUNKS
+    assert upgrade(engine).after == SESSION_TERMS
 
 
 def test_a_second_upgrade_changes_nothing(engine: Engine) -> None:
@@ -218,11 +220,46 @@ def test_cells_stored_before_output_chunks_have_none_and_downgrading_drops_the_t
     """0007 only adds a table: rows stored before it keep their whole output in ``events``."""
     with engine.begin() as conn:
         command.upgrade(migrate.alembic_config(conn), CHANNELS)
-    assert upgrade(engine).after == OUTPUT_CHUNKS
+    assert upgrade(engine).after == SESSION_TERMS
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM kgw_execution_chunks")).scalar() == 0
     with engine.begin() as conn:
         command.downgrade(migrate.alembic_config(conn), CHANNELS)
     assert "kgw_execution_chunks" not in inspect(engine).get_table_names()
-    assert upgrade(engine).after == OUTPUT_CHUNKS
+    assert upgrade(engine).after == SESSION_TERMS
     assert differences(engine) == []
+
+
+def test_sessions_stored_before_their_terms_keep_their_rows_and_read_back_with_none(engine: Engine) -> None:
+    """0008 adds four nullable columns: an open and an ended session stored at 0007
+    are upgraded as they were, with no labels, lease or access hash; a downgrade
+    drops the columns and keeps the rows."""
+    with engine.begin() as conn:
+        command.upgrade(migrate.alembic_config(conn), OUTPUT_CHUNKS)
+        conn.execute(
+            text(
+                "INSERT INTO kgw_sessions (id, gateway_name, image, created_at, ended_at, end_reason, language_info) "
+                "VALUES ('open', 'g', 'img', '2025-01-01 00:00:00', NULL, NULL, '{}'), "
+                "('ended', 'g', 'img', '2025-01-01 00:00:00', '2025-01-01 01:00:00', 'deleted', '{}')"
+            )
+        )
+    assert upgrade(engine).after == SESSION_TERMS
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT id, end_reason, session_metadata, lease_until, on_lease_end, access_sha256 "
+                "FROM kgw_sessions ORDER BY id"
+            )
+        ).all()
+    assert [tuple(r) for r in rows] == [
+        ("ended", "deleted", None, None, None, None),
+        ("open", None, None, None, None, None),
+    ]
+    assert differences(engine) == []
+    with engine.begin() as conn:
+        command.downgrade(migrate.alembic_config(conn), OUTPUT_CHUNKS)
+    columns = {c["name"] for c in inspect(engine).get_columns("kgw_sessions")}
+    assert columns.isdisjoint({"session_metadata", "lease_until", "on_lease_end", "access_sha256"})
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM kgw_sessions")).scalar() == 2
+    assert upgrade(engine).after == SESSION_TERMS

@@ -47,6 +47,10 @@ def stand_in_session() -> Any:
         handle=None,
         paused_from=None,
         lineage_kernels=(),
+        metadata={},
+        lease_until=None,
+        on_lease_end="end",
+        access_sha256=None,
     )
 
 
