@@ -122,6 +122,11 @@ class CreateSession(_Body):
     runtime: Literal["runc", "runsc"] | None = Field(
         None, description="Container runtime (runsc: gVisor); must be one the gateway allows."
     )
+    metadata: dict[str, str] = Field(
+        default_factory=dict,
+        description="Free labels kept with the session (E2B's sandbox metadata): at most 64, keys of "
+        "1 to 128 characters, values of at most 1024. A fork gets its source's unless given here.",
+    )
     notebook: dict[str, Any] | None = Field(
         None,
         description="Restore: an nbformat v4 notebook (.ipynb JSON) whose code cells are run "
@@ -174,6 +179,12 @@ class SessionInfo(_Response):
     dead_reason: str | None = Field(None, description="Why the kernel died, when state is dead.")
     owner: str | None = Field(None, description="The id of the API key that created the session.")
     auto_replay: bool = Field(False, description="Whether a lost kernel is restarted and its cells replayed.")
+    metadata: dict[str, str] = Field(default_factory=dict, description="The labels the session was created with.")
+    lease_until: datetime | None = Field(
+        None,
+        description="When the session's lease (an E2B sandbox's timeout) runs out and it ends or pauses; "
+        "null: no lease runs.",
+    )
 
 
 class KernelInfo(_Response):

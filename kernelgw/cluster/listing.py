@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from kernelgw.kernels import DEFAULT_KERNEL
-from kernelgw.storage.records import as_utc
+from kernelgw.storage.records import as_utc, stored_metadata
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class RemoteSession:
     cpus: float | None
     paused: bool
     auto_replay: bool
+    metadata: dict[str, str]
+    lease_until: datetime | None
 
     @classmethod
     def from_row(cls, row: Any) -> RemoteSession:
@@ -55,6 +57,8 @@ class RemoteSession:
             cpus=spec.get("cpus"),
             paused=bool(kernel.get("paused")),
             auto_replay=bool(kernel.get("auto_replay")),
+            metadata=stored_metadata(row.session_metadata),
+            lease_until=as_utc(row.lease_until) if row.lease_until is not None else None,
         )
 
     def info(self) -> dict[str, Any]:
@@ -76,4 +80,6 @@ class RemoteSession:
             "dead_reason": None,
             "owner": self.owner,
             "auto_replay": self.auto_replay,
+            "metadata": self.metadata,
+            "lease_until": self.lease_until,
         }

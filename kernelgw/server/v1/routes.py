@@ -127,6 +127,7 @@ async def create_session(body: CreateSession, request: Request) -> dict[str, Any
         runtime=body.runtime,
         auto_replay=body.auto_replay,
         kernel=body.kernel,
+        metadata=body.metadata,
     )
     check_available(gateway_state(request))  # not while draining or while the store cannot write
     if body.fork_of is not None:
