@@ -1,7 +1,9 @@
 """Reading the history back: a session, its executions in order, its notes.
 
 Plain functions of an engine; the store calls them once its queue is flushed
-(`Store.read_engine`), so a client always reads its own writes.
+(`Store.read_engine`), so a client always reads its own writes. A read of more
+than one statement (a cell's row, then its output chunks) reads one state of
+the database (`on_one_connection`), whatever the writer commits meanwhile.
 """
 
 from __future__ import annotations
@@ -97,10 +99,15 @@ def _header(text: str | None) -> dict[str, Any] | None:
 
 async def list_executions(engine: StoreEngine, session_id: str) -> list[ExecutionRecord]:
     t = schema.executions
-    async with engine.connect() as conn:
+
+    async def read(conn: StoreConnection) -> list[ExecutionRecord]:
+        # the rows and their chunks of one state (`on_one_connection`): a late error
+        # committed in between was read as its chunk with the status before it
         rows = (await conn.execute(select(t).where(t.c.session_id == session_id).order_by(t.c.position, t.c.id))).all()
         chunks = await _chunks(conn, session_id) if rows else {}
-    return [_execution(row, chunks) for row in rows]
+        return [_execution(row, chunks) for row in rows]
+
+    return await on_one_connection(engine, read)
 
 
 MAX_UNANSWERED = 100
@@ -121,10 +128,13 @@ async def unanswered_client_cells(engine: StoreEngine, session_id: str, client_s
         .order_by(t.c.position.desc(), t.c.id.desc())
         .limit(MAX_UNANSWERED)
     )
-    async with engine.connect() as conn:
+
+    async def read(conn: StoreConnection) -> list[ExecutionRecord]:
         rows = (await conn.execute(query)).all()
         chunks = await _chunks(conn, session_id, sorted({row.execution_id for row in rows}))
-    return [_execution(row, chunks) for row in reversed(rows)]
+        return [_execution(row, chunks) for row in reversed(rows)]
+
+    return await on_one_connection(engine, read)
 
 
 def _execution(row: Any, chunks: dict[CellKey, tuple[list[str], list[str]]]) -> ExecutionRecord:
@@ -201,9 +211,12 @@ async def latest_events(engine: StoreEngine, session_id: str, max_bytes: int) ->
     first, as many as fit in ``max_bytes`` of events (a replay buffer's worth,
     read newest first so a long history is not loaded; output chunks are
     counted by their stored size and loaded only for the cells taken)."""
-    async with engine.connect() as conn:
+
+    async def read(conn: StoreConnection) -> list[tuple[str, str]]:
         sizes = await _chunk_sizes(conn, [session_id])
         return await _latest_events(conn, session_id, max_bytes, sizes.get(session_id, {}))
+
+    return await on_one_connection(engine, read)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from sqlalchemy import Connection, Engine, Executable, Result, Row
+from sqlalchemy.pool import StaticPool
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -140,13 +141,19 @@ def run_inline(work: Callable[[ThreadConnection], Awaitable[T]], conn: Connectio
 
 
 async def on_one_connection(engine: StoreEngine, work: Callable[[StoreConnection], Coroutine[Any, Any, T]]) -> T:
-    """``work`` on one connection (not in a transaction of its own). On SQLite all
-    of it in one worker-thread hop: a read of many small queries (a restart's
-    reattach reads: 5 a session) does not wait for the GIL at each of them,
-    while the start-up's other threads import and build."""
+    """``work``, a read, on one connection, all of its statements reading one state
+    of the database (one read transaction, never committed): a history read takes
+    a cell's row, then its output chunks, and a commit between the two (a late
+    error: its chunk and its row's status ``error``) was read half, the chunk
+    without the status. On SQLite all of it in one worker-thread hop: a read of
+    many small queries (a restart's reattach reads: 5 a session) does not wait
+    for the GIL at each of them, while the start-up's other threads import and build."""
     if isinstance(engine, ThreadEngine):
         return await engine.run(work)
     async with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            # READ COMMITTED, the default, reads each statement's own snapshot
+            await conn.execution_options(isolation_level="REPEATABLE READ")
         return await work(conn)
 
 
@@ -167,6 +174,9 @@ class ThreadEngine:
 
     def __init__(self, engine: Engine) -> None:
         self.sync_engine = engine
+        self._own_connections = not isinstance(engine.pool, StaticPool)
+        """A file's connections are each its own; an in-memory database's one is
+        shared (with the writer too): a read transaction there would take in others' writes."""
 
     @asynccontextmanager
     async def connect(self) -> AsyncIterator[ThreadConnection]:
@@ -189,10 +199,16 @@ class ThreadEngine:
         await conn.in_thread(_commit_and_close, conn.sync_connection)
 
     async def run(self, work: Callable[[ThreadConnection], Coroutine[Any, Any, T]]) -> T:
-        """``work`` on one connection, all of it in one worker thread (`on_one_connection`)."""
+        """``work`` on one connection, all of it in one worker thread, in one read
+        transaction on a file (`on_one_connection`)."""
 
         def in_thread() -> T:
             with self.sync_engine.connect() as conn:
+                if self._own_connections:
+                    # pysqlite opens a transaction only before a write, so each read
+                    # statement would see the latest commit; the read transaction
+                    # is rolled back when the connection goes back to the pool
+                    conn.exec_driver_sql("BEGIN")
                 return run_inline(work, conn, "a store read run in one thread hop")
 
         return await asyncio.to_thread(in_thread)

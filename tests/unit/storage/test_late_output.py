@@ -1,11 +1,19 @@
 """Late output in the store (`Store.execution_late`), on a real SQLite file and a
 real PostgreSQL: appended to the ended cell's record after its ``done`` (also
 after its output chunks and its row's events), a late error turns the recorded
-status to ``error``, the notebook shows it, and the audit log says so."""
+status to ``error``, the notebook shows it, and the audit log says so; a history
+read while a late error commits sees the cell before it or after it, never half."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.util import await_only
 
 from kernelgw import events as ev
 from kernelgw.runtime.fanout import Published
@@ -95,3 +103,52 @@ async def test_late_output_queued_right_behind_its_cells_end_finds_the_record(di
     (record,) = await store.list_executions(session.id)
     assert record.status == "error"
     assert [e.type for e in record.events] == ["queued", "stream", "done", "late"]
+
+
+def commit_between_reads(engine: Any, write: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``write`` (a commit) once, right after the next read of the executions
+    table on ``engine``, before that read's next statement: where the CI run
+    (runsc) met the late error's commit while the history was read."""
+    armed = True
+    loop = asyncio.get_running_loop()
+
+    def after(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        nonlocal armed
+        if not armed or not statement.lstrip().startswith("SELECT") or "FROM kgw_executions" not in statement:
+            return
+        armed = False
+        if threading.current_thread() is threading.main_thread():  # the asyncio engine (PostgreSQL): in a greenlet
+            await_only(write())
+        else:  # SQLite: the read's statements run in a worker thread
+            asyncio.run_coroutine_threadsafe(write(), loop).result(timeout=30)
+
+    event.listen(engine.sync_engine, "after_cursor_execute", after)
+
+
+async def test_a_history_read_is_one_state_even_when_a_late_error_commits_during_it(dialect_store: Store) -> None:
+    """The history reads a cell's row and its chunks in two statements: a late
+    error committed between them made the CI read answer the late error (from
+    the chunks) with the status from before it (from the row), ``ok``. A read
+    sees one state of the database: before the late error (``ok``, no late
+    events) or after it (``error``, with them), never half of each."""
+    store = dialect_store
+    session = stand_in_session()
+    await store.session_started(session)
+    cell = OkCell(store, session, seq=0)
+    cell.print("on time\n")
+    eid = cell.rec.execution_id
+    await cell.finish()
+    error = ev.Error(execution_id=eid, ename="ValueError", evalue="late", traceback=[], traceback_text=[])
+
+    async def late_error() -> None:
+        await store.execution_late(session, eid, [late(cell.seq + 2, eid, error)], 0, True)
+
+    commit_between_reads(await store.read_engine(), late_error)
+    (record,) = await store.list_executions(session.id)
+    types = [e.type for e in record.events]
+    assert (record.status, types) in [
+        ("ok", ["queued", "stream", "done"]),
+        ("error", ["queued", "stream", "done", "late"]),
+    ], (record.status, types)
+    (record,) = await store.list_executions(session.id)
+    assert record.status == "error" and [e.type for e in record.events] == ["queued", "stream", "done", "late"]
