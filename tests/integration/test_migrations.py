@@ -267,3 +267,88 @@ async def test_gateways_starting_at_once_on_one_new_database_all_come_up(url: st
     finally:
         await asyncio.gather(*(s.close() for s in stores))
     await assert_at_head_as_a_new_database_would_be(url)
+
+
+async def test_an_output_chunks_database_is_upgraded_and_its_sessions_have_no_terms(url: str) -> None:
+    """0007 to session terms (0008): an open session with a kernel to reattach and
+    an ended one read as before, with no metadata, no lease and no access hash;
+    the reattached one then takes a lease."""
+    from kernelgw.storage.migrations import OUTPUT_CHUNKS, SESSION_TERMS
+
+    kernel = {
+        "kernel_id": "k1",
+        "conn_dir": "/tmp/none",
+        "connection": {"key": "secret", "transport": "ipc"},
+        "spec": {
+            "session_id": OPEN_SESSION,
+            "image": "kernelgw/python:old",
+            "memory_mb": 512,
+            "cpus": 1.0,
+            "pids_limit": 64,
+            "tmp_size_mb": 16,
+            "workspace_size_mb": 16,
+            "shm_size_mb": 16,
+        },
+        "exec_timeout_s": 30.0,
+    }
+
+    def made_by_0007(conn: Connection) -> None:
+        command.upgrade(migrate.alembic_config(conn), OUTPUT_CHUNKS)
+        base = {"gateway_name": "old", "image": "kernelgw/python:old", "language_info": "{}", "owner": KEY_ID}
+        conn.execute(
+            text(
+                "INSERT INTO kgw_sessions (id, gateway_name, image, created_at, ended_at, end_reason, "
+                "language_info, owner, container_id, kernel, execution_count, last_seq) VALUES "
+                "(:id, :gateway_name, :image, :created_at, :ended_at, :end_reason, :language_info, :owner, "
+                ":container_id, :kernel, :execution_count, :last_seq)"
+            ),
+            [
+                {
+                    "id": SESSION,
+                    **base,
+                    "created_at": NOW - timedelta(hours=2),
+                    "ended_at": NOW - timedelta(hours=1),
+                    "end_reason": "deleted",
+                    "container_id": None,
+                    "kernel": None,
+                    "execution_count": None,
+                    "last_seq": None,
+                },
+                {
+                    "id": OPEN_SESSION,
+                    **base,
+                    "created_at": NOW - timedelta(minutes=5),
+                    "ended_at": None,
+                    "end_reason": None,
+                    "container_id": "c1",
+                    "kernel": json.dumps(kernel),
+                    "execution_count": 3,
+                    "last_seq": 9,
+                },
+            ],
+        )
+
+    await on(url, made_by_0007)
+    store = await started(url, name="old")
+    try:
+        ended = await store.get_session(SESSION)
+        assert ended is not None and (ended.end_reason, ended.owner, ended.metadata) == ("deleted", KEY_ID, {})
+        [stored] = await store.open_sessions()
+        assert (stored.session_id, stored.execution_count, stored.last_seq) == (OPEN_SESSION, 3, 9)
+        assert (stored.metadata, stored.lease_until, stored.on_lease_end, stored.access_sha256) == (
+            {},
+            None,
+            "end",
+            None,
+        )
+        reattached = stand_in_session(OPEN_SESSION)
+        reattached.lease_until = NOW + timedelta(minutes=10)
+        await store.lease_changed(reattached)
+        value = await on(
+            url, lambda c: c.execute(text(f"SELECT lease_until FROM kgw_sessions WHERE id = '{OPEN_SESSION}'")).scalar()
+        )
+        assert value is not None
+    finally:
+        await store.close()
+    assert await on(url, migrate.current_revision) == SESSION_TERMS
+    await assert_at_head_as_a_new_database_would_be(url)
