@@ -105,6 +105,14 @@ class Authenticator:
             return True  # the database is down: keep what is open, refuse what is new
         return key is not None and key.active
 
+    async def key_principal(self, key_id: str) -> Principal | None:
+        """Who an active key is (looked up as `from_key` does, cached), None when it
+        is unknown or revoked: for a face whose credential is not the key itself
+        (E2B's sandbox traffic carries the sandbox's token) and acts for the key
+        that owns the session."""
+        key = await self._key(key_id)
+        return self._principal(key) if key is not None and key.active else None
+
     def forget(self, key_id: str) -> None:
         self._cache.pop(key_id, None)
 
