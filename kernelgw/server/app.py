@@ -70,6 +70,7 @@ def routers() -> tuple[APIRouter, ...]:
     """The app's routers, in the order their routes are matched (imports them)."""
     from kernelgw.server import auth as auth_routes
     from kernelgw.server import docs, gateways, web
+    from kernelgw.server.e2b import interpreter as e2b_interpreter
     from kernelgw.server.jupyter import channels as jupyter_channels
     from kernelgw.server.jupyter import rest as jupyter_rest
     from kernelgw.server.v1 import files, history, packages, routes, ws
@@ -86,6 +87,8 @@ def routers() -> tuple[APIRouter, ...]:
         jupyter_rest.public,
         jupyter_rest.router,
         jupyter_channels.router,
+        # E2B's sandbox traffic: the code interpreter (/e2b/execute, /e2b/contexts) and envd's /e2b/health
+        e2b_interpreter.router,
         # workspace files and packages
         files.router,
         packages.router,
