@@ -61,6 +61,8 @@ from kernelgw.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 KERNEL_GONE_REASON = "the kernel container was gone when the gateway restarted"
+LEASE_RETRY_S = 5.0
+"""After a lease's end failed unexpectedly, how long until it is tried again."""
 
 
 @dataclass(frozen=True)
@@ -716,7 +718,9 @@ class SessionManager:
         except SessionNotFound:
             pass  # deleted meanwhile
         except Exception:
-            log.exception("ending session %s, whose lease ran out, failed", session.id)
+            log.exception("ending session %s, whose lease ran out, failed; retrying", session.id)
+            # held in `_lease_ends` meanwhile: the keeper does not start it again at once
+            await asyncio.sleep(LEASE_RETRY_S)
 
     async def _reap_loop(self) -> None:
         while True:
