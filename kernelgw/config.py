@@ -345,6 +345,14 @@ class Settings(BaseSettings):
     """Size of each session's package tmpfs (counts against its memory)."""
     package_install_timeout_s: float = Field(300.0, gt=0)
 
+    # --- E2B's API (/e2b)
+    e2b_templates: dict[str, str] = Field(default_factory=dict)
+    """E2B template ids a sandbox may be created from, besides ``code-interpreter-v1``
+    and ``base`` (both: the default Python kernel and ``image``), each mapped to
+    what it runs: a kernel name of ``kernels`` (``{"deno-v1": "deno"}``: that
+    kernel's image) or an image of ``allowed_images`` (run with the Python kernel).
+    An entry may also remap those two. Any other template id is E2B's 404."""
+
     @field_validator("package_allowlist")
     @classmethod
     def _valid_allowlist(cls, v: list[str]) -> list[str]:
@@ -361,6 +369,16 @@ class Settings(BaseSettings):
         for name in v:
             profile(name)  # raises UnknownKernel (a ValueError) naming the known ones
         return list(dict.fromkeys(v))
+
+    @field_validator("e2b_templates")
+    @classmethod
+    def _named_templates(cls, v: dict[str, str]) -> dict[str, str]:
+        for template, target in v.items():
+            if not template.strip() or not target.strip():
+                raise ValueError(
+                    f"e2b_templates entry {template!r}: {target!r} needs a template id and a kernel name or image"
+                )
+        return v
 
     @field_validator("kernel_images")
     @classmethod

@@ -70,6 +70,7 @@ def routers() -> tuple[APIRouter, ...]:
     """The app's routers, in the order their routes are matched (imports them)."""
     from kernelgw.server import auth as auth_routes
     from kernelgw.server import docs, gateways, web
+    from kernelgw.server.e2b import control as e2b_control
     from kernelgw.server.e2b import interpreter as e2b_interpreter
     from kernelgw.server.jupyter import channels as jupyter_channels
     from kernelgw.server.jupyter import rest as jupyter_rest
@@ -94,6 +95,8 @@ def routers() -> tuple[APIRouter, ...]:
         packages.router,
         # the web page at /
         web.router,
+        # E2B's control plane (/e2b/v2/sandboxes, ...); last: its catch-all answers the rest of /e2b
+        e2b_control.router,
     )
 
 

@@ -131,12 +131,19 @@ def _declared_body(scope: Scope) -> tuple[int | None, bool]:
 
 async def _authenticated(state: GatewayState, scope: Scope) -> bool:
     """Whether the request carries credentials valid at some face (a key in
-    ``Authorization``, as Bearer or Jupyter's ``token``, or in ``?token=``,
-    or a browser token); True when authentication is off."""
+    ``Authorization``, as Bearer or Jupyter's ``token``, in ``?token=`` or in
+    E2B's ``X-API-KEY``, a browser token, or E2B sandbox traffic's access
+    token for the sandbox it names); True when authentication is off."""
+    from kernelgw.server.e2b.auth import API_KEY_HEADER, sandbox_access
     from kernelgw.server.jupyter.kernels import credentials
 
     auth = state.auth
-    key, token = credentials(HTTPConnection(scope))
+    conn = HTTPConnection(scope)
+    if sandbox_access(state, conn.headers):
+        return True
+    key, token = credentials(conn)
+    if key is None and token is None:
+        key = conn.headers.get(API_KEY_HEADER)
     try:
         if token is not None:
             await auth.from_key_or_token(None, token)
@@ -164,6 +171,11 @@ async def _reject(scope: Scope, send: Send, exc: KernelGWError) -> None:
         from kernelgw.server.jupyter.errors import reason
 
         body = orjson.dumps({"message": exc.message, "reason": reason(exc.status_code)})
+    elif scope["path"].startswith("/e2b/"):
+        from kernelgw.server.e2b.errors import UNAUTHORIZED_MESSAGE, error_body
+
+        message = UNAUTHORIZED_MESSAGE if isinstance(exc, Unauthorized) else exc.message
+        body = orjson.dumps(error_body(exc.status_code, message, exc.code))
     else:
         body = orjson.dumps({"error": {"code": exc.code, "message": exc.message}})
     headers = [

@@ -130,8 +130,8 @@ def test_bad_credentials_get_the_same_401_everywhere(
     # a well-formed key with a real id but the wrong secret, too
     real_id_wrong_secret = "kgw_" + keys.alice["id"] + "_" + "B" * 43
     # one 401 body per API face (kernelgw's /v1 errors, Jupyter's {message, reason} under
-    # /api, the API description's hint at ?token=)
-    bodies: dict[str, set[str]] = {"v1": set(), "jupyter": set(), "docs": set()}
+    # /api, E2B's {code, message} under /e2b, the API description's hint at ?token=)
+    bodies: dict[str, set[str]] = {"v1": set(), "jupyter": set(), "docs": set(), "e2b": set()}
     for credential in (text, real_id_wrong_secret):
         with client(authgw, credential) as c:
             for endpoint in ENDPOINTS:
@@ -145,6 +145,7 @@ def test_bad_credentials_get_the_same_401_everywhere(
     assert json.loads(bodies["v1"].pop())["error"]["code"] == "unauthorized"
     assert json.loads(bodies["jupyter"].pop())["reason"] == "Unauthorized"
     assert json.loads(bodies["docs"].pop())["error"]["code"] == "unauthorized"
+    assert json.loads(bodies["e2b"].pop())["code"] == 401
     # and the session nobody could touch is still there and working
     resp = execute(alice, alice_session, "print('still here')")
     assert resp.json()["status"] == "ok"

@@ -30,6 +30,8 @@ SAMPLE_PARAMS = {
     "key_id": "0123456789ab",
     "name": "app.js",
     "resource": "logo-64x64.png",
+    "sandbox_id": "0123456789abcdef",
+    "template_id": "base",
 }
 
 
@@ -79,11 +81,13 @@ DOCS = frozenset({"/openapi.json", "/docs", "/redoc"})
 
 
 def face(endpoint: Endpoint) -> str:
-    """Which face answers: ``jupyter`` (``{message, reason}`` errors), ``docs`` (the
-    API description, whose 401 hints at ``?token=``) or ``v1``. A 401 is the same
-    for every credential within one face."""
+    """Which face answers: ``jupyter`` (``{message, reason}`` errors), ``e2b``
+    (``{code, message}``), ``docs`` (the API description, whose 401 hints at
+    ``?token=``) or ``v1``. A 401 is the same for every credential within one face."""
     if endpoint.template.startswith(("/api/", "/kernelspecs/")):
         return "jupyter"
+    if endpoint.template.startswith("/e2b/"):
+        return "e2b"
     return "docs" if endpoint.template in DOCS else "v1"
 
 

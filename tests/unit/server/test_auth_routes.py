@@ -76,8 +76,8 @@ def test_every_non_public_route_answers_the_same_401(gateway: tuple[TestClient, 
     # a well-formed key with a real id but the wrong secret, too
     credentials.append({"Authorization": f"Bearer kgw_{key_id}_" + "B" * 43})
     # one 401 body per API face (kernelgw's /v1 errors, Jupyter's {message, reason} under
-    # /api, the API description's own hint at ?token=)
-    bodies: dict[str, set[str]] = {"v1": set(), "jupyter": set(), "docs": set()}
+    # /api, E2B's {code, message} under /e2b, the API description's own hint at ?token=)
+    bodies: dict[str, set[str]] = {"v1": set(), "jupyter": set(), "docs": set(), "e2b": set()}
     checked = []
     for headers in credentials:
         for endpoint in protected(client.app):  # type: ignore[arg-type]
@@ -95,6 +95,7 @@ def test_every_non_public_route_answers_the_same_401(gateway: tuple[TestClient, 
     assert json.loads(bodies["v1"].pop())["error"]["code"] == "unauthorized"
     assert json.loads(bodies["jupyter"].pop())["reason"] == "Unauthorized"
     assert json.loads(bodies["docs"].pop())["error"]["code"] == "unauthorized"
+    assert json.loads(bodies["e2b"].pop())["code"] == 401
 
 
 def test_every_websocket_closes_with_4401_without_a_key(gateway: tuple[TestClient, str, str]) -> None:

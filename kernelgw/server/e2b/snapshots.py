@@ -1,0 +1,159 @@
+"""E2B's snapshots as paused kernelgw sessions.
+
+A snapshot of a sandbox is a fork of it, paused at once: its files, installed
+packages and variables kept on the gateway's disk (kernelgw's pause), its
+container freed. Its id is that session's; ``Sandbox.create(snapshot_id)`` (or
+its name) forks a new sandbox from it, which starts from the snapshot's files
+and variables without replaying anything; the snapshot stays as it is, for
+the next one. Deleting it (``DELETE /templates/{id}``, as E2B's SDK does) ends
+the session.
+
+What differs from E2B: the fork rebuilds a running sandbox's state by
+replaying its cells (kernelgw's fork; a paused sandbox's snapshot is copied
+instead), so what its cells did outside their variables is not captured as
+E2B's memory snapshot would; variables that cannot be pickled are not kept.
+A snapshot holds a session: it counts against the key's and the gateway's
+session limits, and ends after ``paused_ttl_s`` like any paused session. It
+is not a sandbox: lists, get and connect do not show it, and it has no access
+token, so no sandbox traffic reaches it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from kernelgw.errors import NotForThisKernel, SessionNotFound
+from kernelgw.keys import Principal
+from kernelgw.runtime.manager import SessionOptions
+from kernelgw.runtime.session import KernelSession
+from kernelgw.server.availability import check_available
+from kernelgw.server.e2b import listing, templates
+from kernelgw.server.e2b.auth import Caller, authenticate
+from kernelgw.server.e2b.errors import E2BError, E2BRoute
+from kernelgw.server.e2b.models import RESERVED_PREFIX, SnapshotInfo, SnapshotRequest
+from kernelgw.server.e2b.wire import SNAPSHOT_OF_KEY, find, is_snapshot, refuse_unknown, utc
+from kernelgw.server.state import GatewayState, gateway_state
+
+router = APIRouter(route_class=E2BRoute, tags=["e2b"])
+"""Included by `kernelgw.server.e2b.control`'s router, under its ``/e2b``."""
+
+SNAPSHOT_NAME_KEY = RESERVED_PREFIX + "snapshot-name"
+DELETED_REASON = "snapshot deleted through E2B's API"
+
+
+def info(session: KernelSession) -> SnapshotInfo:
+    name = session.metadata.get(SNAPSHOT_NAME_KEY)
+    return SnapshotInfo(snapshot_id=session.id, names=[name] if name else [])
+
+
+def lookup(state: GatewayState, principal: Principal, ref: str) -> KernelSession | None:
+    """The snapshot ``ref`` names (its id, else the newest of that name) among those
+    ``principal`` may see, or None."""
+    try:
+        session = state.manager.get(ref, principal)
+    except SessionNotFound:
+        named = [
+            s for s in state.manager.list(principal) if is_snapshot(s) and s.metadata.get(SNAPSHOT_NAME_KEY) == ref
+        ]
+        return max(named, key=lambda s: (utc(s.created_at), s.id), default=None)
+    return session if is_snapshot(session) else None
+
+
+@router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
+async def create_snapshot(
+    sandbox_id: str, request: Request, body: SnapshotRequest | None = None, caller: Caller = Depends(authenticate)
+) -> JSONResponse:
+    """Snapshot a sandbox (it runs on unchanged): a fork of it, paused."""
+    body = body or SnapshotRequest()
+    refuse_unknown(body, "the snapshot request")
+    if body.memory is False:
+        raise E2BError(
+            400,
+            "A filesystem-only snapshot (mode 'filesystem') is not supported: a kernelgw snapshot keeps the "
+            "files and the kernel's variables. Snapshot without it.",
+        )
+    state = gateway_state(request)
+    if body.name and body.name in templates.templates(state.settings):
+        raise E2BError(400, f"{body.name!r} names a template of this gateway; give the snapshot another name.")
+    source = await find(state, caller.principal, sandbox_id)
+    check_available(state)
+    metadata = {templates.TEMPLATE_KEY: templates.template_of(source, state.settings), SNAPSHOT_OF_KEY: source.id}
+    if body.name:
+        metadata[SNAPSHOT_NAME_KEY] = body.name
+    snapshot, _ = await state.manager.fork(source, SessionOptions(metadata=metadata), caller.principal)
+    try:
+        await state.manager.pause(snapshot, reason="an E2B snapshot")
+    except BaseException as exc:
+        with contextlib.suppress(SessionNotFound):
+            await state.manager.delete(snapshot.id, reason="the snapshot could not be paused")
+        if isinstance(exc, NotForThisKernel):
+            raise E2BError(
+                400, f"Only Python sandboxes can be snapshotted: {exc.message}", error_code=exc.code
+            ) from None
+        raise
+    return JSONResponse(info(snapshot).wire(), status_code=201)
+
+
+@router.get("/snapshots")
+async def list_snapshots(
+    request: Request,
+    caller: Caller = Depends(authenticate),
+    sandbox_id: str | None = Query(None, alias="sandboxID"),
+    name: str | None = None,
+    next_token: str | None = Query(None, alias="nextToken"),
+    limit: int = Query(listing.DEFAULT_LIMIT, ge=1, le=listing.DEFAULT_LIMIT),
+) -> Response:
+    """The key's snapshots, newest first, ``limit`` at a time (``X-Next-Token``)."""
+    state = gateway_state(request)
+    cursor = listing.Cursor.decode(next_token) if next_token else None
+    found = []
+    for session in state.manager.list(caller.principal):
+        if not is_snapshot(session):
+            continue
+        if sandbox_id is not None and session.metadata.get(SNAPSHOT_OF_KEY) != sandbox_id:
+            continue
+        if name is not None and name not in (session.id, session.metadata.get(SNAPSHOT_NAME_KEY)):
+            continue
+        found.append(session)
+    found.sort(key=lambda s: (utc(s.created_at), s.id), reverse=True)
+    if cursor is not None:
+        found = [s for s in found if (utc(s.created_at), s.id) < (cursor.started_at, cursor.sandbox_id)]
+    page = found[:limit]
+    headers = {}
+    if len(found) > limit:
+        headers["X-Next-Token"] = listing.Cursor(utc(page[-1].created_at), page[-1].id).encode()
+    return JSONResponse([info(s).wire() for s in page], headers=headers)
+
+
+@router.delete("/templates/{template_id:path}", status_code=204)
+async def delete_snapshot(template_id: str, request: Request, caller: Caller = Depends(authenticate)) -> Response:
+    """Delete a snapshot (E2B's SDK deletes one as a template). Templates are the gateway's setting."""
+    state = gateway_state(request)
+    snapshot = lookup(state, caller.principal, template_id)
+    if snapshot is not None:
+        try:
+            await state.manager.delete(snapshot.id, reason=DELETED_REASON)
+        except SessionNotFound:
+            pass  # a concurrent delete, or paused_ttl_s, came first: it is gone all the same
+        return Response(status_code=204)
+    if template_id in templates.templates(state.settings):
+        raise E2BError(
+            400,
+            f"Template {template_id!r} is part of this gateway's configuration (e2b_templates); it cannot be deleted "
+            "through the API.",
+        )
+    raise E2BError(404, f"No snapshot or template {template_id!r}", error_code="snapshot_not_found")
+
+
+async def fork_from(
+    state: GatewayState, snapshot: KernelSession, options: SessionOptions, principal: Principal
+) -> KernelSession:
+    """A new sandbox from a snapshot: its files and variables, no replay (the snapshot stays)."""
+    try:
+        session, _ = await state.manager.fork(snapshot, options, principal)
+    except SessionNotFound:
+        raise E2BError(404, f"Snapshot {snapshot.id} was deleted meanwhile", error_code="snapshot_not_found") from None
+    return session

@@ -1,0 +1,78 @@
+"""E2B templates as kernelgw kernels: which kernel and image a template id runs.
+
+``code-interpreter-v1`` (the code interpreter SDK's default) and ``base`` (the
+core SDK's) run the gateway's default Python kernel on its ``image``; the
+``e2b_templates`` setting adds ids (or remaps these two) to a kernel name or
+an image. Any other id is E2B's 404, as E2B answers a template it does not have.
+
+The template a sandbox was created from is kept in its metadata under
+`TEMPLATE_KEY` (persisted with the session, copied to a fork), so its
+``templateID`` survives a gateway restart; a session made on another face has
+none and is named by what it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernelgw.config import Settings
+from kernelgw.kernels import DEFAULT_KERNEL, PROFILES
+from kernelgw.runtime.session import KernelSession
+from kernelgw.server.e2b.errors import E2BError
+from kernelgw.server.e2b.models import RESERVED_PREFIX
+
+CODE_INTERPRETER = "code-interpreter-v1"
+BASE = "base"
+BUILT_IN = (CODE_INTERPRETER, BASE)
+
+TEMPLATE_KEY = RESERVED_PREFIX + "template"
+
+
+@dataclass(frozen=True)
+class Template:
+    id: str
+    kernel: str
+    image: str | None
+    """None: the kernel's own image (the gateway's ``kernel_image``)."""
+
+
+def templates(settings: Settings) -> dict[str, Template]:
+    """Every template id this gateway offers."""
+    offered = {name: Template(name, DEFAULT_KERNEL, None) for name in BUILT_IN}
+    for template_id, target in settings.e2b_templates.items():
+        if target in PROFILES:
+            offered[template_id] = Template(template_id, target, None)
+        else:
+            offered[template_id] = Template(template_id, DEFAULT_KERNEL, target)
+    return offered
+
+
+def resolve(settings: Settings, template_id: str) -> Template:
+    """The template, or E2B's 404 naming the ones there are."""
+    found = templates(settings).get(template_id)
+    if found is None:
+        raise E2BError(
+            404,
+            f"Template {template_id!r} not found: this kernelgw gateway offers {sorted(templates(settings))} "
+            "(its e2b_templates setting maps more template ids to kernels or images)",
+            error_code="template_not_found",
+        )
+    return found
+
+
+def template_of(session: KernelSession, settings: Settings) -> str:
+    """The template id a sandbox answers with: the one it was created from, else
+    the first that runs what it runs, else its image."""
+    kept = session.metadata.get(TEMPLATE_KEY)
+    if kept:
+        return kept
+    for template in templates(settings).values():
+        image = template.image or settings.kernel_image(template.kernel)
+        if template.kernel == session.spec.kernel and image == session.spec.image:
+            return template.id
+    return session.spec.image
+
+
+def matches(session: KernelSession, settings: Settings, template_id: str) -> bool:
+    """Whether a list's ``template`` filter (an id or alias: the same here) takes the sandbox."""
+    return template_of(session, settings) == template_id
