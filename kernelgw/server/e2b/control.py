@@ -34,6 +34,7 @@ from kernelgw.server.e2b import listing, snapshots, templates, unserved
 from kernelgw.server.e2b.auth import ACCESS_NONCE_KEY, Caller, access_token, authenticate, new_access
 from kernelgw.server.e2b.errors import E2BError, E2BRoute
 from kernelgw.server.e2b.models import (
+    RESERVED_PREFIX,
     ConnectRequest,
     ForkRequest,
     ForkResult,
@@ -54,6 +55,9 @@ router = APIRouter(prefix="/e2b", route_class=E2BRoute, tags=["e2b"])
 
 REFRESH_MIN_S = 15
 """E2B's shortest refresh (its default sandbox timeout)."""
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_KEY = RESERVED_PREFIX + "idempotency-key"
+MAX_IDEMPOTENCY_KEY = 255
 
 
 # ---------------------------------------------------------------- create
@@ -113,10 +117,32 @@ def refuse_unsupported(body: NewSandbox) -> None:
         raise E2BError(400, "Timeout must be greater than 0")
 
 
+def _idempotency_key(request: Request) -> str | None:
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise E2BError(400, f"{IDEMPOTENCY_HEADER} must have 1 to {MAX_IDEMPOTENCY_KEY} characters")
+    return key
+
+
+def _made_for(state: GatewayState, caller: Caller, idempotency_key: str) -> KernelSession | None:
+    """The live sandbox an earlier create with this ``Idempotency-Key`` (of this API key) made."""
+    for session in state.manager.list(caller.principal):
+        if session.owner == caller.principal.key_id and session.metadata.get(IDEMPOTENCY_KEY) == idempotency_key:
+            return session
+    return None
+
+
 async def _create(request: Request, body: NewSandbox, caller: Caller) -> JSONResponse:
-    """A sandbox of a template (a session of its kernel), or from a snapshot (a fork of it)."""
+    """A sandbox of a template (a session of its kernel), or from a snapshot (a fork of
+    it). A create that repeats an ``Idempotency-Key`` gets the sandbox the first made
+    while it lives (the key is kept in its metadata, so a restart keeps the promise)."""
     state = gateway_state(request)
     refuse_unsupported(body)
+    idempotency_key = _idempotency_key(request)
+    if idempotency_key is not None and (earlier := _made_for(state, caller, idempotency_key)) is not None:
+        token = access_token(caller, earlier)
+        if token is not None:
+            return JSONResponse(created(earlier, state, token).wire(), status_code=201)
     snapshot = None  # a template id is a template; anything else may name one of the key's snapshots
     if body.template_id not in templates.templates(state.settings):
         snapshot = snapshots.lookup(state, caller.principal, body.template_id)
@@ -137,6 +163,8 @@ async def _create(request: Request, body: NewSandbox, caller: Caller) -> JSONRes
         raise E2BError(400, f"envVars: {exc}") from None
     access = new_access(caller)
     metadata = {**(body.metadata or {}), templates.TEMPLATE_KEY: body.template_id, ACCESS_NONCE_KEY: access.nonce}
+    if idempotency_key is not None:
+        metadata[IDEMPOTENCY_KEY] = idempotency_key
     options = SessionOptions(
         image=image,
         kernel=kernel,

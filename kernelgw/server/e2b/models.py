@@ -17,8 +17,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 
 from kernelgw.runtime.lease import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
 
-RESERVED_KEYS = 2
-"""Metadata entries the face keeps for itself (`RESERVED_PREFIX`): the template and the token's nonce."""
+RESERVED_KEYS = 3
+"""Metadata entries the face keeps for itself (`RESERVED_PREFIX`): the template, the
+token's nonce and a create's ``Idempotency-Key``."""
 MAX_METADATA_ITEMS = MAX_METADATA_ENTRIES - RESERVED_KEYS
 RESERVED_PREFIX = "kernelgw:"
 """Metadata keys the face keeps for itself (the template, the access token's

@@ -93,6 +93,25 @@ async def test_the_code_interpreter_template_and_env_vars(gw: Gateway) -> None:
         assert (await http.delete(f"/sandboxes/{body['sandboxID']}")).status_code == 204
 
 
+async def test_a_create_that_repeats_its_idempotency_key_gets_the_same_sandbox(gw: Gateway) -> None:
+    first = await AsyncSandbox.create(idempotency_key="job-42", timeout=120)
+    try:
+        again = await AsyncSandbox.create(idempotency_key="job-42", timeout=120)
+        assert (again.sandbox_id, again._envd_access_token) == (first.sandbox_id, first._envd_access_token)
+        other = await AsyncSandbox.create(idempotency_key="job-43", timeout=120)
+        assert other.sandbox_id != first.sandbox_id
+        await other.kill()
+        by_bob = await AsyncSandbox.create(idempotency_key="job-42", timeout=120, api_key=gw.bob)
+        assert by_bob.sandbox_id != first.sandbox_id  # a key's promise is its own
+        await by_bob.kill()
+        assert len(await AsyncSandbox.list().next_items()) == 1
+    finally:
+        await first.kill()
+    after = await AsyncSandbox.create(idempotency_key="job-42", timeout=120)  # the first is gone: a new one
+    assert after.sandbox_id != first.sandbox_id
+    await after.kill()
+
+
 async def test_the_older_create_takes_e2bs_default_timeout_of_15_s(gw: Gateway) -> None:
     async with e2b(gw, gw.alice) as http:
         before = datetime.now(UTC)
