@@ -40,20 +40,15 @@ from kernelgw.runtime.execution import QueuedExecution
 from kernelgw.runtime.session import KernelSession, Subscription
 from kernelgw.server.admission import admit
 from kernelgw.server.drain import Drain
+from kernelgw.server.e2b.errors import E2BError, E2BRoute
 from kernelgw.server.e2b.ndjson import KEEPALIVE, Translation
-from kernelgw.server.e2b.sandbox import (
-    ENVD_PORT,
-    INTERPRETER_PORT,
-    SandboxError,
-    SandboxRoute,
-    sandbox_for,
-)
+from kernelgw.server.e2b.sandbox import ENVD_PORT, INTERPRETER_PORT, sandbox_for
 from kernelgw.server.state import gateway_state
 from kernelgw.tasks import BackgroundTasks, TurnTaker
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(route_class=SandboxRoute, tags=["e2b"])
+router = APIRouter(route_class=E2BRoute, tags=["e2b"])
 
 KEEPALIVE_S = 5.0
 """A line at least this often while a cell is silent (E2B's interval): a write is
@@ -123,29 +118,31 @@ def default_context(session: KernelSession) -> Context:
     return Context(id=context_id, language=context_language(session), cwd=WORKSPACE_DIR)
 
 
-def _not_built(what: str, session: KernelSession) -> SandboxError:
+def _not_built(what: str, session: KernelSession) -> E2BError:
     own = default_context(session)
-    return SandboxError(
+    return E2BError(
         HTTPStatus.NOT_IMPLEMENTED,
         f"{what}: kernelgw runs one context per sandbox for now, its {own.language} kernel "
         f"(context {own.id}); several contexts per sandbox are not built yet. Use that context, "
         "or create another sandbox (a template of that language) for separate state.",
+        error_code="not_implemented",
     )
 
 
-def _language_refused(language: str, session: KernelSession) -> SandboxError:
+def _language_refused(language: str, session: KernelSession) -> E2BError:
     if language in KNOWN_LANGUAGES:
         return _not_built(f"language {language!r} needs a context of its own", session)
-    return SandboxError(
+    return E2BError(
         HTTPStatus.BAD_REQUEST,
         f"language {language!r} is not one E2B's code interpreter runs ({', '.join(sorted(KNOWN_LANGUAGES))})",
+        error_code="bad_request",
     )
 
 
 def _context(session: KernelSession, context_id: str) -> Context:
     own = default_context(session)
     if context_id != own.id:
-        raise SandboxError(HTTPStatus.NOT_FOUND, f"Context {context_id} not found")
+        raise E2BError(HTTPStatus.NOT_FOUND, f"Context {context_id} not found", error_code="context_not_found")
     return own
 
 
@@ -170,10 +167,11 @@ async def create_context(body: CreateContextBody, request: Request) -> Context:
 async def remove_context(context_id: str, request: Request) -> Response:
     sandbox = await sandbox_for(request, INTERPRETER_PORT)
     _context(sandbox.session, context_id)
-    raise SandboxError(
+    raise E2BError(
         HTTPStatus.BAD_REQUEST,
         f"Context {context_id} is the sandbox's kernel, its only context: it cannot be removed. "
         "Restart it (restart_code_context) for a fresh state, or kill the sandbox.",
+        error_code="bad_request",
     )
 
 
@@ -210,7 +208,9 @@ async def execute(body: ExecuteBody, request: Request) -> Response:
     sandbox = await sandbox_for(request, INTERPRETER_PORT)
     session = sandbox.session
     if body.context_id is not None and body.language is not None:
-        raise SandboxError(HTTPStatus.BAD_REQUEST, "Only one of context_id or language can be provided")
+        raise E2BError(
+            HTTPStatus.BAD_REQUEST, "Only one of context_id or language can be provided", error_code="bad_request"
+        )
     if body.context_id is not None:
         _context(session, body.context_id)
     elif body.language is not None and not runs_language(session, language := normalize_language(body.language)):
@@ -235,15 +235,16 @@ def _cell_env(env: dict[str, str], session: KernelSession) -> dict[str, str]:
     if not env:
         return {}
     if not profile(session.spec.kernel).python:
-        raise SandboxError(
+        raise E2BError(
             HTTPStatus.BAD_REQUEST,
             f"env_vars per execution are set in Python kernels only; this sandbox runs {session.spec.kernel} "
             "(give them when the sandbox is created instead)",
+            error_code="bad_request",
         )
     try:
         return dict(check_env(env))
     except ValueError as exc:
-        raise SandboxError(HTTPStatus.BAD_REQUEST, f"env_vars: {exc}") from None
+        raise E2BError(HTTPStatus.BAD_REQUEST, f"env_vars: {exc}", error_code="bad_request") from None
 
 
 class ExecutionStream(StreamingResponse):
