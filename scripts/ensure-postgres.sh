@@ -12,7 +12,10 @@ set -euo pipefail
 
 PORT=${KERNELGW_PG_PORT:-54329}
 DIR=${KERNELGW_PG_DIR:-/tmp/kernelgw-pg-$PORT}
-DB=kernelgw_test
+# one database per checkout: two trees (a CI clone beside a working tree) sharing
+# the server never meet each other's schema (a newer tree's migration there made
+# the older one's tests fail: "Can't locate revision")
+DB=${KERNELGW_PG_DB:-kernelgw_test_$(pwd -P | sha256sum | cut -c1-10)}
 URL="postgresql+asyncpg://postgres@127.0.0.1:$PORT/$DB"
 
 say() { printf '%s\n' "$*" >&2; }
