@@ -32,6 +32,7 @@ SAMPLE_PARAMS = {
     "resource": "logo-64x64.png",
     "sandbox_id": "0123456789abcdef",
     "template_id": "base",
+    "context_id": "python",
 }
 
 
@@ -91,5 +92,21 @@ def face(endpoint: Endpoint) -> str:
     return "docs" if endpoint.template in DOCS else "v1"
 
 
+def sandbox_traffic() -> frozenset[tuple[str, str]]:
+    """E2B's sandbox traffic (kernelgw.server.e2b.interpreter): no key, the
+    sandbox's access token instead; without it, E2B's 502 of a sandbox not found."""
+    from kernelgw.server.e2b import interpreter
+
+    return frozenset(
+        (method, route.path)
+        for route in interpreter.router.routes
+        if isinstance(route, APIRoute)
+        for method in route.methods
+        if method != "HEAD"
+    )
+
+
 def protected(app: FastAPI) -> list[Endpoint]:
-    return [e for e in endpoints(app) if (e.method, e.template) not in PUBLIC]
+    """The routes that need a key (not public, not sandbox traffic)."""
+    token_only = sandbox_traffic()
+    return [e for e in endpoints(app) if (e.method, e.template) not in PUBLIC | token_only]
