@@ -21,7 +21,7 @@ from kernelgw.storage import Store
 from kernelgw.storage.keys import KeyStore
 from tests.support.app import local_settings
 from tests.support.local_backend import LocalBackend
-from tests.support.routes import PUBLIC, endpoints, face, protected
+from tests.support.routes import PUBLIC, endpoints, face, protected, sandbox_traffic
 
 BAD_CREDENTIALS = {
     "missing": None,
@@ -96,6 +96,28 @@ def test_every_non_public_route_answers_the_same_401(gateway: tuple[TestClient, 
     assert json.loads(bodies["jupyter"].pop())["reason"] == "Unauthorized"
     assert json.loads(bodies["docs"].pop())["error"]["code"] == "unauthorized"
     assert json.loads(bodies["e2b"].pop())["code"] == 401
+
+
+def test_sandbox_traffic_without_its_token_is_one_answer_a_key_does_not_change(
+    gateway: tuple[TestClient, str, str],
+) -> None:
+    """E2B's sandbox traffic takes no key but the sandbox's token: without it (a key
+    or none, an unknown sandbox or none), every route gives E2B's one 502."""
+    client, _, key_text = gateway
+    routes = [e for e in endpoints(client.app) if (e.method, e.template) in sandbox_traffic()]  # type: ignore[arg-type]
+    assert len(routes) >= 6
+    bodies = set()
+    for endpoint in routes:
+        for headers in (
+            {},
+            {"Authorization": f"Bearer {key_text}", "X-API-KEY": key_text},
+            {"E2b-Sandbox-Id": "0123456789abcdef", "E2b-Sandbox-Port": "49999", "X-Access-Token": "t"},
+        ):
+            resp = client.request(endpoint.method, endpoint.url(), headers=headers, json={"code": "1"})
+            assert resp.status_code == 502, (endpoint, resp.text)
+            bodies.add(resp.text)
+    assert len(bodies) == 1
+    assert "was not found" in json.loads(bodies.pop())["message"]
 
 
 def test_every_websocket_closes_with_4401_without_a_key(gateway: tuple[TestClient, str, str]) -> None:
