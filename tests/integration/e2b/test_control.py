@@ -3,15 +3,18 @@
 real kernel containers, configured by environment variables only: create,
 info, list with metadata and pages, timeouts and a lease that runs out, kill,
 ``is_running``, pause (by hand and when the timeout runs out with autoPause),
-resume and connect, fork, another key's sandbox, a bad key, an unknown template,
-internet access refused."""
+resume and connect, fork, snapshots, a gateway restart, another key's sandbox,
+a bad key, an unknown template, internet access refused."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import docker
 import httpx
 import pytest
 from e2b import AsyncSandbox as AsyncBaseSandbox
@@ -28,7 +31,13 @@ from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 from kernelgw.storage import Store
 from kernelgw.storage.keys import KeyStore
-from tests.integration.conftest import gateway_settings
+from tests.integration.conftest import (
+    RunningGateway,
+    assert_nothing_left,
+    gateway_settings,
+    remove_everything,
+    start_gateway,
+)
 from tests.integration.e2b.conftest import E2BGateway
 from tests.support.waiting import wait_until
 
@@ -249,3 +258,57 @@ def test_a_bad_key_an_unknown_template_and_internet_access_are_refused(e2b_env: 
         Sandbox.create(allow_internet_access=True)
     assert online.value.status_code == 400 and "no network" in str(online.value)
     assert BaseSandbox.list(query=SandboxQuery(metadata={"never": "made"})).next_items() == []
+
+
+def test_sandboxes_and_their_tokens_outlive_a_gateway_restart(
+    docker_client: docker.DockerClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway that keeps its kernels (on_shutdown=keep) and the next of its name:
+    a running sandbox keeps its variables and lease, a paused one its snapshot,
+    and connect gives both tokens again (they derive from the key, not from memory)."""
+    name, data_dir = f"e2br{os.getpid()}", tmp_path / "data"
+
+    async def make_key() -> str:
+        store = Store.from_settings(gateway_settings(data_dir=data_dir))
+        await store.start()
+        try:
+            return (await KeyStore(store).create(name))[1]
+        finally:
+            await store.close()
+
+    key = asyncio.run(make_key())
+    settings = gateway_settings(gateway_name=name, data_dir=data_dir, auth="required", on_shutdown="keep")
+
+    def point_at(gw: RunningGateway) -> None:
+        for variable, value in E2BGateway(gw, key).env().items():
+            monkeypatch.setenv(variable, value)
+
+    try:
+        first = start_gateway(settings)
+        try:
+            point_at(first)
+            running = Sandbox.create(timeout=600, metadata={"kept": "yes"})
+            running.run_code("x = 41")
+            end = running.get_info().end_at
+            paused = Sandbox.create(timeout=600)
+            paused.run_code("y = 'in the snapshot'")
+            assert paused.pause()
+        finally:
+            first.stop()
+        second = start_gateway(settings)
+        try:
+            point_at(second)
+            again = Sandbox.connect(running.sandbox_id, timeout=60)  # shorter than its lease: kept
+            assert again._envd_access_token == running._envd_access_token
+            info = again.get_info()
+            assert (info.metadata, info.end_at, info.state) == ({"kept": "yes"}, end, SandboxState.RUNNING)
+            assert again.run_code("x + 1").text == "42"
+            resumed = Sandbox.connect(paused.sandbox_id, timeout=60)
+            assert resumed.run_code("y").text == "in the snapshot"
+            for sandbox in (again, resumed):
+                assert sandbox.kill()
+        finally:
+            second.stop()
+    finally:
+        remove_everything(docker_client, name)
+    assert_nothing_left(docker_client, name)
