@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import nbformat
 import pytest
 
 from kernelgw.client import Client, Session
@@ -66,10 +67,14 @@ def test_a_line_chart_has_its_title_axes_and_points(http: httpx.Client, session_
     assert (chart["x_label"], chart["y_label"], chart["y_unit"]) == ("step", "size (m)", "m")
     assert chart["elements"] == [{"label": "squares", "points": [[1, 1], [2, 4], [3, 9]]}]
 
-    # in history, as it was sent
+    # in history, as it was sent, and in the exported notebook (a valid one)
     history = http.get(f"/v1/sessions/{session_id}/history").json()
     (stored,) = [e for e in history["executions"][-1]["events"] if e["type"] == "display"]
     assert stored["data"][CHART_MIME] == chart
+    notebook = nbformat.reads(http.get(f"/v1/sessions/{session_id}/notebook").text, as_version=4)
+    nbformat.validate(notebook)
+    (output,) = notebook.cells[-1].outputs
+    assert output.output_type == "display_data" and output.data[CHART_MIME] == chart
 
 
 def test_a_bar_chart_and_a_figure_of_two_axes(http: httpx.Client, session_id: str) -> None:
@@ -154,22 +159,26 @@ def test_the_sdk_reads_charts_and_data(sdk_session: Session) -> None:
     assert len(execution.images) == 1
 
 
-SMOOTH_LINE = (
-    "import numpy as np, matplotlib.pyplot as plt\nx = np.linspace(0, 10, 9000)\nplt.plot(x, np.sin(x)); plt.show()"
-)
+IMPORTS = "import numpy as np, matplotlib.pyplot as plt"
+SMOOTH_LINE = "x = np.linspace(0, 10, 9000)\nplt.plot(x, np.sin(x)); plt.show()"
 
 
 def test_a_chart_counts_against_the_output_cap(gateway: RunningGateway, http: httpx.Client, session_id: str) -> None:
     """9,000 points: a small PNG and a large chart; under a cap between the two
     sizes the display is cut, so the chart is counted."""
-    (full,) = bundles(run(http, session_id, SMOOTH_LINE))
+    run(http, session_id, IMPORTS)  # a cell of its own: the plot's cell stays short
+    whole = run(http, session_id, SMOOTH_LINE)
+    shown = bundles(whole)
+    assert len(shown) == 1, whole
+    (full,) = shown
     assert len(full["image/png"]) < 60_000 and len(json.dumps(full[CHART_MIME])) > 200_000
     gw = start_gateway(gateway_settings(gateway_name=f"{gateway.settings.gateway_name}k", max_output_bytes=100_000))
     try:
         with httpx.Client(base_url=gw.url, timeout=120) as capped:
             sid = capped.post("/v1/sessions", json={}).json()["id"]
+            run(capped, sid, IMPORTS)
             cut = run(capped, sid, SMOOTH_LINE)
             kinds = [e["type"] for e in cut["events"]]
-            assert cut["status"] == "ok" and "display" not in kinds and kinds.count("truncated") == 1
+            assert cut["status"] == "ok" and "display" not in kinds and kinds.count("truncated") == 1, cut
     finally:
         gw.stop()
