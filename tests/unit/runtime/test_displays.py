@@ -221,6 +221,41 @@ def test_no_chart_for_a_blank_figure_or_one_of_too_many_points(displays: ModuleT
     assert chart(displays, figure) is None
 
 
+def test_e2bs_sdk_reads_every_kind_of_chart(displays: ModuleType) -> None:
+    """What E2B's face passes on as a result's ``chart`` (the kernel's JSON, lists
+    for E2B's tuples) is what e2b-code-interpreter's client builds its charts from."""
+    from e2b_code_interpreter.charts import _deserialize_chart
+
+    figures = []
+    figure, ax = axes("line")
+    ax.plot(pd.date_range("2024-01-01", periods=3), [1, 2, 3])
+    figures.append(figure)
+    figure, ax = axes("scatter")
+    ax.scatter([1, 2], [3, 4])
+    figures.append(figure)
+    figure, ax = axes("bar")
+    ax.bar(["a", "b"], [1, 2])
+    figures.append(figure)
+    figure, ax = axes("pie")
+    ax.pie([1, 2])
+    figures.append(figure)
+    figure, ax = axes("box")
+    ax.boxplot([[1, 2, 3, 4, 5, 20], [2, 3, 4]], patch_artist=True)
+    figures.append(figure)
+    figure = Figure()
+    for i, ax in enumerate(figure.subplots(1, 2)):
+        ax.plot([0, i])
+    figures.append(figure)
+    kinds = []
+    for figure in figures:
+        got = chart(displays, figure)
+        assert got is not None
+        parsed = _deserialize_chart(json.loads(json.dumps(got)))
+        assert parsed is not None
+        kinds.append(parsed.type.value)
+    assert kinds == ["line", "scatter", "bar", "pie", "box_and_whisker", "superchart"]
+
+
 # -------------------------------------------------------------- DataFrames
 
 
