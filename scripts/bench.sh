@@ -68,6 +68,7 @@ run reattach --sessions 20
 run continuity
 run pool
 run jupyter
+run e2b  # E2B's SDK through the /e2b face against kernelgw's own SDK
 # two gateways on one PostgreSQL (many gateways as one service)
 KERNELGW_TEST_DATABASE_URL=${KERNELGW_TEST_DATABASE_URL:-$(bash scripts/ensure-postgres.sh)}
 export KERNELGW_TEST_DATABASE_URL
