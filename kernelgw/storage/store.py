@@ -649,26 +649,34 @@ class Store:
         self._audit(kind, session, detail=reason)
 
     def kernel_changed(self, session: RecordedSession) -> None:
-        values = {**kernel_values(session), **lease_values(session)}
+        values = kernel_values(session)
 
         async def write(conn: AsyncConnection) -> None:
             await conn.execute(update(schema.sessions).where(schema.sessions.c.id == session.id).values(**values))
 
         self.enqueue(f"kernel of session {session.id}", write)
+        self._queue_lease(session)  # a pause stops the lease
 
     async def lease_changed(self, session: RecordedSession) -> None:
         """Store the session's lease and wait for the commit: a lease acknowledged
         is one a restarted gateway enforces."""
+        if not self._writer.running:
+            raise StorageUnavailable("The history storage is not running.")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue_lease(session, future)
+        await future
+
+    def _queue_lease(self, session: RecordedSession, future: asyncio.Future[None] | None = None) -> None:
+        """Queue the lease as it is now. Every lease write is deferrable, so they
+        commit in the order they were queued: an awaited one (an answer) would
+        otherwise commit ahead of the lease a resume queued just before, without
+        a lease, and be overwritten by it."""
         values = lease_values(session)
 
         async def write(conn: AsyncConnection) -> None:
             await conn.execute(update(schema.sessions).where(schema.sessions.c.id == session.id).values(**values))
 
-        if not self._writer.running:
-            raise StorageUnavailable("The history storage is not running.")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.enqueue(f"lease of session {session.id}", write, future)
-        await future
+        self.enqueue(f"lease of session {session.id}", write, future, deferrable=True)
 
     async def open_sessions(self, replay_bytes: int = 0) -> list[StoredSession]:
         """Open sessions of this gateway name with a kernel to reach, each with its

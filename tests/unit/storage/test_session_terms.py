@@ -5,6 +5,7 @@ reads them (`Store.open_sessions`) and as history shows them."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -120,3 +121,24 @@ async def test_unreadable_stored_metadata_reads_back_as_none(store: Store) -> No
             update(schema.sessions).where(schema.sessions.c.id == session.id).values(session_metadata="{not json")
         )
     assert (await reread(store, session)).metadata == {}
+
+
+async def test_lease_writes_commit_in_the_order_they_were_made(store: Store) -> None:
+    """A resume queues the kernel (no lease) and the face at once sets a lease,
+    awaited: in one batch of the writer the awaited row went first (an answer),
+    then the resume's row cleared the lease (seen in the integration test). And
+    a lease set just before a pause is cleared by it."""
+    session = reattachable(on_lease_end="pause")
+    await store.session_started(session)
+    later = datetime.now(UTC) + timedelta(minutes=5)
+    store.kernel_changed(session)  # the resume: no lease runs
+    session.lease_until = later
+    await store.lease_changed(session)  # the face's set_lease right after
+    assert (await reread(store, session)).lease_until == later
+
+    session.lease_until = later + timedelta(minutes=1)
+    lease = asyncio.ensure_future(store.lease_changed(session))  # queued, not yet committed
+    session.lease_until = None
+    store.kernel_changed(session)  # a pause right after
+    await lease
+    assert (await reread(store, session)).lease_until is None
