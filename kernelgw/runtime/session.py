@@ -404,6 +404,9 @@ class KernelSession:
             self._snapshot = directory
             self._budget, self._snapshot_bytes = budget, stored
             self.paused_at = datetime.now(UTC)
+            # cells sent while it was pausing were held, not run: they resume it
+            # (once the lock is free), as a cell sent to the paused session does
+            self._resume_if_queued()
             return Paused(namespace, stored, (time.perf_counter() - started) * 1000)
 
     async def resume(self, *, replay: bool = False, timeout: float = 300.0) -> Resumed | None:
@@ -764,10 +767,14 @@ class KernelSession:
         ``replayable=False``: a replay never runs it again (side effects)."""
         rec = self._executions.submit(code, execution_id, timeout, client, replayable=replayable)
         self.touch()
-        if self.state == "paused" and (self._resuming is None or self._resuming.done()):
-            # the queue takes no cell while paused: this brings the kernel back for it
-            self._resuming = asyncio.create_task(self._resume_for_queued(), name=f"resume-{self.id}")
+        self._resume_if_queued()
         return rec
+
+    def _resume_if_queued(self) -> None:
+        """The queue takes no cell while paused: a paused session with cells queued
+        is resumed for them (once)."""
+        if self.state == "paused" and self.queue_length and (self._resuming is None or self._resuming.done()):
+            self._resuming = asyncio.create_task(self._resume_for_queued(), name=f"resume-{self.id}")
 
     async def _resume_for_queued(self) -> None:
         try:

@@ -10,6 +10,7 @@ and a store on SQLite; a restart is a new manager and store of the same name
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -124,6 +125,35 @@ async def test_terms_outlive_a_gateway_restart_and_leases_pause_end_and_fork_as_
             assert fork.lease_until is None and fork.on_lease_end == "end" and not fork.check_access(LIVE)
             assert (await fork.submit("assert x == 41").done).status == "ok"  # replayed
             await asyncio.gather(*(manager.delete(s.id) for s in manager.list()))
+        assert_nothing_left(docker_client, name)
+    finally:
+        remove_everything(docker_client, name)
+
+
+async def test_a_cell_sent_while_the_session_pauses_resumes_it_and_runs(
+    docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    """A lease runs out whenever it does, also as a client sends a cell: the pause
+    holds the cell, and once paused the session must resume for it (the cell
+    waited forever before: seen in the test above, 1 run in 4)."""
+    name = f"lease{os.getpid() % 100000}{secrets.token_hex(2)}"
+    settings = gateway_settings(gateway_name=name, data_dir=tmp_path, reap_interval_s=3600)
+    try:
+        async with gateway(settings, tmp_path / "history.db") as (manager, _):
+            session = await manager.create()
+            assert (await session.submit("x = 41").done).status == "ok"
+            pausing = asyncio.create_task(manager.pause(session, reason=LEASE_PAUSED_REASON))
+            await asyncio.sleep(0)  # one turn: the pause holds the queue and waits on the kernel
+            assert session.state == "idle" and not pausing.done()
+            cell = session.submit("print(x + 1)")
+            await pausing
+            async with asyncio.timeout(120):
+                done = await cell.done
+            assert done.status == "ok" and session.state == "idle"
+            events = [json.loads(text) for _, text in session.events_since(0)]
+            printed = [e["text"] for e in events if e["type"] == "stream" and e["execution_id"] == cell.execution_id]
+            assert printed == ["42\n"]  # in the restored state
+            await manager.delete(session.id)
         assert_nothing_left(docker_client, name)
     finally:
         remove_everything(docker_client, name)
