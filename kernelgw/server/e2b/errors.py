@@ -16,17 +16,16 @@ change (the session limit) says so, one that can (draining, a rate limit) gives
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from kernelgw.errors import KernelGWError, SessionLimitReached, SessionNotFound, Unauthorized
 from kernelgw.server.availability import retry_after_s
+from kernelgw.server.face_routes import face_route
 
 log = logging.getLogger(__name__)
 
@@ -110,19 +109,5 @@ def to_response(request: Request, exc: Exception) -> Response | None:
     return None
 
 
-class E2BRoute(APIRoute):
-    """An APIRoute whose errors come out in E2B's shape."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def route(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except Exception as exc:
-                response = to_response(request, exc)
-                if response is None:
-                    raise
-                return response
-
-        return route
+E2BRoute = face_route(to_response, "E2BRoute")
+"""An APIRoute whose errors come out in E2B's shape."""

@@ -9,18 +9,16 @@ status and headers the /v1 face would send.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine
 from http import HTTPStatus
-from typing import Any
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from kernelgw.errors import KernelGWError, Unauthorized
 from kernelgw.server.availability import retry_after_s
+from kernelgw.server.face_routes import face_route
 
 log = logging.getLogger(__name__)
 
@@ -73,19 +71,5 @@ def to_response(request: Request, exc: Exception) -> Response | None:
     return None
 
 
-class JupyterRoute(APIRoute):
-    """An APIRoute whose errors come out in Jupyter's shape."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def route(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except Exception as exc:
-                response = to_response(request, exc)
-                if response is None:
-                    raise
-                return response
-
-        return route
+JupyterRoute = face_route(to_response, "JupyterRoute")
+"""An APIRoute whose errors come out in Jupyter's shape."""
