@@ -14,6 +14,13 @@ marked answered, so they are sent once.
 That covers a gateway restart (SIGTERM with ``on_shutdown=keep``, or a crash):
 the cells that ended while the client was away, and the cell the gateway's
 stop cut off (stored as ``dead`` with its output up to the last checkpoint).
+After a stop that kept the kernel, the next gateway follows that cell to its
+end (`kernelgw.runtime.execution_queue.ExecutionQueue.follow`), so what the
+client is sent is its record as it is when the client returns: still ``dead``
+with the interim reason while the cell runs (the kernel's own messages for it
+then come live on the client's sockets), its real status with its later output
+(stored as ``late``) once it ended followed, or ``dead`` with the reason that
+its end was not seen when it ended while no gateway was connected.
 Within one gateway process a client that comes back in time gets its cells
 from memory instead (`cells.rejoin`), including those still running.
 """
@@ -37,8 +44,9 @@ GATEWAY_ERROR = "KernelGatewayError"
 
 
 def stored_messages(record: ExecutionRecord) -> list[Message]:
-    """A stored cell as its client would have seen it: busy, its output, its
-    ``execute_reply``, idle (parents: the request's header)."""
+    """A stored cell as its client would have seen it: busy, its output (its
+    ``late`` output too, unwrapped, where it was stored), its ``execute_reply``
+    (the record's status), idle (parents: the request's header)."""
     parent = record.client_header or {}
     out: list[Message] = [("iopub", caps.gateway_message("status", parent, {"execution_state": "busy"}))]
     error: dict[str, Any] | None = None
@@ -47,6 +55,10 @@ def stored_messages(record: ExecutionRecord) -> list[Message]:
     except ValueError:
         events = []
     for event in events if isinstance(events, list) else ():
+        if isinstance(event, dict) and event.get("type") == "late":
+            # output after the cell's recorded end is the cell's, in the order stored:
+            # a followed cell's output after its interim end, an error after a forged one
+            event = event.get("event")
         if not isinstance(event, dict) or event.get("type") == "status":
             continue  # busy and idle are this replay's own
         try:

@@ -97,3 +97,32 @@ def test_malformed_stored_events_are_skipped_not_fatal() -> None:
     assert shown(stored_messages(bad)) == ["busy", ("shell", "reply", "ok", 3, None), "idle"]
     partial = ExecutionRecord(**{**bad.__dict__, "events_json": '[{"type": "stream"}, 7]'})
     assert shown(stored_messages(partial)) == ["busy", ("shell", "reply", "ok", 3, None), "idle"]
+
+
+def test_late_output_is_the_cells_own_where_it_was_stored() -> None:
+    """A cell a kept kernel ran on after a gateway stop, followed to its end by the
+    next gateway: its later output is stored as ``late`` after its interim done,
+    and its status is its real one (it was once dropped from the replay: the
+    client got ``ok`` without the output)."""
+    late = {"type": "late", "execution_id": "m1", "seq": 5}
+    events = [
+        {"type": "stream", "execution_id": "m1", "name": "stdout", "text": "before\n", "seq": 2},
+        {"type": "done", "execution_id": "m1", "status": "dead", "reason": "the gateway stopped", "seq": 4},
+        {**late, "event": {"type": "stream", "execution_id": "m1", "name": "stdout", "text": "after\n", "seq": None}},
+    ]
+    assert shown(stored_messages(record("ok", events))) == [
+        "busy",
+        ("iopub", "stream", "before\n"),
+        ("iopub", "stream", "after\n"),
+        ("shell", "reply", "ok", 3, None),
+        "idle",
+    ]
+    error = {"type": "error", "execution_id": "m1", "ename": "ValueError", "evalue": "late", "traceback": ["tb"]}
+    failed = [*events[:2], {**late, "event": {**error, "seq": None}}]
+    assert shown(stored_messages(record("error", failed))) == [
+        "busy",
+        ("iopub", "stream", "before\n"),
+        ("iopub", "error", "ValueError", "late"),
+        ("shell", "reply", "error", 3, "ValueError"),
+        "idle",
+    ]
