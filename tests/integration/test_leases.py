@@ -75,12 +75,13 @@ async def test_terms_outlive_a_gateway_restart_and_leases_pause_end_and_fork_as_
             )
             paused = await manager.create(
                 SessionOptions(
-                    metadata={"who": "paused"}, lease_s=2, on_lease_end="pause", access_sha256=access_sha256(PAUSED)
+                    metadata={"who": "paused"}, lease_s=600, on_lease_end="pause", access_sha256=access_sha256(PAUSED)
                 )
             )
             expiring = await manager.create(SessionOptions(metadata={"who": "expiring"}, lease_s=600))
             for session in (live, paused):
                 assert (await session.submit("x = 41").done).status == "ok"
+            await manager.set_lease(paused, 1)  # after its cell: a cell sent as it pauses would resume it
             await until(await state_is(paused, "paused"), "its lease to pause the session")
             assert paused.lease_until is None and manager.get(paused.id) is paused
             (event,) = await audit.query(store, session_id=paused.id, kind="session_paused")
