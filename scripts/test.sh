@@ -136,6 +136,7 @@ runsc_tests=(
   tests/integration/test_reattach.py
   tests/integration/test_workspace.py
   tests/integration/test_fork.py
+  tests/integration/e2b/test_interpreter.py  # E2B's run_code: interrupts, per-cell env, a paused sandbox's restart
   tests/security
   -k "not postgres")
 
