@@ -33,6 +33,7 @@ from websockets.sync.client import connect
 from kernelgw.cli.main import main as cli
 from kernelgw.client import AsyncClient, Client
 from kernelgw.config import Settings
+from kernelgw.events import CHART_MIME, DATA_MIME
 from kernelgw.server.state import gateway_state
 from kernelgw.storage import Store
 from kernelgw.storage.store import CRASHED_REASON
@@ -165,7 +166,9 @@ def comparable(cell: dict[str, Any]) -> list[tuple[Any, ...]]:
     """A cell's outputs reduced to what must match between two runs of a
     deterministic cell: stream text (consecutive chunks merged: nbclient keeps
     them apart), text/plain of results and displays, which MIME types there are,
-    and errors. PNG bytes may differ (fonts, antialiasing): only their presence counts."""
+    and errors. PNG bytes may differ (fonts, antialiasing): only their presence counts.
+    kernelgw's own chart and data types are left out: the sandbox's kernel adds
+    them to figures and DataFrames, a stock ipykernel does not."""
     result: list[tuple[Any, ...]] = []
     for out in cell["outputs"]:
         kind = out["output_type"]
@@ -176,7 +179,8 @@ def comparable(cell: dict[str, Any]) -> list[tuple[Any, ...]]:
                 result.append(("stream", out["name"], out["text"]))
         elif kind in ("display_data", "execute_result"):
             text = out["data"].get("text/plain")
-            result.append((kind, text if isinstance(text, str) else "".join(text or []), sorted(out["data"])))
+            mimes = sorted(m for m in out["data"] if m not in (CHART_MIME, DATA_MIME))
+            result.append((kind, text if isinstance(text, str) else "".join(text or []), mimes))
         elif kind == "error":
             result.append((kind, out["ename"], out["evalue"]))
     return result
