@@ -16,9 +16,14 @@ frontend would have saved them:
 * ``truncated`` (the gateway's output cap) and a ``done`` of ``timeout`` or
   ``dead`` become a note on stderr, so a reader sees the cell did not finish;
 * ``late`` (output sent after the cell's end) is added as its wrapped event,
-  after a note on stderr saying so; a late ``error`` makes the status ``error``.
+  after a note on stderr saying so; but after an interim end (a cell a drain
+  with ``on_shutdown=keep`` cut off, which the next gateway follows: `interim`)
+  it is the cell's own output, added as such.
 
-A cell's ``execution_count`` comes from its ``done`` event. Every cell keeps
+A cell's status, ``execution_count``, duration and reason are its row's
+(`cell_end`, what the history answers), not its stored ``done``'s: the store
+completes the row when the cell's end changes after its ``done`` went out (a
+late ``error``; a followed cell's real end). Every cell keeps
 ``metadata.kernelgw`` (execution_id, status, duration_ms, reason) and the
 standard ``metadata.execution`` timestamps. Markdown notes sit between the
 executions they were added between (``after_seq``, see `NoteRecord`).
@@ -27,7 +32,8 @@ Export leaves out the executions a recovery by replay ran (``replay_of`` set):
 the notebook is what the user ran. Restore (`replay_plan`,
 `plan_from_executions`): the code cells to run again in a fresh kernel (again
 without replayed executions). Cells whose execution did not complete (``timeout``, ``dead``,
-``interrupted`` in ``metadata.kernelgw.status``) are skipped: running them again
+``interrupted`` in ``metadata.kernelgw.status``; for a stored session, its `cell_end`)
+are skipped: running them again
 would most likely hang or kill the new kernel the same way, and what they did
 before being stopped is unknown. Cells that raised are run again (whatever they
 did before the exception is part of the state the analysis went on with).
@@ -45,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelgw import events as ev
 from kernelgw.kernels import DEFAULT_KERNEL, profile
+from kernelgw.runtime.session import DETACHED_DONE_REASON
 
 if TYPE_CHECKING:
     from nbformat import NotebookNode
@@ -139,6 +146,49 @@ class ExecutionLike(Protocol):
     def events(self) -> list[ev.Event]: ...
 
 
+class StoredEnd(Protocol):
+    """What `cell_end` reads of a stored execution: its row's end."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def execution_count(self) -> int | None: ...
+    @property
+    def duration_ms(self) -> float: ...
+    @property
+    def reason(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class CellEnd:
+    """How a stored cell ended (`cell_end`)."""
+
+    status: str
+    execution_count: int | None
+    duration_ms: float
+    reason: str | None
+
+
+def cell_end(execution: StoredEnd) -> CellEnd:
+    """How a stored cell ended, for every reader of the history: the history API,
+    the notebook and the restore plan. Its row's status, count, duration and
+    reason, not its stored ``done`` (the end its clients were sent), which the
+    store corrects in the row and never in the events: ``error`` once an error
+    came after that end (`Store.execution_late`), and the real end of a cell a
+    drain cut off (its interim ``dead``, `interim`) once the next gateway
+    followed it to its end (`Store.execution_followed`; one that ended while no
+    gateway listened stays ``dead``, with that reason)."""
+    return CellEnd(execution.status, execution.execution_count, execution.duration_ms, execution.reason)
+
+
+def interim(done: ev.Done) -> bool:
+    """Whether a stored ``done`` is the interim end of a cell a drain with
+    ``on_shutdown=keep`` left running for the next gateway to follow: the output
+    stored after it (as ``late``) is the cell's own, up to its real end (which
+    only its row holds: `cell_end`)."""
+    return done.status == "dead" and done.reason == DETACHED_DONE_REASON
+
+
 class NoteLike(Protocol):
     @property
     def after_seq(self) -> int: ...
@@ -230,27 +280,22 @@ def _iso(value: datetime) -> str:
 
 def _code_cell(execution: ExecutionLike, displays: dict[str, list[NotebookNode]], used: set[str]) -> NotebookNode:
     outputs = _Outputs(displays)
-    done: ev.Done | None = None
-    late_error = late = False
+    own = noted = False  # own: its late output is its own (after an interim end)
     for event in execution.events:
         if isinstance(event, ev.Done):
-            done = event
+            own = interim(event)
         elif isinstance(event, ev.Late):
-            if not late:
-                late = True
+            if not own and not noted:
+                noted = True
                 outputs.note(LATE_NOTE)
-            late_error = late_error or isinstance(event.event, ev.Error)
             outputs.add(event.event)
         else:
             outputs.add(event)
-    status = done.status if done is not None else execution.status
-    if late_error:
-        status = "error"  # as its record says: an error came after its end
-    reason = done.reason if done is not None else execution.reason
+    end = cell_end(execution)
+    status, reason = end.status, end.reason
     if status in ("timeout", "dead"):
         outputs.note(f"[kernelgw: execution {status}" + (f": {reason}" if reason else "") + "]\n")
-    count = done.execution_count if done is not None else execution.execution_count
-    finished = execution.started_at + timedelta(milliseconds=execution.duration_ms)
+    finished = execution.started_at + timedelta(milliseconds=end.duration_ms)
     metadata: dict[str, Any] = {
         "execution": {
             "shell.execute_reply.started": _iso(execution.started_at),
@@ -259,12 +304,14 @@ def _code_cell(execution: ExecutionLike, displays: dict[str, list[NotebookNode]]
         "kernelgw": {
             "execution_id": execution.execution_id,
             "status": status,
-            "duration_ms": execution.duration_ms,
+            "duration_ms": end.duration_ms,
         },
     }
     if reason:
         metadata["kernelgw"]["reason"] = reason
-    cell = _new_code_cell(source=execution.code, execution_count=count, outputs=outputs.items, metadata=metadata)
+    cell = _new_code_cell(
+        source=execution.code, execution_count=end.execution_count, outputs=outputs.items, metadata=metadata
+    )
     cell["id"] = _cell_id(execution.execution_id, used)
     return cell
 
@@ -385,10 +432,10 @@ def replay_plan(nb: Mapping[str, Any]) -> list[ReplayStep]:
 
 
 def plan_from_executions(executions: Iterable[Any]) -> list[ReplayStep]:
-    """The stored executions of a session (objects with ``position``, ``code``,
-    ``status``), except replayed ones: they re-ran cells the plan runs already."""
+    """The stored executions of a session (`ExecutionRecord`: ``position``, ``code``
+    and `cell_end`), except replayed ones: they re-ran cells the plan runs already."""
     return [
-        ReplayStep(e.position, e.code, _skip_reason(e.status, e.code))
+        ReplayStep(e.position, e.code, _skip_reason(cell_end(e).status, e.code))
         for e in executions
         if getattr(e, "replay_of", None) is None
     ]

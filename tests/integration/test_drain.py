@@ -4,7 +4,7 @@ the WebSocket closes with 1012 and the process exits 0); a second signal during
 the drain exits at once; a REST execute still running when the grace ends is
 answered 503 naming its execution, and the process exits without waiting for it;
 with on_shutdown=keep the next gateway follows that cell to its end and completes
-its record (its later output, its real status)."""
+its record (its later output, its real status), which its notebook shows."""
 
 from __future__ import annotations
 
@@ -191,12 +191,24 @@ def kept_then_ended(name: str, env: dict[str, str], tmp_path: Path, docker_clien
                 if (e["event"] if e["type"] == "late" else e)["type"] == "stream"
             )
             assert texts == "started\nfinished\n", cell["events"]
+            # the notebook says the same: its real end, and all its output its own
+            # (no note that it came after the cell ended, no interim dead)
+            (nb_cell,) = [c for c in notebook_of(http, sid)["cells"] if c["id"] == "cell20"]
+            streams = [(o["output_type"], o.get("name"), "".join(o.get("text", ""))) for o in nb_cell["outputs"]]
+            ended = (nb_cell["metadata"]["kernelgw"]["status"], nb_cell["execution_count"], streams)
+            assert ended == ("ok", cell["execution_count"], [("stream", "stdout", "started\nfinished\n")]), nb_cell
             # the next cell ran after it, and sees what it set
             after = http.post(f"/v1/sessions/{sid}/execute", json={"code": "print(finished)"})
             assert after.status_code == 200, after.text
             assert [e["text"] for e in after.json()["events"] if e["type"] == "stream"] == ["yes\n"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=DEADLINE_S) == 0
+
+
+def notebook_of(http: httpx.Client, sid: str) -> dict[str, Any]:
+    resp = http.get(f"/v1/sessions/{sid}/notebook")
+    assert resp.status_code == 200, resp.text
+    return resp.json()  # type: ignore[no-any-return]
 
 
 def cell_record(http: httpx.Client, sid: str) -> dict[str, Any]:

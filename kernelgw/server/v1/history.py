@@ -34,6 +34,7 @@ from kernelgw.server.notebook import (
     InvalidNotebook,
     ReplayStep,
     build_notebook,
+    cell_end,
     notebook_text,
     plan_from_executions,
     read_notebook,
@@ -121,16 +122,17 @@ async def history(session_id: str, request: Request) -> Response:
     notes = await store.list_notes(session_id)
     parts = []
     for e in executions:
+        end = cell_end(e)  # as the notebook and a restore see it
         head = json.dumps(
             {
                 "execution_id": e.execution_id,
                 "position": e.position,
                 "code": e.code,
-                "status": e.status,
-                "execution_count": e.execution_count,
+                "status": end.status,
+                "execution_count": end.execution_count,
                 "started_at": e.started_at.isoformat(),
-                "duration_ms": e.duration_ms,
-                "reason": e.reason,
+                "duration_ms": end.duration_ms,
+                "reason": end.reason,
                 "state_lost": e.state_lost,
                 "replay_of": e.replay_of,
                 "replayable": e.replayable,

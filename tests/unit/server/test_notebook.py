@@ -10,7 +10,10 @@ import nbformat
 import pytest
 
 from kernelgw import events as ev
+from kernelgw.runtime.execution_queue import FOLLOW_MISSED
+from kernelgw.runtime.session import DETACHED_DONE_REASON
 from kernelgw.server.notebook import (
+    LATE_NOTE,
     InvalidNotebook,
     build_notebook,
     plan_from_executions,
@@ -225,6 +228,113 @@ def test_truncation_and_unfinished_executions_leave_a_note_on_stderr() -> None:
     assert outputs(nb.cells[2])[1]["text"].startswith("[kernelgw: execution dead")
     assert [c.metadata["kernelgw"]["status"] for c in nb.cells] == ["ok", "timeout", "dead"]
     nbformat.validate(nb)
+
+
+def followed(
+    position: int, late: list[ev.LateOutput], *, status: str, count: int | None = None, reason: str | None = None
+) -> ExecutionRecord:
+    """A cell a drain (``on_shutdown=keep``) cut off, as the follow path stores it:
+    its output, the interim ``done`` its clients were sent, the output the kernel
+    sent after it as ``late`` events, and its row as the next gateway completed it
+    (`Store.execution_followed`): ``status``, ``count`` and ``reason``."""
+    eid = f"e{position}"
+    interim = ev.Done(execution_id=eid, status="dead", reason=DETACHED_DONE_REASON, duration_ms=5.0)
+    events: list[ev.Event] = [
+        ev.Queued(execution_id=eid, code="wait()"),
+        ev.Stream(execution_id=eid, name="stdout", text="before the stop\n"),
+        interim,
+        *(ev.Late(execution_id=eid, event=e) for e in late),
+    ]
+    return ExecutionRecord(
+        session_id="s1",
+        position=position,
+        execution_id=eid,
+        seq=(position + 1) * 100,
+        code="wait()",
+        status=status,
+        execution_count=count,
+        started_at=T0,
+        duration_ms=900.0,
+        reason=reason,
+        state_lost=False,
+        events_json=ev.json_array(e.model_dump_json() for e in events),
+    )
+
+
+def test_a_followed_cell_shows_its_real_end_and_its_later_output_as_its_own() -> None:
+    """The cell's row says how it ended (what the history answers); its stored
+    ``done`` was an interim end. The notebook shows the row's end, and what the
+    kernel sent after the interim end as the cell's own output (it showed the
+    interim ``dead`` with its reason and that output after the late-output note).
+    Still followed, or ended while no gateway listened: ``dead`` with the row's
+    reason. A cell whose output came after its real end keeps the note."""
+    after = ev.Stream(name="stdout", text="after the stop\n")
+    error = ev.Error(ename="ValueError", evalue="later", traceback=["tb"], traceback_text=["tb"])
+    nb = build_notebook(
+        [
+            followed(0, [after], status="ok", count=7),
+            followed(1, [after, error], status="error", count=8),
+            followed(2, [], status="dead", reason=FOLLOW_MISSED),
+            followed(3, [after], status="dead", reason=DETACHED_DONE_REASON),  # still followed
+            execution(4, "after()", [], count=9),
+        ]
+    )
+    assert [(c.execution_count, c.metadata["kernelgw"]["status"]) for c in nb.cells] == [
+        (7, "ok"),
+        (8, "error"),
+        (None, "dead"),
+        (None, "dead"),
+        (9, "ok"),
+    ]
+    assert "reason" not in nb.cells[0].metadata["kernelgw"]
+    assert nb.cells[2].metadata["kernelgw"]["reason"] == FOLLOW_MISSED
+    assert outputs(nb.cells[0]) == [out("stream", name="stdout", text="before the stop\nafter the stop\n")]
+    assert outputs(nb.cells[1]) == [
+        out("stream", name="stdout", text="before the stop\nafter the stop\n"),
+        out("error", ename="ValueError", evalue="later", traceback=["tb"]),
+    ]
+    assert outputs(nb.cells[2]) == [
+        out("stream", name="stdout", text="before the stop\n"),
+        out("stream", name="stderr", text=f"[kernelgw: execution dead: {FOLLOW_MISSED}]\n"),
+    ]
+    assert outputs(nb.cells[3]) == [
+        out("stream", name="stdout", text="before the stop\nafter the stop\n"),
+        out("stream", name="stderr", text=f"[kernelgw: execution dead: {DETACHED_DONE_REASON}]\n"),
+    ]
+    nbformat.validate(nb)
+    # a restore runs the cells that ended, not the dead ones
+    plan = replay_plan(read_notebook(json.loads(nbformat.writes(nb))))
+    assert [s.skip_reason is None for s in plan] == [True, True, False, False, True]
+    assert [s.skip_reason is None for s in plan_from_executions([followed(0, [], status="ok", count=7)])] == [True]
+
+
+def test_output_after_a_real_end_keeps_the_late_note() -> None:
+    """Output after the cell's real end (its code forged it) comes after a note;
+    a late error makes the cell ``error``, as its row says."""
+    record = execution(0, "forged()", [ev.Stream(name="stdout", text="on time\n")], count=3)
+    error = ev.Error(execution_id="e0", ename="ValueError", evalue="late", traceback=["tb"], traceback_text=["tb"])
+    events = [
+        *record.events,
+        ev.Late(execution_id="e0", event=ev.Stream(name="stdout", text="late\n")),
+        ev.Late(execution_id="e0", event=error),
+    ]
+    reason = "an error came after this execution had ended"
+    stored = ExecutionRecord(
+        **{
+            **record.__dict__,
+            "status": "error",
+            "reason": reason,
+            "events_json": ev.json_array(e.model_dump_json() for e in events),
+        }
+    )
+    (cell,) = build_notebook([stored]).cells
+    assert (cell.execution_count, cell.metadata["kernelgw"]["status"]) == (3, "error")
+    assert outputs(cell) == [
+        out("stream", name="stdout", text="on time\n"),
+        out("stream", name="stderr", text=LATE_NOTE),
+        out("stream", name="stdout", text="late\n"),
+        out("error", ename="ValueError", evalue="late", traceback=["tb"]),
+    ]
 
 
 def test_notebook_metadata_notes_and_validity() -> None:

@@ -107,7 +107,8 @@ async def test_history_marks_replays_and_the_notebook_and_a_restore_leave_them_o
 
 def test_a_restore_plan_skips_replayed_executions() -> None:
     def row(position: int, replay_of: str | None) -> Any:
-        return type("Row", (), {"position": position, "code": "x = 1", "status": "ok", "replay_of": replay_of})()
+        end = {"status": "ok", "execution_count": position + 1, "duration_ms": 1.0, "reason": None}  # `cell_end`
+        return type("Row", (), {"position": position, "code": "x = 1", "replay_of": replay_of, **end})()
 
     assert [s.index for s in plan_from_executions([row(0, None), row(1, "e0"), row(2, None)])] == [0, 2]
 

@@ -2,7 +2,10 @@
 real PostgreSQL: appended to the ended cell's record after its ``done`` (also
 after its output chunks and its row's events), a late error turns the recorded
 status to ``error``, the notebook shows it, and the audit log says so; a history
-read while a late error commits sees the cell before it or after it, never half."""
+read while a late error commits sees the cell before it or after it, never half.
+A cell the next gateway followed (a drain with ``on_shutdown=keep``) has its
+later output stored as late output after its interim end, then its real end in
+its row: the notebook shows that end and that output as the cell's own."""
 
 from __future__ import annotations
 
@@ -16,8 +19,10 @@ from sqlalchemy import event
 from sqlalchemy.util import await_only
 
 from kernelgw import events as ev
+from kernelgw.runtime.execution_queue import FOLLOW_MISSED
 from kernelgw.runtime.fanout import Published
-from kernelgw.server.notebook import build_notebook
+from kernelgw.runtime.session import DETACHED_DONE_REASON
+from kernelgw.server.notebook import LATE_NOTE, build_notebook, plan_from_executions
 from kernelgw.storage import audit
 from kernelgw.storage.store import LATE_AUDIT_KIND, Store
 from tests.unit.storage.test_output_chunks import Cell, stand_in_session
@@ -28,6 +33,16 @@ class OkCell(Cell):
         """Ends ``ok`` (as a forged end does)."""
         eid = self.rec.execution_id
         done = ev.Done(execution_id=eid, status="ok", execution_count=1, duration_ms=5.0, seq=self.seq + 1)
+        pub = Published(self.seq + 1, done, done.model_dump_json())
+        self.sent.append(pub.json)
+        await self.store.execution_finished(self.session, self.rec, pub)
+
+
+class CutCell(Cell):
+    async def finish(self) -> None:
+        """Ends with the interim end a drain that keeps the kernel stores (`KernelSession.detach`)."""
+        eid = self.rec.execution_id
+        done = ev.Done(execution_id=eid, status="dead", reason=DETACHED_DONE_REASON, duration_ms=5.0, seq=self.seq + 1)
         pub = Published(self.seq + 1, done, done.model_dump_json())
         self.sent.append(pub.json)
         await self.store.execution_finished(self.session, self.rec, pub)
@@ -152,3 +167,60 @@ async def test_a_history_read_is_one_state_even_when_a_late_error_commits_during
     ], (record.status, types)
     (record,) = await store.list_executions(session.id)
     assert record.status == "error" and [e.type for e in record.events] == ["queued", "stream", "done", "late"]
+
+
+async def test_a_followed_cell_s_notebook_shows_how_it_really_ended(dialect_store: Store) -> None:
+    """As the follow path stores it (`ExecutionQueue.follow`): the interim end, the
+    output the kernel sent after it as late output (a followed cell's error does
+    not mark the row), then its real end over the row (`Store.execution_followed`).
+    The notebook says what the history says: ``ok`` (or ``error``) with the count,
+    that output the cell's own; one that ended while no gateway listened stays
+    ``dead`` with that reason. (It showed the interim ``dead``, its reason, and the
+    output after a note saying it came after the cell had ended.)"""
+    store = dialect_store
+    session = stand_in_session()
+    await store.session_started(session)
+    cells: list[CutCell] = []
+    for _ in ("ok", "error", "missed"):  # how each is followed, below
+        cell = CutCell(store, session, seq=cells[-1].seq + 3 if cells else 0)
+        cell.print("before the stop\n")
+        await cell.finish()
+        cells.append(cell)
+    ok, failed, missed = (c.rec.execution_id for c in cells)
+    seq = cells[-1].seq + 3
+    await store.execution_late(
+        session, ok, [late(seq, ok, ev.Stream(execution_id=ok, name="stdout", text="after the stop\n"))], 0, False
+    )
+    error = ev.Error(execution_id=failed, ename="ValueError", evalue="later", traceback=["tb"], traceback_text=["tb"])
+    await store.execution_late(session, failed, [late(seq + 1, failed, error)], 0, False)
+    for eid, done in [
+        (ok, ev.Done(execution_id=ok, status="ok", execution_count=7, duration_ms=900.0)),
+        (failed, ev.Done(execution_id=failed, status="error", execution_count=8, duration_ms=800.0)),
+        (missed, ev.Done(execution_id=missed, status="dead", reason=FOLLOW_MISSED, duration_ms=700.0)),
+    ]:
+        await store.execution_followed(session, eid, done, DETACHED_DONE_REASON)
+
+    history = await store.list_executions(session.id)
+    assert [(r.status, r.execution_count, r.reason) for r in history] == [
+        ("ok", 7, None),
+        ("error", 8, None),
+        ("dead", None, FOLLOW_MISSED),
+    ]
+    assert [e.type for e in history[0].events] == ["queued", "stream", "done", "late"]  # as the clients were sent
+
+    nb = build_notebook(history)
+    shown = [
+        (c.execution_count, c.metadata["kernelgw"]["status"], c.metadata["kernelgw"].get("reason")) for c in nb.cells
+    ]
+    assert shown == [(7, "ok", None), (8, "error", None), (None, "dead", FOLLOW_MISSED)]
+    assert [dict(o) for o in nb.cells[0].outputs] == [
+        {"output_type": "stream", "name": "stdout", "text": "before the stop\nafter the stop\n"}
+    ]
+    assert [o["output_type"] for o in nb.cells[1].outputs] == ["stream", "error"]
+    assert nb.cells[1].outputs[0]["text"] == "before the stop\n" and nb.cells[1].outputs[1]["evalue"] == "later"
+    assert [(o["name"], o["text"]) for o in nb.cells[2].outputs] == [
+        ("stdout", "before the stop\n"),
+        ("stderr", f"[kernelgw: execution dead: {FOLLOW_MISSED}]\n"),
+    ]
+    assert not any(LATE_NOTE in str(o.get("text", "")) for c in nb.cells for o in c.outputs)
+    assert [s.skip_reason is None for s in plan_from_executions(history)] == [True, True, False]
