@@ -491,7 +491,9 @@ class SessionManager:
         lineage and files were read is not part of the fork. A fork that fails
         or is abandoned is deleted, never left half made. A paused source is
         forked from its snapshot instead (files, packages and variables; no
-        replay), and stays paused."""
+        replay), and stays paused. A restart, pause or resume of the source under
+        way ends first (its files are in or out of its kernel by then)."""
+        await source.settled()
         if source.state == "paused":
             return await self._fork_paused(source, opts, principal)
         handle = source.handle

@@ -41,7 +41,7 @@ from kernelgw.runtime.execution_queue import ExecutionQueue
 from kernelgw.runtime.fanout import EventFanout, Published, Subscription
 from kernelgw.runtime.kernel_link import KernelLink
 from kernelgw.runtime.lease import SessionTerms
-from kernelgw.runtime.lineage import Lineage, LineageCell, ReplayReport
+from kernelgw.runtime.lineage import Lineage, LineageCell, ReplayJob, ReplayReport
 from kernelgw.runtime.loop_share import LoopShare
 from kernelgw.runtime.metrics import Metrics
 from kernelgw.runtime.pause import (
@@ -290,38 +290,90 @@ class KernelSession:
             code, {ARTIFACTS_KEY: ARTIFACTS_EXPRESSION, END_KEY: "'warm-up'"}, timeout=timeout
         )
 
-    async def restart(self, reason: str = "the session was restarted", *, replay: bool = False) -> ReplayReport | None:
+    async def restart(
+        self, reason: str = "the session was restarted", *, replay: bool = False, timeout: float = 300.0
+    ) -> ReplayReport | None:
         """A fresh kernel in place of the old one; all variables are lost.
 
         ``replay``: then the old kernel's lineage runs again in the new one,
         ahead of any cell queued, and this returns the replay's report once it
-        ended (None without replay, or when the session was closed)."""
+        ended (None without replay, or when the session was closed). A paused
+        session keeps its files and packages (`_restart_paused`; ``timeout``
+        bounds their copy)."""
         async with self._lifecycle:
             if self.state == "closed":
                 return None
-            if replay:
-                self._executions.hold()  # cells sent from now on run after the replay
-            try:
-                self._executions.abort_current(reason)
-                await self.keep_files()
-                await self._link.stop()
-                self.kernel_event("kernel_restarted", reason)
-                if self.metrics is not None:
-                    self.metrics.restarts.labels("requested").inc()
-                cells = self._executions.lineage.cells
-                try:
-                    await self._start_kernel()
-                except BaseException as exc:
-                    self.state = "dead"
-                    self.dead_reason = f"restart failed: {exc}"
-                    raise
-                self.execution_count = 0
-                self.kernel_changed()
-                job = self._executions.replay(cells, "requested") if replay else None
-            finally:
-                if replay:
-                    self._executions.release()
+            if self.state == "paused":
+                job = await self._restart_paused(reason, replay, timeout)
+            else:
+                job = await self._restart_running(reason, replay)
         return await job.report if job is not None else None
+
+    async def _restart_running(self, reason: str, replay: bool) -> ReplayJob | None:
+        """`restart` of a session that has a kernel (or had one: dead), under the
+        lifecycle lock; returns the replay queued, if any."""
+        if replay:
+            self._executions.hold()  # cells sent from now on run after the replay
+        try:
+            self._executions.abort_current(reason)
+            await self.keep_files()
+            await self._link.stop()
+            self.kernel_event("kernel_restarted", reason)
+            if self.metrics is not None:
+                self.metrics.restarts.labels("requested").inc()
+            cells = self._executions.lineage.cells
+            try:
+                await self._start_kernel()
+            except BaseException as exc:
+                self.state = "dead"
+                self.dead_reason = f"restart failed: {exc}"
+                raise
+            self.execution_count = 0
+            self.kernel_changed()
+            return self._executions.replay(cells, "requested") if replay else None
+        finally:
+            if replay:
+                self._executions.release()
+
+    async def _restart_paused(self, reason: str, replay: bool, timeout: float) -> ReplayJob | None:
+        """`restart` of a paused session, under the lifecycle lock: a new kernel
+        with the snapshot's files and packages but not its variables (a restart
+        means fresh variables, not lost files); with ``replay`` the cells that
+        built the paused state run in it (after the files: they may read them),
+        before any cell sent meanwhile. Once the files are in, the snapshot is
+        removed and its bytes given back (the session is no longer paused, for the
+        store too). A restart that fails leaves the session paused, its snapshot
+        untouched, as a resume that fails does."""
+        directory = self._snapshot
+        assert directory is not None
+        cells = self._paused_lineage
+        self._executions.hold()  # cells sent while paused run in the new kernel, after the replay
+        try:
+            try:
+                await self._start_kernel()
+                handle = self._link.handle
+                assert handle is not None
+                restored = await restore_files(self.backend, handle, directory, timeout)
+                await discard_namespace(self._link)  # the pickled variables came with the workspace
+                await self.keep_files()
+            except BaseException as exc:
+                await self._link.stop()
+                await self.backend.end_session(self.id)
+                self.state = "paused"
+                self.lineage_kernels = self._paused_kernels  # not the kernel that failed
+                if isinstance(exc, Exception) and not isinstance(exc, KernelGWError):
+                    raise KernelStartFailed(f"The paused session could not be restarted: {exc}") from exc
+                raise
+            self.kernel_event("kernel_restarted", f"{reason}; it was paused: {restored} bytes of files restored")
+            if self.metrics is not None:
+                self.metrics.restarts.labels("requested").inc()
+            self.execution_count = 0
+            self._paused_from, self._paused_lineage = None, ()
+            self.kernel_changed()
+            await self._drop_snapshot()
+            return self._executions.replay(cells, "requested") if replay else None
+        finally:
+            self._executions.release()
 
     @property
     def lineage(self) -> tuple[LineageCell, ...]:
@@ -460,6 +512,13 @@ class KernelSession:
         if self._budget is not None:
             self._budget.give_back(self._snapshot_bytes)
         self._budget, self._snapshot_bytes, self.paused_at = None, 0, None
+
+    async def settled(self) -> None:
+        """Return once no start, restart, pause or resume of the session is under
+        way: a restart or resume gives its kernel (`handle`) and an idle state
+        before its files are back in it, so one that reads them (a fork) waits."""
+        async with self._lifecycle:
+            pass
 
     async def fork_snapshot_into(self, target: KernelSession, timeout: float) -> tuple[int, NamespaceSummary] | None:
         """While paused: put the snapshot (files, packages, then variables) into

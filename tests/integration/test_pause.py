@@ -179,6 +179,90 @@ def test_a_paused_session_survives_a_gateway_restart(docker_client: docker.Docke
         third.stop()
 
 
+# ------------------------------------------------------------------ restarts
+
+FILES_AND_PACKAGE = (
+    "open('kept.txt', 'w').write('mine')\nopen('/opt/kernelgw/packages/keptpkg.py', 'w').write('VALUE = 7')"
+)
+AFTER_RESTART = (
+    "import os, keptpkg\n"
+    "print(globals().get('x'), globals().get('y'), open('kept.txt').read(), keptpkg.VALUE,"
+    " os.path.exists('.kernelgw-namespace'))"
+)
+
+
+@pytest.mark.parametrize("face", ["v1", "jupyter", "v1 with replay"])
+def test_a_restart_of_a_paused_session_keeps_its_files_and_packages_not_its_variables(
+    docker_client: docker.DockerClient, gateway: RunningGateway, http: httpx.Client, face: str
+) -> None:
+    """A restart means fresh variables, not lost files: a paused session restarted
+    (over /v1 or Jupyter's /api/kernels) gets a new kernel with its snapshot's files
+    and packages, none of its variables (with replay: those its cells rebuild),
+    and nothing of the pause is left: no snapshot, no bytes held, one kernel."""
+    sid = http.post("/v1/sessions", json={}).json()["id"]
+    snapshot = Path(gateway.settings.data_dir) / "paused" / sid
+    try:
+        held = paused_metric(http)
+        assert run(http, sid, FILES_AND_PACKAGE, replay=False)["status"] == "ok"  # a replay does not write them
+        assert run(http, sid, "x = 41\ny = open('kept.txt').read()")["status"] == "ok"
+        assert http.post(f"/v1/sessions/{sid}/pause").status_code == 200
+        assert snapshot.is_dir() and paused_metric(http) > held
+
+        if face == "jupyter":
+            resp = http.post(f"/api/kernels/{sid}/restart")
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["execution_state"] == "idle", resp.json()
+        else:
+            resp = http.post(f"/v1/sessions/{sid}/restart", json={"replay": face == "v1 with replay"})
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["state"] == "idle", resp.json()
+        if face == "v1 with replay":
+            # the lineage from before the pause, after the files (the cell reads one)
+            report = resp.json()["replay"]
+            assert report["trigger"] == "requested" and report["complete"] is True and report["replayed"] == 1, report
+        assert http.get(f"/v1/sessions/{sid}").json()["state"] == "idle"
+        # the snapshot went into the new kernel and is gone, its bytes given back
+        assert not snapshot.exists()
+        assert paused_metric(http) == held
+        kernels = docker_client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={sid}"})
+        assert [c.status for c in kernels] == ["running"]
+
+        rebuilt = "41 mine" if face == "v1 with replay" else "None None"
+        assert stdout(run(http, sid, AFTER_RESTART)) == f"{rebuilt} mine 7 False\n"
+        assert http.post(f"/v1/sessions/{sid}/resume").status_code == 409  # not paused any more
+    finally:
+        http.delete(f"/v1/sessions/{sid}")
+    assert not snapshot.exists() and containers_of(docker_client, sid) == []
+
+
+def test_a_paused_session_restarted_is_running_for_the_next_gateway(docker_client: docker.DockerClient) -> None:
+    """The store knows a restarted paused session runs: the next gateway reattaches
+    its new kernel rather than bringing back the old snapshot over it."""
+    name = f"{gateway_settings().gateway_name}pk"
+    settings = gateway_settings(gateway_name=name, data_dir=f"/tmp/kgwt-data-{name}", on_shutdown="keep")
+    first = start_gateway(settings)
+    try:
+        with httpx.Client(base_url=first.url, timeout=120) as http:
+            sid = http.post("/v1/sessions", json={}).json()["id"]
+            run(http, sid, "old = 1\nopen('kept.txt', 'w').write('mine')")
+            assert http.post(f"/v1/sessions/{sid}/pause").status_code == 200
+            assert http.post(f"/v1/sessions/{sid}/restart").status_code == 200
+            run(http, sid, "new = 2")
+    finally:
+        first.stop()
+
+    second = start_gateway(settings.model_copy(update={"on_shutdown": "stop"}))
+    try:
+        with httpx.Client(base_url=second.url, timeout=120) as http:
+            assert http.get(f"/v1/sessions/{sid}").json()["state"] == "idle"
+            result = run(http, sid, "print(new, 'old' in dir(), open('kept.txt').read())")
+            assert stdout(result) == "2 False mine\n", result["events"][-1]
+            assert not (Path(settings.data_dir) / "paused" / sid).exists()
+    finally:
+        second.stop()
+    assert_nothing_left(docker_client, name)
+
+
 # ------------------------------------------------------------------ bounds
 
 

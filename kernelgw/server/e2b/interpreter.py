@@ -178,14 +178,11 @@ async def remove_context(context_id: str, request: Request) -> Response:
 @router.post("/e2b/contexts/{context_id}/restart")
 async def restart_context(context_id: str, request: Request) -> Response:
     """A fresh kernel in place of the old one (`KernelSession.restart`): variables go,
-    files stay. A paused sandbox is resumed first (its files come back), as any
-    request that needs its kernel resumes it."""
+    files stay. A paused sandbox's new kernel gets its snapshot's files and packages
+    (the runtime's restart of a paused session, on every face)."""
     sandbox = await sandbox_for(request, INTERPRETER_PORT)
-    session = sandbox.session
-    _context(session, context_id)
-    if session.state == "paused":
-        await session.resume()
-    await session.restart("the code interpreter's context was restarted (E2B)")
+    _context(sandbox.session, context_id)
+    await sandbox.session.restart("the code interpreter's context was restarted (E2B)")
     return JSONResponse(None)
 
 
