@@ -112,14 +112,10 @@ def remove_everything(docker_client: docker.DockerClient, gateway_name: str) -> 
         volume.remove(force=True)
 
 
-@contextmanager
-def gateway_with_key(
-    docker_client: docker.DockerClient, data_dir: Path, name: str
-) -> Iterator[tuple[RunningGateway, str]]:
-    """A gateway that requires API keys, and one key's text; afterwards no
-    container of its name may be left."""
+def make_key(data_dir: Path, name: str) -> str:
+    """A new API key named ``name`` in the store under ``data_dir``; its text."""
 
-    async def make_key() -> str:
+    async def create() -> str:
         store = Store.from_settings(gateway_settings(data_dir=data_dir))
         await store.start()
         try:
@@ -127,7 +123,16 @@ def gateway_with_key(
         finally:
             await store.close()
 
-    key = asyncio.run(make_key())
+    return asyncio.run(create())
+
+
+@contextmanager
+def gateway_with_key(
+    docker_client: docker.DockerClient, data_dir: Path, name: str
+) -> Iterator[tuple[RunningGateway, str]]:
+    """A gateway that requires API keys, and one key's text; afterwards no
+    container of its name may be left."""
+    key = make_key(data_dir, name)
     gw = start_gateway(gateway_settings(gateway_name=name, data_dir=data_dir, auth="required"))
     try:
         yield gw, key

@@ -29,12 +29,11 @@ from e2b import (
 from e2b import Sandbox as BaseSandbox
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
-from kernelgw.storage import Store
-from kernelgw.storage.keys import KeyStore
 from tests.integration.conftest import (
     RunningGateway,
     assert_nothing_left,
     gateway_settings,
+    make_key,
     remove_everything,
     start_gateway,
 )
@@ -47,16 +46,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def other_key(e2b_gateway: E2BGateway) -> str:
     """A second user key of the same gateway."""
-
-    async def make() -> str:
-        store = Store.from_settings(gateway_settings(data_dir=e2b_gateway.gateway.settings.data_dir))
-        await store.start()
-        try:
-            return (await KeyStore(store).create("e2b-other"))[1]
-        finally:
-            await store.close()
-
-    return asyncio.run(make())
+    return make_key(e2b_gateway.gateway.settings.data_dir, "e2b-other")
 
 
 @pytest.fixture
@@ -267,16 +257,7 @@ def test_sandboxes_and_their_tokens_outlive_a_gateway_restart(
     a running sandbox keeps its variables and lease, a paused one its snapshot,
     and connect gives both tokens again (they derive from the key, not from memory)."""
     name, data_dir = f"e2br{os.getpid()}", tmp_path / "data"
-
-    async def make_key() -> str:
-        store = Store.from_settings(gateway_settings(data_dir=data_dir))
-        await store.start()
-        try:
-            return (await KeyStore(store).create(name))[1]
-        finally:
-            await store.close()
-
-    key = asyncio.run(make_key())
+    key = make_key(data_dir, name)
     settings = gateway_settings(gateway_name=name, data_dir=data_dir, auth="required", on_shutdown="keep")
 
     def point_at(gw: RunningGateway) -> None:
