@@ -57,9 +57,16 @@ from kernelgw.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-IOPUB_QUIET_S = 1.0
-"""After the execute_reply, iopub silent this long without an idle for the
-request means the idle was lost: finish anyway instead of hanging."""
+IOPUB_QUIET_S = 5.0
+"""After the execute_reply, iopub silent this long (counted from the later of
+the reply and the last iopub message) without an idle for the request means
+the idle was lost: finish anyway instead of hanging. Longer than a kernel's
+iopub may lag behind its reply: ipykernel's iopub thread in a loaded
+container, and the shim's fences (``FENCE_TIMEOUT_S``, 2 s), which hold a
+Deno cell's idle, and so anything sent after it, until its output is out. At
+1 s, counted from the last iopub message alone, a cell whose reply came after
+a quiet second was ended at once and its output, still on its way, lost (seen
+in CI: a Deno cell right after an interrupted one)."""
 RECENT_IDS = 10000
 """How many execution ids a session remembers to refuse reuse."""
 ABORTED = "aborted: an earlier cell from the same Jupyter client failed and asked to stop on error"
@@ -562,6 +569,7 @@ class ExecutionQueue:
     async def _wait(self, rec: QueuedExecution, timeout: float) -> Literal["finished", "timeout"] | KernelState:
         """Wait for reply + idle, polling the container so a dead kernel is noticed."""
         deadline = time.monotonic() + timeout
+        replied_at: float | None = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -577,10 +585,12 @@ class ExecutionQueue:
             if checkpoint_due(rec):
                 # what a gateway crash would keep of this cell: its output up to here
                 self._store_progress(rec)
+            replied = rec.reply is not None and (rec.reply_verified or rec.end_replied)
+            if replied and replied_at is None:
+                replied_at = time.monotonic()
             if (
-                rec.reply is not None
-                and (rec.reply_verified or rec.end_replied)
-                and time.monotonic() - self._link.last_iopub > IOPUB_QUIET_S
+                replied_at is not None
+                and time.monotonic() - max(self._link.last_iopub, replied_at) > IOPUB_QUIET_S
                 and not self._link.disconnect_pending
                 and not self.backlog.waiting  # unread, not quiet
             ):

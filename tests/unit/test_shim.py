@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -411,6 +412,29 @@ def test_a_cell_idle_that_waited_behind_a_fence_starts_its_own(shim: ModuleType)
     probe2, marker2 = probe_of(kernel, fences)
     assert probe2["msg_id"] != probe1["msg_id"]
     assert fences.iopub(pub(kernel, "stream", {"name": "stdout", "text": marker2}, probe2)) == [second_idle]
+
+
+def test_a_probe_that_failed_ends_its_fence_at_once(shim: ModuleType) -> None:
+    """A probe that did not run (Deno aborts what follows an interrupt) prints no
+    marker: its failed reply ends the fence now, not at the timeout, so what
+    waits behind it (the next cell's output) is not held back."""
+    gateway, kernel = Session(key=KEY), Session(key=KEY)
+    fences = shim.Fences(shim.Signer(KEY), "p('{marker}')", "s5")
+    request = gateway.serialize(gateway.msg("execute_request", {"code": "x", "silent": False}))
+    cell = parsed(kernel, request)["header"]
+    fences.request(request)
+    assert not fences.reply(kernel.serialize(kernel.msg("execute_reply", {"status": "error"}, parent=cell)))
+    probe, _ = probe_of(kernel, fences)
+    idle = pub(kernel, "status", {"execution_state": "idle"}, cell)
+    assert fences.iopub(idle) == []
+    deadline = fences.deadline
+    assert deadline is not None and deadline > time.monotonic() + 1
+    ok = kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=probe))
+    assert fences.reply(ok) is True and fences.deadline == deadline  # an ok probe's marker is still to come
+    failed = kernel.serialize(kernel.msg("execute_reply", {"status": "error", "ename": "Error"}, parent=probe))
+    assert fences.reply(failed) is True  # dropped, as any probe's reply
+    assert fences.deadline is not None and fences.deadline <= time.monotonic()
+    assert fences.finish() == [idle]
 
 
 def test_a_cell_has_started_once_the_kernel_says_so_for_it(shim: ModuleType) -> None:

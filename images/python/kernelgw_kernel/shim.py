@@ -395,8 +395,8 @@ class Fences:
     probe's status, input and marker are dropped, and anything else waits;
     then the cell's idle goes out, followed by what waited (seen again, so a
     waiting cell's idle starts that cell's fence). The probe's reply is
-    dropped. After ``FENCE_TIMEOUT_S`` without the marker the idle goes out
-    anyway. (Deno parents even a cell's execute_result by the request it runs
+    dropped, unless it says the probe failed: then, as after
+    ``FENCE_TIMEOUT_S`` without the marker, the idle goes out anyway. (Deno parents even a cell's execute_result by the request it runs
     when the result is sent, which can be the probe: it is the cell's too. The
     probe prints only: no result of its own.)
 
@@ -442,6 +442,13 @@ class Fences:
         parent = json.loads(frames[i + 3])
         msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
         if msg_id in self.probes:
+            fence = self.active
+            if fence is not None and msg_id == fence["probe"]:
+                content = json.loads(frames[i + 5])
+                if not isinstance(content, dict) or content.get("status") != "ok":
+                    # the probe did not run (Deno aborts what follows an
+                    # interrupt): its marker will not come, end now (`expire`)
+                    fence["deadline"] = time.monotonic()
             return True
         if not isinstance(msg_id, str) or msg_id not in self.cells or self.active is not None:
             return False

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import zmq
 
+from kernelgw.runtime import execution_queue
 from kernelgw.runtime.fanout import Published
 from kernelgw.runtime.kernel_connection import IOPUB_RECEIVE_HWM
 from kernelgw.runtime.output_backlog import BACKLOG_BYTES, OutputBacklog
@@ -181,7 +182,10 @@ async def test_a_stalled_store_does_not_hold_the_cell(
     session = await recording(new_session, store, max_output_bytes=64 * MIB)
     stalled = SlowChunks(store, monkeypatch, 0.0, shut=True)
     backlog = backlog_of(session)
-    backlog.stall_s = 1.5  # longer than a quiet iopub takes to look like a lost idle (IOPUB_QUIET_S)
+    # the store stalls longer than a quiet iopub takes to look like a lost idle:
+    # a reader held back by the store is unread output, not quiet
+    monkeypatch.setattr(execution_queue, "IOPUB_QUIET_S", 1.0)
+    backlog.stall_s = 1.5
     sub = session.subscribe(session.last_seq)
     rec = session.submit(FLOOD)
     try:
