@@ -92,7 +92,7 @@ class LoneGateway:
     async def foreign_session(self, session_ids: Sequence[str]) -> ForeignSession | None:
         """The open session stored under one of ``session_ids`` if another gateway runs it."""
         t = schema.sessions
-        query = select(t.c.id, t.c.gateway_name, t.c.owner).where(
+        query = select(t.c.id, t.c.gateway_name, t.c.owner, t.c.access_sha256).where(
             t.c.id.in_(list(session_ids)), t.c.ended_at.is_(None), t.c.gateway_name != self.name
         )
         try:
@@ -106,7 +106,7 @@ class LoneGateway:
             return None
         gateway = await self.registry.reread(row.gateway_name)
         live = gateway is not None and self.registry.is_live(gateway)
-        return ForeignSession(Ownership(row.id, row.gateway_name, row.owner), gateway, live)
+        return ForeignSession(Ownership(row.id, row.gateway_name, row.owner, row.access_sha256), gateway, live)
 
     async def close(self) -> None:
         await self.engine.dispose()

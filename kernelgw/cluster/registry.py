@@ -20,6 +20,7 @@ store's history, served by any gateway).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from kernelgw.errors import GatewayNameInUse, StorageUnavailable
+from kernelgw.runtime.lease import access_sha256
 from kernelgw.storage import schema
 from kernelgw.storage.records import as_utc
 from kernelgw.tasks import cancel_and_wait
@@ -71,6 +73,15 @@ class Ownership:
     session_id: str
     gateway_name: str
     owner_key: str | None
+    access_sha256: str | None = None
+    """The sha256 of the session's own access token, when a face gave it one (an
+    E2B sandbox's): what sandbox traffic, which carries no key, proves itself by."""
+
+    def token_matches(self, token: str | None) -> bool:
+        """Whether ``token`` is the session's access token."""
+        if not token or self.access_sha256 is None:
+            return False
+        return hmac.compare_digest(access_sha256(token), self.access_sha256)
 
 
 def free_memory_mb(meminfo: Path = Path("/proc/meminfo")) -> int | None:
@@ -241,7 +252,7 @@ class GatewayRegistry:
             async with self.engine.connect() as conn:
                 row = (
                     await conn.execute(
-                        select(t.c.id, t.c.gateway_name, t.c.owner).where(
+                        select(t.c.id, t.c.gateway_name, t.c.owner, t.c.access_sha256).where(
                             t.c.id.in_(list(session_ids)), t.c.ended_at.is_(None)
                         )
                     )
@@ -252,7 +263,7 @@ class GatewayRegistry:
             ) from exc
         if row is None or not self._peer(row.gateway_name):
             return None  # another cluster's session: served here as one that does not exist
-        found = Ownership(row.id, row.gateway_name, row.owner)
+        found = Ownership(row.id, row.gateway_name, row.owner, row.access_sha256)
         if len(self._owners) >= _OWNER_CACHE_MAX:
             self._owners.clear()
         for sid in session_ids:

@@ -36,10 +36,12 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kernelgw.cluster.errors import ForwardRefused, OwnerGone
-from kernelgw.cluster.registry import Gateway
-from kernelgw.cluster.routing import SessionRoute, create_face, session_route
+from kernelgw.cluster.registry import Gateway, Ownership
+from kernelgw.cluster.routing import SessionRoute, create_face, create_source_field, session_route
 from kernelgw.errors import KernelGWError, SessionNotFound, Unauthorized
 from kernelgw.keys import Principal
+from kernelgw.server.e2b.auth import ACCESS_TOKEN_HEADERS, key_text
+from kernelgw.server.e2b.errors import error_body
 from kernelgw.server.jupyter.errors import reason
 from kernelgw.server.state import GatewayState, find_gateway_state
 from kernelgw.tasks import cancel_and_wait
@@ -105,25 +107,29 @@ class Forwarder:
             return
         method = scope.get("method", "GET")
         path: str = scope["path"]
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = _header_map(scope)
         try:
             forwarded = await _verified(state, cluster, scope, headers, method, path)
             if forwarded:
                 target = None  # forwarded once already: served here, whatever the registry says (no loops)
                 _client_from_peer(scope)
-            elif create_face(method, path) == "v1" and scope["type"] == "http":
-                receive, source = await _fork_source(receive, state.settings.max_request_bytes)
-                route = SessionRoute(source, "v1", "") if source is not None else None
-                target = await self._owner(state, cluster, scope, route) if route else cluster.placement_target()
+            elif (
+                (face := create_face(method, path)) and (field := create_source_field(face)) and scope["type"] == "http"
+            ):
+                receive, source = await _create_source(receive, state.settings.max_request_bytes, field)
+                route = SessionRoute(source, face, "") if source is not None else None
+                target = await self._owner(state, cluster, scope, route) if route else None
+                if target is None and (route is None or not _runs_here(state, route)):
+                    target = cluster.placement_target()
             else:
-                target = await self._target(state, cluster, scope, method, path)
+                target = await self._target(state, cluster, scope, method, path, headers)
         except KernelGWError as exc:
             await refuse(scope, receive, send, exc)
             return
         if target is None:
             if scope["type"] == "http":
                 send = _named(send, GATEWAY_HEADER, cluster.name)
-                if method == "DELETE" and (route := session_route(path)) is not None and not route.rest:
+                if method == "DELETE" and (route := session_route(path, headers)) is not None and not route.rest:
                     send = _after_flush(send, state)
             await self.app(scope, receive, send)
         elif scope["type"] == "http":
@@ -132,10 +138,10 @@ class Forwarder:
             await relay_websocket(cluster, target, scope, receive, send)
 
     async def _target(
-        self, state: GatewayState, cluster: Cluster, scope: Scope, method: str, path: str
+        self, state: GatewayState, cluster: Cluster, scope: Scope, method: str, path: str, headers: dict[str, str]
     ) -> Gateway | None:
         """The peer to forward to; None to serve here; raises `OwnerGone`."""
-        route = session_route(path)
+        route = session_route(path, headers)
         if route is None:
             return cluster.placement_target() if create_face(method, path) and scope["type"] == "http" else None
         if route.from_store(method):
@@ -150,11 +156,15 @@ class Forwarder:
         ownership = await cluster.registry.owner_of(route.candidate_ids())
         if ownership is None or ownership.gateway_name == cluster.name:
             return None
+        if route.sandbox_traffic and not await _may_know(state, scope, route, ownership):
+            # sandbox traffic has no key for the owner to check: without the
+            # sandbox's token it is served here, as for a sandbox that does not
+            # exist, and learns nothing of where it runs or whether that is up
+            return None
         gateway = cluster.registry.gateway(ownership.gateway_name)
         if gateway is not None and cluster.registry.is_live(gateway):
             return gateway
-        principal = await _principal(state, scope)
-        if not principal.can_see(ownership.owner_key):
+        if not await _may_know(state, scope, route, ownership):
             return None  # served here: the 404 of a session that does not exist
         gateway = await cluster.registry.reread(ownership.gateway_name)  # back since the last heartbeat?
         if gateway is not None and cluster.registry.is_live(gateway):
@@ -178,8 +188,11 @@ async def _verified(
     try:
         return cluster.verify(headers, method, path) is not None
     except ForwardRefused:
-        if session_route(path) is None and create_face(method, path) is None:
+        route = session_route(path, headers)
+        if route is None and create_face(method, path) is None:
             return False
+        if route is not None and route.sandbox_traffic:
+            raise Unauthorized("the forwarding proof is not valid") from None  # no key to tell an operator by
         await _principal(state, scope)  # raises Unauthorized
         raise
 
@@ -189,14 +202,15 @@ async def _not_elsewhere(state: GatewayState, lone: LoneGateway, scope: Scope) -
     gateway of the store runs (this one has no cluster secret to forward with),
     for callers who may see it; others are served the 404 of a session that does
     not exist."""
-    route = session_route(scope["path"]) if scope["type"] in ("http", "websocket") else None
+    if scope["type"] not in ("http", "websocket"):
+        return
+    route = session_route(scope["path"], _header_map(scope))
     if route is None or route.from_store(scope.get("method", "GET")) or _runs_here(state, route):
         return
     foreign = await lone.foreign_session(route.candidate_ids())
     if foreign is None:
         return
-    principal = await _principal(state, scope)
-    if principal.can_see(foreign.ownership.owner_key):
+    if await _may_know(state, scope, route, foreign.ownership):
         raise foreign.error()
 
 
@@ -211,10 +225,11 @@ def _client_from_peer(scope: Scope) -> None:
             return
 
 
-async def _fork_source(receive: Receive, limit: int) -> tuple[Receive, str | None]:
-    """A create's body read ahead for its ``from`` (a fork runs where its source
-    runs: its files are copied on that host), and a ``receive`` that gives the
-    body again. A body over ``limit`` is not parsed (the app refuses it)."""
+async def _create_source(receive: Receive, limit: int, field: str) -> tuple[Receive, str | None]:
+    """A create's body read ahead for ``field``, the session it is made from (/v1's
+    ``from``, E2B's ``templateID``: a fork or a sandbox from a snapshot runs where
+    its source runs, its files are copied on that host), and a ``receive`` that
+    gives the body again. A body over ``limit`` is not parsed (the app refuses it)."""
     messages: list[Message] = []
     size = 0
     while True:
@@ -231,8 +246,8 @@ async def _fork_source(receive: Receive, limit: int) -> tuple[Receive, str | Non
             body = orjson.loads(b"".join(m.get("body", b"") for m in messages))
         except orjson.JSONDecodeError:
             body = None
-        if isinstance(body, dict) and isinstance(body.get("from"), str):
-            source = body["from"]
+        if isinstance(body, dict) and isinstance(body.get(field), str) and body[field]:
+            source = body[field]
     pending = iter(messages)
 
     async def replay() -> Message:
@@ -255,10 +270,29 @@ def _runs_here(state: GatewayState, route: SessionRoute) -> bool:
 async def _principal(state: GatewayState, scope: Scope) -> Principal:
     from kernelgw.server.jupyter.kernels import credentials
 
-    key, token = credentials(HTTPConnection(scope))
+    conn = HTTPConnection(scope)
+    if scope["path"].startswith("/e2b/"):
+        return await state.auth.from_key(key_text(conn.headers))
+    key, token = credentials(conn)
     if token is not None:
         return await state.auth.from_key_or_token(None, token)
     return await state.auth.from_key(key)
+
+
+async def _may_know(state: GatewayState, scope: Scope, route: SessionRoute, ownership: Ownership) -> bool:
+    """Whether the caller may learn that the session exists (and where): its
+    owner's key, or for E2B's sandbox traffic, which carries no key, the
+    sandbox's access token. Raises `Unauthorized` for a request with no valid
+    credentials at all."""
+    if route.sandbox_traffic:
+        headers = HTTPConnection(scope).headers
+        return any(ownership.token_matches(headers.get(name)) for name in ACCESS_TOKEN_HEADERS)
+    principal = await _principal(state, scope)
+    return principal.can_see(ownership.owner_key)
+
+
+def _header_map(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
 def _named(send: Send, header: bytes, name: str) -> Send:
@@ -298,6 +332,8 @@ async def refuse(scope: Scope, receive: Receive, send: Send, exc: KernelGWError)
         return
     if scope["path"].startswith("/api/"):
         body = orjson.dumps({"message": exc.message, "reason": reason(exc.status_code)})
+    elif scope["path"].startswith("/e2b/"):
+        body = orjson.dumps(error_body(exc.status_code, exc.message, exc.code))
     else:
         body = orjson.dumps({"error": {"code": exc.code, "message": exc.message}})
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

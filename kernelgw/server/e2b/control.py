@@ -24,6 +24,7 @@ import orjson
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
+from kernelgw.cluster.listing import RemoteSession
 from kernelgw.errors import KernelGWError, NotForThisKernel, SessionBusy, SessionNotFound
 from kernelgw.kernels import profile
 from kernelgw.models import check_env
@@ -219,7 +220,8 @@ async def list_v2(
     states = listing.parse_states(state_filter)
     wanted = listing.parse_metadata_query(metadata) if metadata else {}
     cursor = listing.Cursor.decode(next_token) if next_token else None
-    items = listing.filtered(state, caller.principal, wanted, states, started_after, template)
+    remote = await _remote(state, caller)
+    items = listing.filtered(state, caller.principal, wanted, states, started_after, template, remote)
     page, token = listing.paginate(items, order, cursor, limit)
     headers: dict[str, str] = {}
     if token is not None:
@@ -234,8 +236,15 @@ async def list_v1(request: Request, caller: Caller = Depends(authenticate), meta
     """The older list: running sandboxes only, all of them."""
     state = gateway_state(request)
     wanted = listing.parse_metadata_query(metadata) if metadata else {}
-    items = listing.filtered(state, caller.principal, wanted, frozenset({"running"}), None, None)
+    remote = await _remote(state, caller)
+    items = listing.filtered(state, caller.principal, wanted, frozenset({"running"}), None, None, remote)
     return _listing(sorted(items, key=lambda s: (s.started_at, s.sandbox_id), reverse=True))
+
+
+async def _remote(state: GatewayState, caller: Caller) -> list[RemoteSession]:
+    """The sandboxes other gateways of the cluster run for the caller (none alone)."""
+    cluster = state.cluster
+    return await cluster.remote_sessions(caller.principal) if cluster is not None else []
 
 
 @router.get("/sandboxes/metrics")

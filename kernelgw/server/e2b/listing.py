@@ -18,11 +18,11 @@ from urllib.parse import parse_qsl, unquote
 
 import orjson
 
+from kernelgw.cluster.listing import RemoteSession
 from kernelgw.keys import Principal
-from kernelgw.server.e2b import templates
 from kernelgw.server.e2b.errors import E2BError
 from kernelgw.server.e2b.models import ListedSandbox
-from kernelgw.server.e2b.wire import is_snapshot, listed, sandbox_state, utc
+from kernelgw.server.e2b.wire import SNAPSHOT_OF_KEY, is_snapshot, listed, listed_remote, utc
 from kernelgw.server.state import GatewayState
 
 DEFAULT_LIMIT = 100
@@ -100,17 +100,18 @@ def filtered(
     states: frozenset[str],
     started_after: datetime | None,
     template: str | None,
+    remote: Iterable[RemoteSession] = (),
 ) -> list[ListedSandbox]:
-    """The sandboxes ``principal`` may see that match every filter given."""
-    found = []
-    for session in state.manager.list(principal):
-        if is_snapshot(session) or sandbox_state(session) not in states:
-            continue
-        if any(session.metadata.get(k) != v for k, v in metadata.items()):
-            continue
-        if started_after is not None and utc(session.created_at) < utc(started_after):
-            continue
-        if template is not None and not templates.matches(session, state.settings, template):
-            continue
-        found.append(listed(session, state))
-    return found
+    """The sandboxes ``principal`` may see that match every filter given: this
+    gateway's, and ``remote``, other gateways' as their store rows show them."""
+    every = [listed(s, state) for s in state.manager.list(principal) if not is_snapshot(s)]
+    every += [listed_remote(r, state.settings) for r in remote if SNAPSHOT_OF_KEY not in r.metadata]
+    after = utc(started_after) if started_after is not None else None
+    return [
+        s
+        for s in every
+        if s.state in states
+        and all(s.metadata.get(k) == v for k, v in metadata.items())
+        and (after is None or s.started_at >= after)
+        and (template is None or s.template_id == template)
+    ]

@@ -21,6 +21,7 @@ token, so no sandbox traffic reaches it.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -45,8 +46,12 @@ DELETED_REASON = "snapshot deleted through E2B's API"
 
 
 def info(session: KernelSession) -> SnapshotInfo:
-    name = session.metadata.get(SNAPSHOT_NAME_KEY)
-    return SnapshotInfo(snapshot_id=session.id, names=[name] if name else [])
+    return info_of(session.id, session.metadata)
+
+
+def info_of(snapshot_id: str, metadata: Mapping[str, str]) -> SnapshotInfo:
+    name = metadata.get(SNAPSHOT_NAME_KEY)
+    return SnapshotInfo(snapshot_id=snapshot_id, names=[name] if name else [])
 
 
 def lookup(state: GatewayState, principal: Principal, ref: str) -> KernelSession | None:
@@ -106,26 +111,28 @@ async def list_snapshots(
     next_token: str | None = Query(None, alias="nextToken"),
     limit: int = Query(listing.DEFAULT_LIMIT, ge=1, le=listing.DEFAULT_LIMIT),
 ) -> Response:
-    """The key's snapshots, newest first, ``limit`` at a time (``X-Next-Token``)."""
+    """The key's snapshots (those other gateways of a cluster hold too), newest
+    first, ``limit`` at a time (``X-Next-Token``)."""
     state = gateway_state(request)
     cursor = listing.Cursor.decode(next_token) if next_token else None
-    found = []
-    for session in state.manager.list(caller.principal):
-        if not is_snapshot(session):
-            continue
-        if sandbox_id is not None and session.metadata.get(SNAPSHOT_OF_KEY) != sandbox_id:
-            continue
-        if name is not None and name not in (session.id, session.metadata.get(SNAPSHOT_NAME_KEY)):
-            continue
-        found.append(session)
-    found.sort(key=lambda s: (utc(s.created_at), s.id), reverse=True)
+    every = [(s.id, utc(s.created_at), s.metadata) for s in state.manager.list(caller.principal)]
+    if state.cluster is not None:
+        every += [(r.id, utc(r.created_at), r.metadata) for r in await state.cluster.remote_sessions(caller.principal)]
+    found = [
+        (sid, created, metadata)
+        for sid, created, metadata in every
+        if SNAPSHOT_OF_KEY in metadata
+        and (sandbox_id is None or metadata.get(SNAPSHOT_OF_KEY) == sandbox_id)
+        and (name is None or name in (sid, metadata.get(SNAPSHOT_NAME_KEY)))
+    ]
+    found.sort(key=lambda row: (row[1], row[0]), reverse=True)
     if cursor is not None:
-        found = [s for s in found if (utc(s.created_at), s.id) < (cursor.started_at, cursor.sandbox_id)]
+        found = [row for row in found if (row[1], row[0]) < (cursor.started_at, cursor.sandbox_id)]
     page = found[:limit]
     headers = {}
     if len(found) > limit:
-        headers["X-Next-Token"] = listing.Cursor(utc(page[-1].created_at), page[-1].id).encode()
-    return JSONResponse([info(s).wire() for s in page], headers=headers)
+        headers["X-Next-Token"] = listing.Cursor(page[-1][1], page[-1][0]).encode()
+    return JSONResponse([info_of(sid, metadata).wire() for sid, _, metadata in page], headers=headers)
 
 
 @router.delete("/templates/{template_id:path}", status_code=204)

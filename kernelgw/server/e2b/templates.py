@@ -13,6 +13,7 @@ none and is named by what it runs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kernelgw.config import Settings
@@ -63,16 +64,15 @@ def resolve(settings: Settings, template_id: str) -> Template:
 def template_of(session: KernelSession, settings: Settings) -> str:
     """The template id a sandbox answers with: the one it was created from, else
     the first that runs what it runs, else its image."""
-    kept = session.metadata.get(TEMPLATE_KEY)
+    return template_for(session.metadata, session.spec.kernel, session.spec.image, settings)
+
+
+def template_for(metadata: Mapping[str, str], kernel: str, image: str, settings: Settings) -> str:
+    """`template_of` for what a session's store row holds (another gateway's sandbox)."""
+    kept = metadata.get(TEMPLATE_KEY)
     if kept:
         return kept
     for template in templates(settings).values():
-        image = template.image or settings.kernel_image(template.kernel)
-        if template.kernel == session.spec.kernel and image == session.spec.image:
+        if template.kernel == kernel and (template.image or settings.kernel_image(template.kernel)) == image:
             return template.id
-    return session.spec.image
-
-
-def matches(session: KernelSession, settings: Settings, template_id: str) -> bool:
-    """Whether a list's ``template`` filter (an id or alias: the same here) takes the sandbox."""
-    return template_of(session, settings) == template_id
+    return image

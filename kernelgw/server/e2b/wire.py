@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from pydantic import BaseModel
 
+from kernelgw.cluster.listing import RemoteSession
+from kernelgw.config import Settings
 from kernelgw.errors import KernelGWError, SessionNotFound
 from kernelgw.keys import Principal
 from kernelgw.runtime.lease import LEASE_ENDED_REASON
@@ -51,7 +54,11 @@ def sandbox_state(session: KernelSession) -> Literal["running", "paused"]:
 
 def visible_metadata(session: KernelSession) -> dict[str, str]:
     """The client's own metadata (the face's reserved keys left out)."""
-    return {k: v for k, v in session.metadata.items() if not k.startswith(RESERVED_PREFIX)}
+    return _visible(session.metadata)
+
+
+def _visible(metadata: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in metadata.items() if not k.startswith(RESERVED_PREFIX)}
 
 
 def end_at(session: KernelSession, state: GatewayState) -> datetime:
@@ -86,6 +93,31 @@ def listed(session: KernelSession, state: GatewayState) -> ListedSandbox:
         disk_size_mb=spec.workspace_size_mb,
         state=sandbox_state(session),
         metadata=visible_metadata(session),
+    )
+
+
+def listed_remote(remote: RemoteSession, settings: Settings) -> ListedSandbox:
+    """Another gateway's sandbox, from its store row: what it was created with, and
+    its lease; its disk is the configured workspace size, and one with no lease
+    (made on another face) shows when idle reaping could end it at the soonest."""
+    template = templates.template_for(remote.metadata, remote.kernel, remote.image, settings)
+    if remote.lease_until is not None:
+        ends = remote.lease_until
+    elif remote.paused:
+        ends = _FAR_FUTURE
+    else:
+        ends = datetime.now(UTC) + timedelta(seconds=settings.idle_timeout_s)
+    return ListedSandbox(
+        template_id=template,
+        sandbox_id=remote.id,
+        alias=template,
+        started_at=utc(remote.created_at),
+        end_at=ends,
+        cpu_count=max(1, math.ceil(remote.cpus or settings.cpus)),
+        memory_mb=remote.memory_mb or settings.memory_mb,
+        disk_size_mb=settings.workspace_size_mb,
+        state="paused" if remote.paused else "running",
+        metadata=_visible(remote.metadata),
     )
 
 

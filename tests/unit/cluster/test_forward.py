@@ -1,5 +1,5 @@
 """The forwarding middleware's pure parts: the create body read ahead for a
-fork's source and given again, the headers and URL a forwarded request gets,
+fork's or a snapshot's source and given again, the headers and URL a forwarded request gets,
 errors in each face's shape."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from starlette.types import Message
 
 from kernelgw.cluster import proof
 from kernelgw.cluster.errors import OwnerGone
-from kernelgw.server.forward import _fork_source, _forward_headers, _upstream_url, refuse
+from kernelgw.server.forward import _create_source, _forward_headers, _upstream_url, refuse
 
 
 def _receiver(chunks: list[bytes]) -> Any:
@@ -35,8 +35,15 @@ async def _drain(receive: Any) -> bytes:
 
 async def test_a_fork_source_is_read_from_a_body_in_pieces_and_the_body_is_given_again() -> None:
     text = json.dumps({"from": "abc-123", "memory_mb": 512}).encode()
-    receive, source = await _fork_source(_receiver([text[:7], text[7:20], text[20:]]), limit=1000)
+    receive, source = await _create_source(_receiver([text[:7], text[7:20], text[20:]]), limit=1000, field="from")
     assert source == "abc-123"
+    assert await _drain(receive) == text
+
+
+async def test_an_e2b_create_names_its_snapshot_in_template_id() -> None:
+    text = json.dumps({"templateID": "snap-1", "timeout": 300, "from": "ignored"}).encode()
+    receive, source = await _create_source(_receiver([text]), limit=1000, field="templateID")
+    assert source == "snap-1"
     assert await _drain(receive) == text
 
 
@@ -44,14 +51,14 @@ async def test_a_fork_source_is_read_from_a_body_in_pieces_and_the_body_is_given
     "body", [b"{}", b'{"from": null}', b'{"from": 5}', b"not json", b"[1]", b'{"notebook": {"cells": []}}']
 )
 async def test_bodies_without_a_fork_source_are_passed_on_unchanged(body: bytes) -> None:
-    receive, source = await _fork_source(_receiver([body]), limit=1000)
+    receive, source = await _create_source(_receiver([body]), limit=1000, field="from")
     assert source is None
     assert await _drain(receive) == body
 
 
 async def test_a_body_over_the_limit_is_not_parsed_but_still_given_whole() -> None:
     chunks = [b'{"from": "x", "pad": "', b"a" * 50, b'"}']
-    receive, source = await _fork_source(_receiver(chunks), limit=30)
+    receive, source = await _create_source(_receiver(chunks), limit=30, field="from")
     assert source is None
     assert await _drain(receive) == b"".join(chunks)
 
@@ -113,6 +120,9 @@ async def test_a_gone_owner_is_a_503_in_each_faces_shape() -> None:
     assert json.loads(v1[1]["body"]) == {"error": {"code": "owner_gone", "message": "gateway 'gw-b' is gone"}}
     jupyter = await _answer("/api/kernels/x")
     assert json.loads(jupyter[1]["body"]) == {"message": "gateway 'gw-b' is gone", "reason": "Service Unavailable"}
+    e2b = await _answer("/e2b/execute")
+    assert e2b[0]["status"] == 503 and (b"retry-after", b"5") in e2b[0]["headers"]
+    assert json.loads(e2b[1]["body"]) == {"code": 503, "message": "gateway 'gw-b' is gone", "error_code": "owner_gone"}
     ws = await _answer("/v1/sessions/x/ws", "websocket")
     assert ws[0]["type"] == "websocket.accept"
     assert ws[1] == {"type": "websocket.close", "code": 1013, "reason": "gateway 'gw-b' is gone"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelgw.cluster.routing import create_face, session_route
+from kernelgw.cluster.routing import create_face, create_source_field, session_route
 
 SID = "3f2b9c1e-0d4a-4e5b-8c6d-7e8f9a0b1c2d"
 
@@ -52,3 +52,45 @@ def test_creates_are_posts_to_the_collections() -> None:
     assert create_face("POST", "/api/kernels") == "jupyter"
     assert create_face("GET", "/v1/sessions") is None
     assert create_face("POST", f"/v1/sessions/{SID}/execute") is None
+
+
+@pytest.mark.parametrize(
+    ("path", "rest"),
+    [
+        (f"/e2b/sandboxes/{SID}", ""),
+        (f"/e2b/sandboxes/{SID}/pause", "/pause"),
+        (f"/e2b/v2/sandboxes/{SID}/connect", "/connect"),
+        (f"/e2b/sandboxes/{SID}/snapshots", "/snapshots"),
+        (f"/e2b/templates/{SID}", ""),  # a snapshot's delete
+    ],
+)
+def test_e2b_control_paths_name_their_sandbox_whatever_the_headers(path: str, rest: str) -> None:
+    for headers in (None, {"e2b-sandbox-id": "another"}):
+        route = session_route(path, headers)
+        assert route is not None and (route.session_id, route.face, route.rest) == (SID, "e2b", rest)
+        assert not route.sandbox_traffic and not route.from_store("GET")
+
+
+@pytest.mark.parametrize("path", ["/e2b/execute", "/e2b/contexts", "/e2b/contexts/c1/restart", "/e2b/files"])
+def test_e2b_sandbox_traffic_names_its_sandbox_in_a_header(path: str) -> None:
+    route = session_route(path, {"e2b-sandbox-id": SID})
+    assert route is not None and (route.session_id, route.face, route.rest) == (SID, "e2b", path)
+    assert route.sandbox_traffic
+    assert session_route(path) is None  # no header: no sandbox (the face answers it)
+    assert session_route(path, {"e2b-sandbox-id": "  "}) is None
+
+
+@pytest.mark.parametrize(
+    "path", ["/e2b/sandboxes", "/e2b/v2/sandboxes", "/e2b/sandboxes/metrics", "/e2b/snapshots", "/e2b/templates"]
+)
+def test_e2b_listings_and_the_key_wide_routes_name_no_sandbox(path: str) -> None:
+    assert session_route(path, {"e2b-sandbox-id": SID}) is None
+
+
+def test_e2b_creates_are_placed_and_may_come_from_a_snapshot() -> None:
+    assert create_face("POST", "/e2b/sandboxes") == "e2b"
+    assert create_face("POST", "/e2b/v2/sandboxes/") == "e2b"
+    assert create_face("GET", "/e2b/v2/sandboxes") is None
+    assert create_source_field("e2b") == "templateID"
+    assert create_source_field("v1") == "from"
+    assert create_source_field("jupyter") is None
