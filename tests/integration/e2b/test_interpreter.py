@@ -47,6 +47,14 @@ def test_run_code_returns_the_value_and_keeps_state(sbx: Sandbox) -> None:
     assert (execution.text, execution.error, execution.execution_count) == ("42", None, 3)
 
 
+def test_home_user_is_the_workspace_as_in_e2b(sbx: Sandbox) -> None:
+    """E2B's programs write to /home/user: it is the sandbox's workspace here."""
+    wrote = sbx.run_code("open('/home/user/data.csv', 'w').write('a,b\\n1,2\\n')\nimport os\nsorted(os.listdir('.'))")
+    assert wrote.error is None and "data.csv" in (wrote.text or ""), wrote
+    read = sbx.run_code("import pandas as pd\nint(pd.read_csv('/home/user/data.csv')['b'].sum())")
+    assert read.error is None and read.text == "2", read
+
+
 def test_stdout_and_stderr_reach_the_callbacks(sbx: Sandbox) -> None:
     out: list[str] = []
     err: list[str] = []
