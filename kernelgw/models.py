@@ -22,6 +22,8 @@ from kernelgw.events import DoneStatus, Event, holds_surrogate
 
 MAX_ENV_VARS = 100
 MAX_ENV_BYTES = 64 * 1024
+RESERVED_METADATA_PREFIX = "kernelgw:"
+"""Metadata keys a face keeps for itself (`kernelgw.runtime.lease.RESERVED_PREFIX`): no client sets one."""
 MAX_ENV_NAME = 256
 MAX_ENV_VALUE = 32 * 1024
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -152,6 +154,16 @@ class CreateSession(_Body):
     @classmethod
     def _checked_env(cls, env: dict[str, str]) -> dict[str, str]:
         return check_env(env)
+
+    @field_validator("metadata")
+    @classmethod
+    def _client_labels(cls, metadata: dict[str, str]) -> dict[str, str]:
+        for key in metadata:
+            if key.startswith(RESERVED_METADATA_PREFIX):
+                raise ValueError(
+                    f"metadata key {key[:80]!r}: keys starting with {RESERVED_METADATA_PREFIX!r} are kernelgw's own"
+                )
+        return metadata
 
     @model_validator(mode="after")
     def _one_source(self) -> CreateSession:

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from kernelgw.kernels import DEFAULT_KERNEL
+from kernelgw.runtime.lease import labels
 from kernelgw.storage.records import as_utc, stored_metadata
 
 
@@ -80,6 +81,6 @@ class RemoteSession:
             "dead_reason": None,
             "owner": self.owner,
             "auto_replay": self.auto_replay,
-            "metadata": self.metadata,
+            "metadata": labels(self.metadata),
             "lease_until": self.lease_until,
         }

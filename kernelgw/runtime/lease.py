@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal, get_args
 
 from kernelgw.errors import BadRequest, LimitExceeded
+from kernelgw.models import RESERVED_METADATA_PREFIX
 
 LeaseEnd = Literal["end", "pause"]
 """What a session does when its lease runs out."""
@@ -37,17 +38,37 @@ LEASE_PAUSED_REASON = "lease ended: its timeout ran out, so it was paused"
 """What the audit log says of a session its lease paused."""
 
 MAX_METADATA_ENTRIES = 64
+"""A client's own labels per session (a face's reserved entries are not counted)."""
 MAX_METADATA_KEY = 128
 MAX_METADATA_VALUE = 1024
+RESERVED_PREFIX = RESERVED_METADATA_PREFIX
+"""Metadata keys a face keeps for itself (E2B's template, its token's nonce, a
+snapshot's source): not a client's labels, so they do not count against
+``MAX_METADATA_ENTRIES``, answers show only the labels (`labels`), and faces
+refuse such keys from clients."""
+MAX_RESERVED_ENTRIES = 16
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def is_reserved(key: str) -> bool:
+    return key.startswith(RESERVED_PREFIX)
+
+
+def labels(metadata: Mapping[str, str]) -> dict[str, str]:
+    """A session's metadata as its clients see it: the faces' reserved entries left out."""
+    return {k: v for k, v in metadata.items() if not is_reserved(k)}
 
 
 def check_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``metadata`` if it fits the bounds; else `BadRequest` naming what does not."""
-    if len(metadata) > MAX_METADATA_ENTRIES:
+    reserved = sum(1 for k in metadata if isinstance(k, str) and is_reserved(k))
+    if len(metadata) - reserved > MAX_METADATA_ENTRIES:
         raise BadRequest(
-            f"metadata has {len(metadata)} entries; at most {MAX_METADATA_ENTRIES} are kept. Merge or drop some."
+            f"metadata has {len(metadata) - reserved} entries; at most {MAX_METADATA_ENTRIES} are kept. "
+            "Merge or drop some."
         )
+    if reserved > MAX_RESERVED_ENTRIES:
+        raise BadRequest(f"metadata has {reserved} of kernelgw's own entries; at most {MAX_RESERVED_ENTRIES}")
     for key, value in metadata.items():
         if not isinstance(key, str) or not 1 <= len(key) <= MAX_METADATA_KEY:
             shown = key[:40] + "..." if isinstance(key, str) and len(key) > 40 else key

@@ -40,7 +40,7 @@ from kernelgw.runtime.execution import (
 from kernelgw.runtime.execution_queue import ExecutionQueue
 from kernelgw.runtime.fanout import EventFanout, Published, Subscription
 from kernelgw.runtime.kernel_link import KernelLink
-from kernelgw.runtime.lease import SessionTerms
+from kernelgw.runtime.lease import SessionTerms, labels
 from kernelgw.runtime.lineage import Lineage, LineageCell, ReplayJob, ReplayReport
 from kernelgw.runtime.loop_share import LoopShare
 from kernelgw.runtime.metrics import Metrics
@@ -907,6 +907,6 @@ class KernelSession:
             "dead_reason": self.dead_reason,
             "owner": self.owner,
             "auto_replay": self.config.auto_replay,
-            "metadata": self.metadata,
+            "metadata": labels(self.metadata),
             "lease_until": self.lease_until,
         }

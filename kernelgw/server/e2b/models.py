@@ -16,14 +16,12 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from kernelgw.runtime.lease import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
+from kernelgw.runtime.lease import RESERVED_PREFIX as RESERVED_PREFIX
 
-RESERVED_KEYS = 3
-"""Metadata entries the face keeps for itself (`RESERVED_PREFIX`): the template, the
-token's nonce and a create's ``Idempotency-Key``."""
-MAX_METADATA_ITEMS = MAX_METADATA_ENTRIES - RESERVED_KEYS
-RESERVED_PREFIX = "kernelgw:"
-"""Metadata keys the face keeps for itself (the template, the access token's
-nonce): hidden from answers and filters; a client's own keys may not start so."""
+MAX_METADATA_ITEMS = MAX_METADATA_ENTRIES
+"""A client's labels: all the runtime keeps (the face's own entries, `RESERVED_PREFIX`:
+the template, the token's nonce, a create's ``Idempotency-Key``, a snapshot's
+source and name, are not counted)."""
 
 ENVD_VERSION = "0.2.4"
 """The envd version sandboxes claim. The SDKs gate features on it: below 0.1.0

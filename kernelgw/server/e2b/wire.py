@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
@@ -21,7 +20,7 @@ from kernelgw.cluster.listing import RemoteSession
 from kernelgw.config import Settings
 from kernelgw.errors import KernelGWError, SessionNotFound
 from kernelgw.keys import Principal
-from kernelgw.runtime.lease import LEASE_ENDED_REASON
+from kernelgw.runtime.lease import LEASE_ENDED_REASON, labels
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.e2b import templates
 from kernelgw.server.e2b.errors import E2BError, not_found
@@ -54,11 +53,7 @@ def sandbox_state(session: KernelSession) -> Literal["running", "paused"]:
 
 def visible_metadata(session: KernelSession) -> dict[str, str]:
     """The client's own metadata (the face's reserved keys left out)."""
-    return _visible(session.metadata)
-
-
-def _visible(metadata: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in metadata.items() if not k.startswith(RESERVED_PREFIX)}
+    return labels(session.metadata)
 
 
 def end_at(session: KernelSession, state: GatewayState) -> datetime:
@@ -117,7 +112,7 @@ def listed_remote(remote: RemoteSession, settings: Settings) -> ListedSandbox:
         memory_mb=remote.memory_mb or settings.memory_mb,
         disk_size_mb=settings.workspace_size_mb,
         state="paused" if remote.paused else "running",
-        metadata=_visible(remote.metadata),
+        metadata=labels(remote.metadata),
     )
 
 

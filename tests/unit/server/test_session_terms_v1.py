@@ -14,6 +14,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from kernelgw.errors import BadRequest
+from kernelgw.runtime.lease import check_metadata
+from kernelgw.runtime.manager import SessionOptions
 from kernelgw.server.state import gateway_state
 from tests.support.app import local_settings, serve
 from tests.support.local_backend import LocalBackend
@@ -59,3 +62,27 @@ async def test_metadata_out_of_bounds_is_refused_with_what_to_change(
     not_text = await http.post("/v1/sessions", json={"metadata": {"k": 1}})
     assert not_text.status_code == 422 and "metadata" in not_text.text
     assert local_backend.started == 0
+
+
+async def test_the_faces_own_entries_are_neither_set_nor_shown_nor_counted_on_v1(
+    gateway: tuple[FastAPI, httpx.AsyncClient], local_backend: LocalBackend
+) -> None:
+    """E2B's face keeps its template, token nonce and snapshot marks as ``kernelgw:``
+    entries: a /v1 client may not set one, never sees one, and they do not use up
+    the 64 labels a client has."""
+    app, http = gateway
+    refused = await http.post("/v1/sessions", json={"metadata": {"kernelgw:template": "x"}})
+    assert refused.status_code == 422 and "kernelgw's own" in refused.text
+    assert local_backend.started == 0
+    state = gateway_state(app)
+    full = {str(i): "v" for i in range(64)}
+    own = {f"kernelgw:{n}": "kept" for n in ("template", "access-nonce", "snapshot-of", "snapshot-name")}
+    session = await state.manager.create(SessionOptions(metadata={**full, **own}))
+    assert session.metadata == {**full, **own}  # the face still reads its own
+    for answer in (
+        (await http.get(f"/v1/sessions/{session.id}")).json(),
+        (await http.get("/v1/sessions")).json()["sessions"][0],
+    ):
+        assert answer["metadata"] == full
+    with pytest.raises(BadRequest, match="at most 16"):
+        check_metadata({f"kernelgw:{i}": "v" for i in range(17)})
