@@ -520,6 +520,17 @@ class KernelSession:
         async with self._lifecycle:
             pass
 
+    async def files_handle(self) -> KernelHandle | None:
+        """The kernel to read or write the session's files in, once they are in
+        it: a paused session is resumed first, and a (re)start or resume under way
+        is waited for (its new kernel is the session's before the snapshot's
+        files are back, and an upload then would be overwritten, a download not
+        found). None when no kernel runs (dead, closed)."""
+        if self.state == "paused":
+            await self.resume()
+        await self.settled()
+        return self._link.handle
+
     async def fork_snapshot_into(self, target: KernelSession, timeout: float) -> tuple[int, NamespaceSummary] | None:
         """While paused: put the snapshot (files, packages, then variables) into
         ``target``'s new kernel, a fork without replay; returns the bytes copied

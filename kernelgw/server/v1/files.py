@@ -38,13 +38,12 @@ def workspace_files(request: Request) -> WorkspaceFiles:
 
 
 async def session_handle(request: Request, session_id: str) -> tuple[KernelSession, KernelHandle]:
-    """The session and its running container (a paused session is resumed), or a 404/409."""
+    """The session and its running container with its files in it (a paused session is
+    resumed), or a 404/409."""
     session: KernelSession = session_for(request, session_id)
     if session.state == "closed":
         raise BadRequest("The session is being deleted.")
-    if session.state == "paused":
-        await session.resume()
-    handle = session.handle
+    handle = await session.files_handle()  # after a resume or restart under way has put the files back
     if handle is None:
         if session.state == "dead":
             raise KernelDied(f"The session's kernel is dead ({session.dead_reason}); restart the session.")

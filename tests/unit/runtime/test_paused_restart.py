@@ -279,3 +279,33 @@ async def test_a_restart_during_a_fork_of_the_paused_session_waits_for_it(
     assert stdout(await run(session, CHECK)) == "None mine False\n"
     assert manager.snapshots.used == 0 == gauge(manager)
     assert sorted(local_backend.running()) == sorted(s.handle.kernel_id for s in (session, child) if s.handle)
+
+
+@pytest.mark.parametrize("how", ["restart", "resume"])
+async def test_the_files_handle_waits_for_the_files_to_be_back(
+    make_manager: ManagerFactory, store: Store, gate: Gate, how: str
+) -> None:
+    """The file routes' kernel (`KernelSession.files_handle`): during a restart or
+    resume of a paused session the new kernel is the session's before the
+    snapshot's files are back; a file read or written then would miss them or be
+    overwritten by them. It waits; and a paused session is resumed by it."""
+    manager = make_manager()
+    session = await paused_session(manager, store)
+    gate.close()
+    lifecycle = asyncio.create_task(session.restart() if how == "restart" else session.resume())
+    await gate.entered.wait()
+    assert session.handle is not None  # the new kernel, its workspace still empty
+    waiting = asyncio.create_task(session.files_handle())
+    done, _ = await asyncio.wait({waiting}, timeout=1)
+    assert not done
+    gate.open.set()
+    await lifecycle
+    handle = await waiting
+    assert handle is not None and handle == session.handle
+    assert (handle.conn_dir / "workspace" / "kept.txt").read_text() == "mine"
+    # paused again: the handle resumes it
+    await manager.pause(session)
+    assert session.state == "paused"
+    again = await session.files_handle()
+    assert again is not None and session.state != "paused"
+    assert (again.conn_dir / "workspace" / "kept.txt").read_text() == "mine"
