@@ -58,6 +58,7 @@ from kernelgw.runtime.pause import (
 from kernelgw.runtime.recorder import FollowedCell, Recorder, StoredSession
 from kernelgw.runtime.session_config import SessionConfig
 from kernelgw.runtime.session_state import SessionState, SessionStatus
+from kernelgw.runtime.usage import KernelUsage, measure
 from kernelgw.runtime.workspace import tree_caps
 
 __all__ = [
@@ -519,6 +520,14 @@ class KernelSession:
         before its files are back in it, so one that reads them (a fork) waits."""
         async with self._lifecycle:
             pass
+
+    async def usage(self) -> KernelUsage | None:
+        """What its kernel uses of its limits now (`kernelgw.runtime.usage`, about a
+        quarter of a second to read); None while no kernel runs (paused, starting)."""
+        handle = self._link.handle
+        if self.state in ("paused", "closed") or handle is None:
+            return None
+        return await measure(self.backend, handle, self.spec)
 
     async def files_handle(self) -> KernelHandle | None:
         """The kernel to read or write the session's files in, once they are in

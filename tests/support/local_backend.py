@@ -27,6 +27,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from kernelgw.runtime.backends.base import (
     IPC_PORTS,
     EngineHealth,
     KernelContainer,
+    KernelCounters,
     KernelHandle,
     KernelSpec,
     KernelState,
@@ -150,6 +152,24 @@ class LocalBackend:
         if kernel is not None and kernel.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(kernel.process.pid, signum)
+
+    async def counters(self, handle: KernelHandle) -> KernelCounters:
+        """The kernel process's own CPU time and resident memory (/proc), as a
+        container's cgroup would count them for its one process."""
+        kernel = self.kernels.get(handle.kernel_id)
+        if kernel is None or kernel.process.returncode is not None:
+            raise KernelDied("The local kernel is not running; restart the session.")
+        pid = kernel.process.pid
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
+        resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return KernelCounters(
+            at=time.monotonic(),
+            cpu_ns=ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK"),
+            memory_bytes=resident,
+            cache_bytes=0,
+            memory_limit=None,
+        )
 
     async def state(self, handle: KernelHandle, oom_seen: int = 0) -> KernelState:
         kernel = self.kernels.get(handle.kernel_id)

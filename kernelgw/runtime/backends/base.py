@@ -118,6 +118,22 @@ class KernelContainer:
 
 
 @dataclass(frozen=True)
+class KernelCounters:
+    """What a kernel's container has used, as its engine counts it at ``at``
+    (`Backend.counters`); a rate needs two (`kernelgw.runtime.usage`)."""
+
+    at: float
+    """When the counters were read (seconds, monotonic clock)."""
+    cpu_ns: int
+    """CPU time used since the container started, every process of it."""
+    memory_bytes: int
+    """Memory in use, without the page cache it can drop."""
+    cache_bytes: int
+    memory_limit: int | None
+    """The container's memory limit as the engine reports it (None: not reported)."""
+
+
+@dataclass(frozen=True)
 class KernelState:
     status: KernelStatus
     oom_killed: bool = False
@@ -237,6 +253,12 @@ class Backend(Protocol):
 
     def oom_kills(self, handle: KernelHandle) -> int:
         """The out-of-memory kills reported for the container so far. Never blocks."""
+        ...
+
+    async def counters(self, handle: KernelHandle) -> KernelCounters:
+        """The container's CPU time and memory now (cheap: no waiting for a
+        second sample). Raises :class:`~kernelgw.errors.KernelDied` when the
+        container is gone."""
         ...
 
     async def seal(self, handle: KernelHandle) -> None:

@@ -52,12 +52,14 @@ from kernelgw.runtime.backends.base import (
     WORKSPACE_DIR,
     EngineHealth,
     KernelContainer,
+    KernelCounters,
     KernelHandle,
     KernelSpec,
     KernelState,
     connection_info,
     helper_command,
 )
+from kernelgw.runtime.backends.engine_stats import counters_from_stats
 from kernelgw.runtime.backends.labels import LABEL_GATEWAY, LABEL_KERNEL, LABEL_SESSION, LABEL_STORE, LABEL_UID
 from kernelgw.runtime.backends.oom_events import OomCounter
 from kernelgw.runtime.backends.uids import UidAllocator
@@ -540,6 +542,17 @@ class DockerBackend:
             error=st.get("Error") or None,
             **self._oom_verdict(handle, oom_seen, bool(st.get("OOMKilled"))),
         )
+
+    async def counters(self, handle: KernelHandle) -> KernelCounters:
+        try:
+            stats = await self._run(
+                self._client().api.stats, handle.container_id, decode=False, stream=False, one_shot=True
+            )
+        except docker.errors.NotFound:
+            raise KernelDied("The kernel's container no longer exists; restart the session.") from None
+        except docker.errors.DockerException as exc:
+            raise BackendError(f"the engine did not report the container's use: {exc}") from exc
+        return counters_from_stats(stats, time.monotonic())
 
     async def seal(self, handle: KernelHandle) -> None:
         await self._run(self._seal_sync, handle)

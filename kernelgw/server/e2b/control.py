@@ -31,7 +31,7 @@ from kernelgw.models import check_env
 from kernelgw.runtime.manager import SessionOptions
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.availability import check_available
-from kernelgw.server.e2b import listing, snapshots, templates, unserved
+from kernelgw.server.e2b import listing, metrics, snapshots, templates, unserved
 from kernelgw.server.e2b.auth import ACCESS_NONCE_KEY, Caller, access_token, authenticate, new_access
 from kernelgw.server.e2b.errors import E2BError, E2BRoute
 from kernelgw.server.e2b.models import (
@@ -247,13 +247,15 @@ async def _remote(state: GatewayState, caller: Caller) -> list[RemoteSession]:
     return await cluster.remote_sessions(caller.principal) if cluster is not None else []
 
 
-@router.get("/sandboxes/metrics")
-async def sandboxes_metrics(caller: Caller = Depends(authenticate)) -> Response:
-    """Matched before ``/sandboxes/{sandbox_id}``, which would take ``metrics`` for an id."""
-    raise E2BError(501, unserved.METRICS, error_code="not_implemented")
-
-
 # ---------------------------------------------------------------- one sandbox
+@router.get("/sandboxes/metrics")
+async def sandboxes_metrics(
+    request: Request, caller: Caller = Depends(authenticate), sandbox_ids: str = Query("")
+) -> Response:
+    """Matched before ``/sandboxes/{sandbox_id}``, which would take ``metrics`` for an id."""
+    return await metrics.sandboxes_metrics(request, caller, sandbox_ids)
+
+
 @router.get("/sandboxes/{sandbox_id}")
 async def get_sandbox(sandbox_id: str, request: Request, caller: Caller = Depends(authenticate)) -> JSONResponse:
     state = gateway_state(request)
@@ -456,4 +458,5 @@ async def update_network(
 
 
 router.include_router(snapshots.router)
+router.include_router(metrics.router)
 router.include_router(unserved.router)  # last: its catch-all answers the rest of /e2b

@@ -165,6 +165,20 @@ class _Answer(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+class SandboxMetric(_Answer):
+    """One reading of a sandbox's use (``SandboxMetric``): CPU of its quota, bytes."""
+
+    timestamp: datetime
+    timestamp_unix: int = Field(alias="timestampUnix")
+    cpu_count: int = Field(alias="cpuCount")
+    cpu_used_pct: float = Field(alias="cpuUsedPct")
+    mem_used: int = Field(alias="memUsed")
+    mem_total: int = Field(alias="memTotal")
+    mem_cache: int = Field(alias="memCache")
+    disk_used: int = Field(alias="diskUsed")
+    disk_total: int = Field(alias="diskTotal")
+
+
 class CreatedSandbox(_Answer):
     """``Sandbox``: what create, connect and resume answer."""
 

@@ -305,18 +305,36 @@ async def test_the_session_limit_is_a_rate_limit_the_sdk_does_not_retry(gw: Gate
             await s.kill()
 
 
+async def test_metrics_are_one_reading_taken_now(gw: Gateway) -> None:
+    """kernelgw keeps no history of a sandbox's use: one reading, now, if now is in
+    the range asked for (the real container's numbers: tests/integration/e2b/test_metrics.py)."""
+    sbx = await AsyncSandbox.create(timeout=120)
+    try:
+        before = datetime.now(UTC) - timedelta(seconds=1)
+        (metric,) = await sbx.get_metrics()
+        assert before <= metric.timestamp <= datetime.now(UTC) + timedelta(seconds=1)
+        assert metric.cpu_count == 1 and 0 <= metric.cpu_used_pct <= 100
+        assert 0 < metric.mem_used and metric.mem_total > 0 and 0 <= metric.disk_used <= metric.disk_total
+        assert len(await AsyncSandbox.get_metrics(sbx.sandbox_id)) == 1
+        assert await sbx.get_metrics(end=datetime.now(UTC) - timedelta(hours=1)) == []  # no history kept
+        with pytest.raises(SandboxNotFoundException):
+            await AsyncSandbox.get_metrics(sbx.sandbox_id, api_key=gw.bob)
+        async with e2b(gw, gw.alice) as http:
+            many = await http.get("/sandboxes/metrics", params={"sandbox_ids": f"{sbx.sandbox_id},not-a-sandbox"})
+            assert many.status_code == 200 and list(many.json()["sandboxes"]) == [sbx.sandbox_id], many.text
+            assert set(many.json()["sandboxes"][sbx.sandbox_id]) >= {"cpuUsedPct", "memUsed", "diskTotal"}
+            backwards = await http.get(f"/sandboxes/{sbx.sandbox_id}/metrics", params={"start": 10, "end": 5})
+            assert backwards.status_code == 400 and "after end" in backwards.json()["message"]
+    finally:
+        await sbx.kill()
+
+
 async def test_what_is_not_served_says_so(gw: Gateway) -> None:
     sbx = await AsyncSandbox.create(timeout=120)
     try:
-        with pytest.raises(SandboxException) as metrics:
-            await sbx.get_metrics()
-        assert metrics.value.status_code == 501 and "metrics are not available" in str(metrics.value)
-        with pytest.raises(SandboxException, match="metrics are not available"):
-            await AsyncSandbox.get_metrics(sbx.sandbox_id)
         async with e2b(gw, gw.alice) as http:
             for method, path, status in (
                 ("GET", f"/sandboxes/{sbx.sandbox_id}/logs", 501),
-                ("GET", "/sandboxes/metrics", 501),
                 ("GET", "/v2/templates", 501),
                 ("POST", "/volumes", 501),
                 ("GET", "/no/such/route", 404),
