@@ -20,11 +20,13 @@ gateway's memory.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 import logging
 import mimetypes
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -125,6 +127,39 @@ def _entry(data: dict[str, Any], cls: type[FileEntry] = FileEntry, **extra: Any)
         mtime=datetime.fromtimestamp(int(data["mtime_ns"]) / 1e9, UTC),
         mime_type=guess_mime(path) if kind == "file" else None,
         **extra,
+    )
+
+
+@dataclass(frozen=True)
+class EntryDetails:
+    """A workspace entry as E2B's filesystem calls describe one (`WorkspaceFiles.stat`,
+    ``list_dir``, ``make_dir``, ``move``): besides `FileEntry`'s fields, the whole
+    ``st_mode``, owner and group as the container names them, and a link's target
+    (what ``readlink`` says; never followed)."""
+
+    path: str
+    """Relative to the workspace; ``""`` is the workspace itself."""
+    type: str
+    """``file``, ``directory``, ``symlink`` or ``other``."""
+    size: int
+    mtime: datetime
+    st_mode: int
+    owner: str
+    group: str
+    symlink_target: str | None = None
+
+
+def _details(data: dict[str, Any]) -> EntryDetails:
+    target = data.get("symlink_target")
+    return EntryDetails(
+        path=str(data["path"]),
+        type=str(data["type"]),
+        size=int(data["size"]),
+        mtime=datetime.fromtimestamp(int(data["mtime_ns"]) / 1e9, UTC),
+        st_mode=int(data["st_mode"]),
+        owner=str(data["owner"]),
+        group=str(data["group"]),
+        symlink_target=str(target) if target is not None else None,
     )
 
 
@@ -390,6 +425,51 @@ class WorkspaceFiles:
         finally:
             await proc.close()
         return str(data.get("type", "file"))
+
+    # E2B's filesystem calls (kernelgw.server.e2b): the same helper, the same path rules
+
+    async def _ask(self, handle: KernelHandle, args: builtins.list[str], *, reads_only: bool) -> dict[str, Any]:
+        """The one answer of a helper command; one that only reads is asked again
+        once when its answer was lost (`HelperOutputLost`)."""
+        attempts = LIST_ATTEMPTS if reads_only else 1
+        for attempt in range(attempts):
+            proc = await self._exec(handle, args)
+            try:
+                return raise_for_answer(await HelperAnswer(proc).line())
+            except HelperOutputLost:
+                if attempt + 1 == attempts:
+                    raise
+                log.warning("workspace: a helper's answer was lost on its way out of the container; asking again")
+            finally:
+                await proc.close()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def stat(self, handle: KernelHandle, path: str) -> EntryDetails:
+        """The entry ``path`` itself (``""``: the workspace); a link is described, not followed."""
+        rel = validate_path(path, allow_root=True)
+        return _details(await self._ask(handle, ["stat", "--", rel], reads_only=True))
+
+    async def list_dir(
+        self, handle: KernelHandle, path: str, depth: int = 1
+    ) -> tuple[builtins.list[EntryDetails], bool]:
+        """The entries of the directory ``path``, ``depth`` levels deep (links listed,
+        never entered), and whether `MAX_LIST_ENTRIES` cut the list short."""
+        rel = validate_path(path, allow_root=True)
+        args = ["listdir", "--depth", str(max(1, depth)), "--max-entries", str(MAX_LIST_ENTRIES), "--", rel]
+        data = await self._ask(handle, args, reads_only=True)
+        return [_details(e) for e in data.get("entries", [])], bool(data.get("truncated"))
+
+    async def make_dir(self, handle: KernelHandle, path: str) -> tuple[bool, EntryDetails]:
+        """Make the directory and its missing parents; False when it existed already."""
+        rel = validate_path(path)
+        data = await self._ask(handle, ["mkdir", "--", rel], reads_only=False)
+        return bool(data.get("created")), _details(data)
+
+    async def move(self, handle: KernelHandle, source: str, destination: str) -> EntryDetails:
+        """Rename ``source`` to ``destination`` (its missing parents are made; a file
+        there is replaced); a link is moved itself. Returns the moved entry."""
+        src, dst = validate_path(source), validate_path(destination)
+        return _details(await self._ask(handle, ["move", "--", src, dst], reads_only=False))
 
 
 async def copy_session_files(

@@ -5,6 +5,10 @@ kernel's user::
     python -I -m kernelgw_kernel.fs get    PATH [--exit-on-eof] [--idle-timeout S]
     python -I -m kernelgw_kernel.fs list   PATH [--recursive] [--max-entries N]
     python -I -m kernelgw_kernel.fs delete PATH
+    python -I -m kernelgw_kernel.fs stat   PATH
+    python -I -m kernelgw_kernel.fs listdir PATH [--depth N] [--max-entries N]
+    python -I -m kernelgw_kernel.fs mkdir  PATH
+    python -I -m kernelgw_kernel.fs move   SOURCE DESTINATION
 
 (``-I``: the working directory and PYTHON* variables cannot substitute this
 module.) Every path is relative to the workspace and walked one component at a
@@ -20,6 +24,12 @@ gVisor (runsc, at least Debian's 20221219 build) follows a final symbolic link
 when ``O_DIRECTORY`` is given along with it. FIFOs, sockets and devices are
 never opened (a FIFO would block, a socket gives ENXIO). ``delete`` removes a
 symlink named as the last component itself; it never follows one.
+
+``stat``, ``listdir``, ``mkdir`` and ``move`` serve E2B's filesystem calls
+(`describe`: an entry with its permission bits, owner, group and, for a link,
+what it points to, read with ``readlink``, never followed). ``move`` renames
+the last component's name itself (``renameat``), as ``delete`` unlinks it: a
+link is moved, not what it points to.
 
 Answers are JSON lines on stdout: ``{"ok": true, ...}`` or
 ``{"ok": false, "error": CODE, "message": ...}`` with CODE one of
@@ -40,8 +50,11 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
+import grp
 import json
 import os
+import pwd
 import secrets
 import signal
 import stat
@@ -333,17 +346,27 @@ def cmd_list(root: str, path: str, recursive: bool, max_entries: int, out: Binar
     say(out, {"ok": True, "path": shown, "entries": entries, "truncated": truncated})
 
 
-def list_tree(dir_fd: int, prefix: str, recursive: bool, max_entries: int) -> tuple[list[dict[str, Any]], bool]:
+def list_tree(
+    dir_fd: int,
+    prefix: str,
+    recursive: bool,
+    max_entries: int,
+    *,
+    max_depth: int | None = None,
+    details: bool = False,
+) -> tuple[list[dict[str, Any]], bool]:
     """The entries of the directory ``dir_fd`` (closed here), depth first, named
     ``prefix`` + their path, and whether ``max_entries`` cut the list short.
     Links are listed, never followed: recursion enters only what `open_at`
-    opens as a directory, and skips an entry that changed meanwhile."""
+    opens as a directory, and skips an entry that changed meanwhile.
+    ``max_depth``: how many levels a recursive listing takes (1: the directory's
+    own entries); ``details``: entries as `describe` makes them."""
     entries: list[dict[str, Any]] = []
-    stack = [(dir_fd, prefix)]
+    stack = [(dir_fd, prefix, 1)]
     try:
         while stack:
-            fd, rel = stack.pop()
-            subdirs: list[tuple[int, str]] = []
+            fd, rel, level = stack.pop()
+            subdirs: list[tuple[int, str, int]] = []
             try:
                 for name in sorted(os.listdir(fd)):
                     if name.startswith(UPLOAD_PREFIX):
@@ -353,20 +376,21 @@ def list_tree(dir_fd: int, prefix: str, recursive: bool, max_entries: int) -> tu
                         continue
                     if len(entries) >= max_entries:
                         return entries, True
-                    entries.append(_entry(rel + name, st))
-                    if recursive and stat.S_ISDIR(st.st_mode):
+                    entries.append(describe(rel + name, st, fd, name) if details else _entry(rel + name, st))
+                    deeper = max_depth is None or level < max_depth
+                    if recursive and deeper and stat.S_ISDIR(st.st_mode):
                         try:
                             opened = open_at(fd, name, rel + name, directory=True)
                         except (Refused, OSError):
                             opened = None  # swapped for a link, or unreadable: listed, not entered
                         if opened is not None:
-                            subdirs.append((opened[0], rel + name + "/"))
+                            subdirs.append((opened[0], rel + name + "/", level + 1))
             finally:
                 os.close(fd)
                 stack.extend(reversed(subdirs))  # closed below if we stop early
         return entries, False
     finally:
-        for fd, _ in stack:
+        for fd, _, _ in stack:
             os.close(fd)
 
 
@@ -437,6 +461,164 @@ def empty_tree(dir_fd: int, shown: str) -> None:
     finally:
         for fd, _, _ in stack:
             os.close(fd)
+
+
+# ------------------------------------------------------------------ E2B's calls
+
+
+@functools.cache
+def user_name(uid: int) -> str:
+    """The account's name in the container, else the number (as E2B's envd says it)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+@functools.cache
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def describe(rel: str, st: os.stat_result, dir_fd: int | None, name: str) -> dict[str, Any]:
+    """`_entry` and what E2B's entries carry besides: the whole ``st_mode``,
+    owner and group, and for a symbolic link what it points to (``readlink``
+    of ``name`` in ``dir_fd``: read, never followed)."""
+    entry = _entry(rel, st)
+    entry.update(st_mode=st.st_mode, owner=user_name(st.st_uid), group=group_name(st.st_gid))
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            entry["symlink_target"] = os.readlink(name, dir_fd=dir_fd)
+        except OSError:
+            pass  # changed meanwhile: listed without its target
+    return entry
+
+
+def cmd_stat(root: str, path: str, out: BinaryIO) -> None:
+    """The entry ``path`` itself (a link is described, not followed); ``""`` is the workspace."""
+    parts = split_path(path, allow_root=True)
+    root_fd = open_root(root)
+    try:
+        if not parts:
+            entry = describe("", os.fstat(root_fd), None, "")
+        else:
+            parent = open_dir(root_fd, parts[:-1])
+            try:
+                st = lstat(parent, parts[-1])
+                if st is None:
+                    raise Refused("not_found", f"{path!r} does not exist in the workspace")
+                entry = describe("/".join(parts), st, parent, parts[-1])
+            finally:
+                os.close(parent)
+    finally:
+        os.close(root_fd)
+    say(out, {"ok": True, **entry})
+
+
+LISTDIR_HINTS = {**LINK_HINT, "not_directory": "only a directory is listed"}
+
+
+def cmd_listdir(root: str, path: str, depth: int, max_entries: int, out: BinaryIO) -> None:
+    """A directory's entries (`describe`), ``depth`` levels deep; anything but a
+    directory is refused (a link too: it is not entered)."""
+    parts = split_path(path, allow_root=True)
+    shown = "/".join(parts)
+    root_fd = open_root(root)
+    try:
+        if not parts:
+            dir_fd = os.dup(root_fd)
+        else:
+            parent = open_dir(root_fd, parts[:-1])
+            try:
+                opened = open_at(parent, parts[-1], shown, directory=True, hints=LISTDIR_HINTS)
+            finally:
+                os.close(parent)
+            if opened is None:
+                raise Refused("not_found", f"{path!r} does not exist in the workspace")
+            dir_fd = opened[0]
+    finally:
+        os.close(root_fd)
+    prefix = shown + "/" if parts else ""
+    entries, truncated = list_tree(dir_fd, prefix, True, max_entries, max_depth=max(1, depth), details=True)
+    say(out, {"ok": True, "path": shown, "entries": entries, "truncated": truncated})
+
+
+MKDIR_HINTS = {**LINK_HINT, "not_directory": "something else of that name exists"}
+
+
+def cmd_mkdir(root: str, path: str, out: BinaryIO) -> None:
+    """Make the directory ``path`` and any missing parents; ``created`` is false
+    when it existed already. A file (or a link) of that name is refused."""
+    parts = split_path(path)
+    root_fd = open_root(root)
+    try:
+        parent = open_dir(root_fd, parts[:-1], create=True)
+    finally:
+        os.close(root_fd)
+    try:
+        name = parts[-1]
+        created = True
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent)  # never follows a link: EEXIST
+        except FileExistsError:
+            created = False
+        st = lstat(parent, name)
+        if st is None:
+            raise Refused("not_found", f"{path!r} was removed while it was being made")
+        refused = refusal(path, st.st_mode, directory=True, hints=MKDIR_HINTS)
+        if refused:
+            raise refused
+        entry = describe(path, st, parent, name)
+    finally:
+        os.close(parent)
+    say(out, {"ok": True, "created": created, **entry})
+
+
+MOVE_ERRORS = {
+    errno.ENOENT: ("not_found", "{source!r} was removed while it was being moved"),
+    errno.EISDIR: ("is_directory", "{destination!r} is a directory; only a directory can replace it"),
+    errno.ENOTDIR: ("not_directory", "{destination!r} is not a directory; a directory cannot replace it"),
+    errno.ENOTEMPTY: ("invalid_path", "{destination!r} is a directory that is not empty"),
+    errno.EEXIST: ("invalid_path", "{destination!r} is a directory that is not empty"),
+    errno.EINVAL: ("invalid_path", "{source!r} cannot be moved into itself"),
+}
+"""What ``rename`` refuses, as the helper's errors."""
+
+
+def cmd_move(root: str, source: str, destination: str, out: BinaryIO) -> None:
+    """Rename ``source`` to ``destination`` (missing parents of the destination
+    are made; an existing file there is replaced, as ``rename`` does). The
+    names themselves move: a link is moved, never followed."""
+    src, dst = split_path(source), split_path(destination)
+    root_fd = open_root(root)
+    try:
+        src_parent = open_dir(root_fd, src[:-1])
+        try:
+            if lstat(src_parent, src[-1]) is None:
+                raise Refused("not_found", f"{source!r} does not exist in the workspace")
+            dst_parent = open_dir(root_fd, dst[:-1], create=True)
+            try:
+                try:
+                    os.rename(src[-1], dst[-1], src_dir_fd=src_parent, dst_dir_fd=dst_parent)
+                except OSError as exc:
+                    if exc.errno not in MOVE_ERRORS:
+                        raise
+                    code, message = MOVE_ERRORS[exc.errno]
+                    raise Refused(code, message.format(source=source, destination=destination)) from None
+                st = lstat(dst_parent, dst[-1])
+                if st is None:
+                    raise Refused("not_found", f"{destination!r} was removed right after the move")
+                entry = describe("/".join(dst), st, dst_parent, dst[-1])
+            finally:
+                os.close(dst_parent)
+        finally:
+            os.close(src_parent)
+    finally:
+        os.close(root_fd)
+    say(out, {"ok": True, **entry})
 
 
 def read_exact(inp: BinaryIO, n: int) -> bytes | None:
@@ -603,6 +785,17 @@ def main(argv: list[str] | None = None) -> None:
     ls.add_argument("--max-entries", type=int, default=10_000)
     rm = sub.add_parser("delete")
     rm.add_argument("path")
+    st = sub.add_parser("stat")
+    st.add_argument("path")
+    ld = sub.add_parser("listdir")
+    ld.add_argument("path")
+    ld.add_argument("--depth", type=int, default=1)
+    ld.add_argument("--max-entries", type=int, default=10_000)
+    md = sub.add_parser("mkdir")
+    md.add_argument("path")
+    mv = sub.add_parser("move")
+    mv.add_argument("source")
+    mv.add_argument("destination")
     args = parser.parse_args(argv)
     # paths arrive as UTF-8 (the gateway validated them); keep any odd byte as is
     out = sys.stdout.buffer
@@ -616,6 +809,14 @@ def main(argv: list[str] | None = None) -> None:
             cmd_get(args.root, args.path, out, args.idle_timeout)
         elif args.command == "list":
             cmd_list(args.root, args.path, args.recursive, args.max_entries, out)
+        elif args.command == "stat":
+            cmd_stat(args.root, args.path, out)
+        elif args.command == "listdir":
+            cmd_listdir(args.root, args.path, args.depth, args.max_entries, out)
+        elif args.command == "mkdir":
+            cmd_mkdir(args.root, args.path, out)
+        elif args.command == "move":
+            cmd_move(args.root, args.source, args.destination, out)
         else:
             cmd_delete(args.root, args.path, out)
     except Refused as exc:
