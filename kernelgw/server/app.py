@@ -71,6 +71,8 @@ def routers() -> tuple[APIRouter, ...]:
     from kernelgw.server import auth as auth_routes
     from kernelgw.server import docs, gateways, web
     from kernelgw.server.e2b import control as e2b_control
+    from kernelgw.server.e2b import envd as e2b_envd
+    from kernelgw.server.e2b import envd_files as e2b_envd_files
     from kernelgw.server.e2b import interpreter as e2b_interpreter
     from kernelgw.server.jupyter import channels as jupyter_channels
     from kernelgw.server.jupyter import rest as jupyter_rest
@@ -90,6 +92,9 @@ def routers() -> tuple[APIRouter, ...]:
         jupyter_channels.router,
         # E2B's sandbox traffic: the code interpreter (/e2b/execute, /e2b/contexts) and envd's /e2b/health
         e2b_interpreter.router,
+        # E2B's envd filesystem service (Connect RPC) and file transfers (/e2b/files)
+        e2b_envd.router,
+        e2b_envd_files.router,
         # workspace files and packages
         files.router,
         packages.router,
