@@ -38,10 +38,9 @@ async def sandbox_metrics(sandbox_id: str, request: Request, caller: Caller = De
 _UNSERVED = (
     (re.compile(r"^/(v2/)?sandboxes/[^/]+/logs$"), "Sandbox logs are not available on kernelgw's E2B face"),
     (
-        re.compile(r"^/(filesystem\.Filesystem|process\.Process)/[A-Za-z]+$|^/files$"),
-        "A sandbox's files, commands and terminal through E2B's envd (sandbox.files, sandbox.commands, "
-        "sandbox.pty) are not served by kernelgw yet; run_code works, and kernelgw's own API has the "
-        "session's files (GET/PUT /v1/sessions/{id}/files/...)",
+        re.compile(r"^/process\.Process/[A-Za-z]+$"),
+        "A sandbox's commands and terminal through E2B's envd (sandbox.commands, sandbox.pty) are not "
+        "served by kernelgw yet; run_code and sandbox.files work",
     ),
     (
         re.compile(r"^/(v\d+/)?templates(/.*)?$"),
