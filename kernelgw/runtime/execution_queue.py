@@ -478,6 +478,10 @@ class ExecutionQueue:
             self._wake.clear()
             await self._wake.wait()
 
+    async def between_cells(self) -> None:
+        """Return once the worker holds no execution (a cell's end is out)."""
+        await self._between_cells.wait()
+
     async def _run(self, rec: QueuedExecution) -> ev.Done:
         """Run one cell to its published ``done``."""
         self.current = rec

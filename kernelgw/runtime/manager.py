@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 KERNEL_GONE_REASON = "the kernel container was gone when the gateway restarted"
 LEASE_RETRY_S = 5.0
 """After a lease's end failed unexpectedly, how long until it is tried again."""
+LEASE_PAUSE_TRIES = 3
+"""Cells a lease's pause interrupts before it gives up and ends the session."""
 
 
 @dataclass(frozen=True)
@@ -710,7 +712,7 @@ class SessionManager:
         try:
             if session.on_lease_end == "pause":
                 try:
-                    await self.pause(session, reason=LEASE_PAUSED_REASON)
+                    await self._pause_for_lease(session)
                     log.info("session %s paused: %s", session.id, LEASE_PAUSED_REASON)
                     return
                 except Exception as exc:
@@ -723,6 +725,21 @@ class SessionManager:
             log.exception("ending session %s, whose lease ran out, failed; retrying", session.id)
             # held in `_lease_ends` meanwhile: the keeper does not start it again at once
             await asyncio.sleep(LEASE_RETRY_S)
+
+    async def _pause_for_lease(self, session: KernelSession) -> None:
+        """Pause a session whose lease ran out. E2B pauses a sandbox whatever runs
+        in it (its memory is frozen mid-cell); a kernelgw pause needs the kernel
+        between cells, so the running cell is interrupted first (it ends
+        ``interrupted``, its variables kept), for a cell queued behind it too, up
+        to `LEASE_PAUSE_TRIES` times; then the pause's own refusal stands."""
+        for attempt in range(LEASE_PAUSE_TRIES):
+            try:
+                await self.pause(session, reason=LEASE_PAUSED_REASON)
+                return
+            except SessionBusy:
+                if attempt == LEASE_PAUSE_TRIES - 1 or session.state in ("paused", "closed"):
+                    raise
+                await session.interrupt_and_wait(self.settings.interrupt_grace_s)
 
     async def _reap_loop(self) -> None:
         while True:

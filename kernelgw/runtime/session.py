@@ -876,6 +876,17 @@ class KernelSession:
         """SIGINT to the kernel if a cell is running; True if one was."""
         return await self._executions.interrupt()
 
+    async def interrupt_and_wait(self, timeout: float) -> None:
+        """Interrupt the running cell, if any, and wait (at most ``timeout``) for its
+        end to be out: what a pause that must happen now (a lease's) does first."""
+        running = self._executions.current
+        if running is None or not await self.interrupt():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(running.done)
+                await self._executions.between_cells()
+
     # ------------------------------------------------------------- pub/sub
     def subscribe(self, last_seq: int | None = None) -> Subscription:
         """A live subscription; with ``last_seq``, first the events after it."""

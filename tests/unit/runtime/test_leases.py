@@ -2,8 +2,9 @@
 session when they run out (and are extended), a pause that fails, metadata, the
 access token's check, and the bounds the runtime holds whatever face asked.
 
-A lease that pauses, and terms across a gateway restart, need a real container
-(pausing copies its files): tests/integration/test_leases.py."""
+A lease that pauses copies the workspace with Python's tarfile here (the gate
+of test_paused_restart.py); in a container, and terms across a gateway
+restart: tests/integration/test_leases.py."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from kernelgw.storage import audit
 from kernelgw.storage.store import Store
 from tests.support.local_backend import LocalBackend
 from tests.support.waiting import until
+from tests.unit.runtime.test_paused_restart import gate  # noqa: F401 (a fixture: pauses copy files with tarfile)
+from tests.unit.runtime.test_session import run, stdout
 
 ManagerFactory = Callable[..., SessionManager]
 TOKEN = "e2b-access-token-of-this-sandbox"
@@ -107,14 +110,37 @@ async def test_set_lease_moves_the_end_later_and_sooner_and_is_stored(
     assert manager.get(extended.id) is extended and extended.state == "idle"
 
 
+@pytest.mark.usefixtures("gate")
+async def test_a_lease_that_pauses_interrupts_the_running_cell_first(make_manager: ManagerFactory) -> None:
+    """E2B pauses a sandbox whose timeout ran out whatever runs in it; a kernelgw
+    pause needs the kernel between cells: the cell is interrupted (its variables
+    kept), then the session paused, not ended."""
+    manager = make_manager()
+    await manager.start()
+    session = await manager.create(SessionOptions(lease_s=2.0, on_lease_end="pause"))
+    await run(session, "x = 41")
+    running = session.submit("import time\ntime.sleep(60)")
+
+    async def paused() -> bool:
+        return session.state == "paused"
+
+    await until(paused, "the lease to pause the session")
+    assert (await running.done).status == "interrupted"
+    assert session.lease_until is None
+    assert stdout(await run(session, "print(x + 1)")) == "42\n"  # resumed, its variables back
+
+
 async def test_a_lease_whose_pause_fails_ends_the_session_saying_why(
     make_manager: ManagerFactory, store: Store
 ) -> None:
-    manager = make_manager()
+    manager = make_manager(interrupt_grace_s=0.5)
     await manager.start()
     session = await manager.create(SessionOptions(lease_s=1.0, on_lease_end="pause"))
-    running = session.submit("import time\ntime.sleep(60)")  # only an idle session can be paused
-    await gone(manager, session)
+    # a cell that will not stop: every interrupt is caught
+    running = session.submit(
+        "import time\nwhile True:\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n        pass"
+    )
+    await gone(manager, session, timeout=60)
     record = await store.get_session(session.id)
     assert record is not None and record.end_reason is not None
     assert record.end_reason.startswith(LEASE_ENDED_REASON) and "could not be" in record.end_reason
