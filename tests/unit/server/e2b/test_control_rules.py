@@ -278,8 +278,8 @@ def test_unserved_routes_are_named() -> None:
     assert unserved.unserved("/v3/templates") is not None
     assert unserved.unserved("/volumes/v1") is not None
     assert unserved.unserved("/sandboxes/x") is None
-    # envd's files, commands and terminal (issue 30): named, not a 404 the SDK reads as "file not found"
-    for envd in ("/filesystem.Filesystem/ListDir", "/process.Process/Start", "/files"):
-        assert "not served by kernelgw yet" in (unserved.unserved(envd) or ""), envd
-    assert unserved.unserved("/filesystem.Filesystem/") is None
+    # envd's commands and terminal (issue 30): named, not a 404 the SDK reads as "not found"; files are served
+    assert "not served by kernelgw yet" in (unserved.unserved("/process.Process/Start") or "")
+    for served in ("/filesystem.Filesystem/ListDir", "/files", "/process.Process/"):
+        assert unserved.unserved(served) is None, served
     assert unserved.unserved("/nothing") is None
