@@ -49,6 +49,7 @@ from kernelgw.server.e2b.models import (
     ResumeRequest,
     TimeoutRequest,
 )
+from kernelgw.server.e2b.sandbox import TIMEOUT_KEY
 from kernelgw.server.e2b.wire import KILLED_REASON, created, detail, find, gone, refuse_unknown, sandbox_state
 from kernelgw.server.state import GatewayState, gateway_state
 
@@ -163,7 +164,12 @@ async def _create(request: Request, body: NewSandbox, caller: Caller) -> JSONRes
     except ValueError as exc:
         raise E2BError(400, f"envVars: {exc}") from None
     access = new_access(caller)
-    metadata = {**(body.metadata or {}), templates.TEMPLATE_KEY: body.template_id, ACCESS_NONCE_KEY: access.nonce}
+    metadata = {
+        **(body.metadata or {}),
+        templates.TEMPLATE_KEY: body.template_id,
+        ACCESS_NONCE_KEY: access.nonce,
+        TIMEOUT_KEY: str(body.timeout),
+    }
     if idempotency_key is not None:
         metadata[IDEMPOTENCY_KEY] = idempotency_key
     options = SessionOptions(
@@ -429,7 +435,7 @@ async def fork(
     results = []
     for _ in range(body.count):
         access = new_access(caller)
-        metadata = {**source.metadata, ACCESS_NONCE_KEY: access.nonce}
+        metadata = {**source.metadata, ACCESS_NONCE_KEY: access.nonce, TIMEOUT_KEY: str(body.timeout)}
         options = SessionOptions(
             metadata=metadata,
             lease_s=float(body.timeout),

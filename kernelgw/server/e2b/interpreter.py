@@ -42,7 +42,7 @@ from kernelgw.server.admission import admit
 from kernelgw.server.drain import Drain
 from kernelgw.server.e2b.errors import E2BError, E2BRoute
 from kernelgw.server.e2b.ndjson import KEEPALIVE, Translation
-from kernelgw.server.e2b.sandbox import ENVD_PORT, INTERPRETER_PORT, sandbox_for
+from kernelgw.server.e2b.sandbox import ENVD_PORT, INTERPRETER_PORT, sandbox_for, wake
 from kernelgw.server.state import gateway_state
 from kernelgw.tasks import BackgroundTasks, TurnTaker
 
@@ -215,6 +215,7 @@ async def execute(body: ExecuteBody, request: Request) -> Response:
     env = _cell_env(body.env_vars or {}, session)
     state = gateway_state(request)
     await admit(state, sandbox.principal, body.code, session.spec.kernel)
+    await wake(request, session)
     sub = session.subscribe()  # before the cell is queued: none of its events is missed
     try:
         rec = session.submit(body.code)

@@ -20,16 +20,18 @@ and audited for, as on ``/v1``. Errors come in E2B's shape
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from http import HTTPStatus
 
 from fastapi import Request
 
-from kernelgw.errors import SessionNotFound
+from kernelgw.errors import SessionBusy, SessionNotFound
 from kernelgw.keys import ANONYMOUS, Principal
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.e2b.auth import ACCESS_TOKEN_HEADERS, SANDBOX_ID_HEADER
 from kernelgw.server.e2b.errors import E2BError
+from kernelgw.server.e2b.models import RESERVED_PREFIX
 from kernelgw.server.state import gateway_state
 
 SANDBOX_PORT_HEADER = "E2b-Sandbox-Port"
@@ -46,6 +48,13 @@ NOT_FOUND_MESSAGE = (
 )
 """One answer for an unknown id and for a missing or wrong token."""
 PORT_CLOSED_MESSAGE = "The sandbox is running but port is not open"
+
+
+TIMEOUT_KEY = RESERVED_PREFIX + "timeout"
+"""In a sandbox's metadata: the timeout (seconds) it was created with, which an
+auto-resume gives it again (`wake`)."""
+RESUMED_LEASE_MIN_S = 300
+"""E2B's least timeout after an auto-resume: five minutes."""
 
 
 def not_found() -> E2BError:
@@ -107,3 +116,26 @@ async def _sandbox(request: Request) -> Sandbox:
         principal = owner
     port_text = headers.get(SANDBOX_PORT_HEADER, "")
     return Sandbox(session, principal, int(port_text) if port_text.isdigit() else None)
+
+
+async def wake(request: Request, session: KernelSession) -> None:
+    """E2B's auto-resume: a paused sandbox that work reaches (code, files) is
+    resumed, with a fresh lease from now of the timeout it was created with, at
+    least five minutes (E2B's rule). A health check does not wake it."""
+    if not _paused(session):
+        return
+    state = gateway_state(request)
+    await session.resume()  # None: another request resumed it first
+    if _paused(session):
+        raise E2BError(HTTPStatus.CONFLICT, f"Sandbox {session.id} could not be resumed; retry.")
+    try:
+        created_with = float(session.metadata.get(TIMEOUT_KEY, "0"))
+    except ValueError:
+        created_with = 0.0
+    seconds = min(max(created_with, RESUMED_LEASE_MIN_S), state.settings.max_lease_s)
+    with contextlib.suppress(SessionBusy):  # its lease ran out meanwhile and is being acted on
+        await state.manager.set_lease(session, seconds)
+
+
+def _paused(session: KernelSession) -> bool:
+    return session.state == "paused"

@@ -20,11 +20,13 @@ from e2b.exceptions import (
     SandboxException,
     SandboxNotFoundException,
 )
+from e2b_code_interpreter import AsyncSandbox as AsyncCodeSandbox
 
 from kernelgw.server.e2b.auth import ACCESS_NONCE_KEY
 from kernelgw.server.e2b.templates import TEMPLATE_KEY
 from tests.support.local_backend import LocalBackend
 from tests.support.waiting import until
+from tests.unit.runtime.test_paused_restart import gate  # noqa: F401 (a fixture: pauses copy files with tarfile)
 from tests.unit.server.jupyter.conftest import Gateway, gateway
 
 
@@ -386,5 +388,25 @@ async def test_bodies_past_the_unauthenticated_cap_need_a_key_or_a_sandbox_token
             wrong = {**headers, "X-Access-Token": "not-the-token"}
             resp = await http.post("/no-such-route", headers=wrong, content=b"x" * 100_000)
             assert resp.status_code == 401
+    finally:
+        await sbx.kill()
+
+
+@pytest.mark.usefixtures("gate")
+async def test_code_sent_to_a_paused_sandbox_resumes_it_with_a_fresh_lease(gw: Gateway) -> None:
+    """E2B's auto-resume: the timeout it was created with, at least five minutes,
+    from the resume (a sandbox resumed by its traffic once ran with no lease)."""
+    sbx = await AsyncCodeSandbox.create(timeout=60)
+    try:
+        assert (await sbx.run_code("x = 41")).error is None
+        await sbx.pause()
+        assert (await sbx.get_info()).state == SandboxState.PAUSED
+        assert await sbx.is_running()  # a health check does not wake it
+        assert (await sbx.get_info()).state == SandboxState.PAUSED
+        before = datetime.now(UTC)
+        assert (await sbx.run_code("x + 1")).text == "42"
+        info = await sbx.get_info()
+        assert info.state == SandboxState.RUNNING
+        assert before + timedelta(seconds=299) <= info.end_at <= datetime.now(UTC) + timedelta(seconds=301), info
     finally:
         await sbx.kill()
