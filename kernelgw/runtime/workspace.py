@@ -134,8 +134,9 @@ def _entry(data: dict[str, Any], cls: type[FileEntry] = FileEntry, **extra: Any)
 class EntryDetails:
     """A workspace entry as E2B's filesystem calls describe one (`WorkspaceFiles.stat`,
     ``list_dir``, ``make_dir``, ``move``): besides `FileEntry`'s fields, the whole
-    ``st_mode``, owner and group as the container names them, and a link's target
-    (what ``readlink`` says; never followed)."""
+    ``st_mode``, owner and group as the container names them (or their numbers),
+    whether those are the kernel's user's, and a link's target (what ``readlink``
+    says; never followed)."""
 
     path: str
     """Relative to the workspace; ``""`` is the workspace itself."""
@@ -147,6 +148,9 @@ class EntryDetails:
     owner: str
     group: str
     symlink_target: str | None = None
+    own_user: bool = False
+    """The owner is the kernel's user (whose uid may be a session's own, unnamed in the container)."""
+    own_group: bool = False
 
 
 def _details(data: dict[str, Any]) -> EntryDetails:
@@ -160,6 +164,8 @@ def _details(data: dict[str, Any]) -> EntryDetails:
         owner=str(data["owner"]),
         group=str(data["group"]),
         symlink_target=str(target) if target is not None else None,
+        own_user=bool(data.get("own_user")),
+        own_group=bool(data.get("own_group")),
     )
 
 

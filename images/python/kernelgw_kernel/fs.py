@@ -485,10 +485,12 @@ def group_name(gid: int) -> str:
 
 def describe(rel: str, st: os.stat_result, dir_fd: int | None, name: str) -> dict[str, Any]:
     """`_entry` and what E2B's entries carry besides: the whole ``st_mode``,
-    owner and group, and for a symbolic link what it points to (``readlink``
-    of ``name`` in ``dir_fd``: read, never followed)."""
+    owner and group (``own``: the kernel's user's, this helper's, whose uid the
+    container may have no name for), and for a symbolic link what it points
+    to (``readlink`` of ``name`` in ``dir_fd``: read, never followed)."""
     entry = _entry(rel, st)
     entry.update(st_mode=st.st_mode, owner=user_name(st.st_uid), group=group_name(st.st_gid))
+    entry.update(own_user=st.st_uid == os.geteuid(), own_group=st.st_gid == os.getegid())
     if stat.S_ISLNK(st.st_mode):
         try:
             entry["symlink_target"] = os.readlink(name, dir_fd=dir_fd)

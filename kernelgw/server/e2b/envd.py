@@ -7,7 +7,7 @@ envd's port, 49983. Each is one operation of the workspace helper, through
 `WorkspaceFiles` as on ``/v1``: its path rules (`kernelgw.paths.validate_path`:
 no ``..``, no NUL, no path through a symbolic link, which the helper checks
 again in the container), its errors, the kernel's user. A paused sandbox is
-resumed first, as its other traffic does.
+woken first (`kernelgw.server.e2b.sandbox.wake`), as code sent to it is.
 
 Paths are the sandbox's: E2B's home and working directory ``/home/user`` is
 kernelgw's workspace (the kernel image links one to the other), so
@@ -16,6 +16,8 @@ kernelgw's workspace (the kernel image links one to the other), so
 under ``/home/user``. Any other absolute path is outside what the files API
 reaches: ``permission_denied``. Files are read and written as the sandbox's
 one user (``user``, E2B's default): another user is refused the same way.
+Entries name that user (the kernel's, whatever its uid) ``user`` as owner and
+group, as E2B's do; other owners keep the container's names.
 
 Where envd follows symbolic links (``Stat``, ``ListDir`` of a link to a
 directory) kernelgw describes the link itself and never enters it. Watching
@@ -59,7 +61,7 @@ from kernelgw.server.e2b.connect import (
     read_message,
     within_deadline,
 )
-from kernelgw.server.e2b.sandbox import ENVD_PORT, Sandbox, not_found, sandbox_for
+from kernelgw.server.e2b.sandbox import ENVD_PORT, Sandbox, not_found, sandbox_for, wake
 from kernelgw.server.face_routes import face_route
 from kernelgw.server.state import gateway_state
 
@@ -190,8 +192,8 @@ def entry_info(entry: EntryDetails) -> EntryInfo:
         size=str(entry.size),
         mode=stat.S_IMODE(entry.st_mode),
         permissions=permissions(entry.st_mode),
-        owner=clean(entry.owner),
-        group=clean(entry.group),
+        owner=USER if entry.own_user else clean(entry.owner),
+        group=USER if entry.own_group else clean(entry.group),
         modified_time=timestamp(entry.mtime),
         symlink_target=clean(link_target(entry.symlink_target or "")) if link else None,
         is_symlink=True if link else None,
@@ -245,14 +247,14 @@ def workspace_files(request: Request) -> WorkspaceFiles:
     return gateway_state(request).workspace_files
 
 
-async def workspace_of(sandbox: Sandbox) -> KernelHandle:
-    """The sandbox's running container (a paused sandbox is resumed first)."""
+async def workspace_of(request: Request, sandbox: Sandbox) -> KernelHandle:
+    """The sandbox's running container with its files in it: a paused sandbox is
+    woken (E2B's auto-resume, with its lease), a start or resume under way waited for."""
     session = sandbox.session
     if session.state == "closed":
         raise not_found()  # being killed: as if gone
-    if session.state == "paused":
-        await session.resume()
-    handle = session.handle
+    await wake(request, session)
+    handle = await session.files_handle()
     if handle is None:
         if session.state == "dead":
             raise KernelDied(
@@ -314,14 +316,14 @@ def depth_of(value: int | str) -> int:
 async def stat_call(request: Request, sandbox: Sandbox) -> BaseModel:
     msg = await read_message(request, PathRequest)
     rel = workspace_path(msg.path)
-    entry = await workspace_files(request).stat(await workspace_of(sandbox), rel)
+    entry = await workspace_files(request).stat(await workspace_of(request, sandbox), rel)
     return EntryResponse(entry=entry_info(entry))
 
 
 async def list_dir_call(request: Request, sandbox: Sandbox) -> BaseModel:
     msg = await read_message(request, ListDirRequest)
     rel, depth = workspace_path(msg.path), depth_of(msg.depth)
-    entries, truncated = await workspace_files(request).list_dir(await workspace_of(sandbox), rel, depth)
+    entries, truncated = await workspace_files(request).list_dir(await workspace_of(request, sandbox), rel, depth)
     if truncated:
         raise ConnectError(
             "failed_precondition",
@@ -336,7 +338,7 @@ async def make_dir_call(request: Request, sandbox: Sandbox) -> BaseModel:
     rel = workspace_path(msg.path)
     if rel == "":
         raise ConnectError("already_exists", f"directory already exists: {HOME}")
-    created, entry = await workspace_files(request).make_dir(await workspace_of(sandbox), rel)
+    created, entry = await workspace_files(request).make_dir(await workspace_of(request, sandbox), rel)
     if not created:
         raise ConnectError("already_exists", f"directory already exists: {sandbox_path(rel)}")
     await sandbox.session.keep_files()
@@ -348,7 +350,7 @@ async def move_call(request: Request, sandbox: Sandbox) -> BaseModel:
     source, destination = workspace_path(msg.source), workspace_path(msg.destination)
     if "" in (source, destination):
         raise ConnectError("invalid_argument", f"{HOME} (the workspace itself) cannot be moved, nor replaced")
-    entry = await workspace_files(request).move(await workspace_of(sandbox), source, destination)
+    entry = await workspace_files(request).move(await workspace_of(request, sandbox), source, destination)
     await sandbox.session.keep_files()
     return EntryResponse(entry=entry_info(entry))
 
@@ -359,7 +361,7 @@ async def remove_call(request: Request, sandbox: Sandbox) -> BaseModel:
     if rel == "":
         raise ConnectError("invalid_argument", f"{HOME} (the workspace itself) cannot be removed; remove what is in it")
     try:
-        await workspace_files(request).delete(await workspace_of(sandbox), rel)
+        await workspace_files(request).delete(await workspace_of(request, sandbox), rel)
     except FileNotFoundInWorkspace:
         pass  # envd's Remove of what is not there succeeds
     return Empty()

@@ -89,7 +89,7 @@ async def download_file(request: Request, path: str | None = PATH_QUERY, usernam
     sandbox = await sandbox_for(request, ENVD_PORT)
     check_user(username)
     rel = file_path(path)
-    download = await workspace_files(request).download(await workspace_of(sandbox), rel)
+    download = await workspace_files(request).download(await workspace_of(request, sandbox), rel)
     name = rel.rsplit("/", 1)[-1]
     headers = {
         "Content-Disposition": f"attachment; filename*=UTF-8''{quote(name, safe='')}",
@@ -179,13 +179,15 @@ async def upload_files(request: Request, path: str | None = PATH_QUERY, username
             length = request.headers.get("content-length")
             declared = int(length) if encoding != "gzip" and length and length.isdigit() else None
             files.check_length(declared)
-            await files.upload(await workspace_of(sandbox), rel, body, quota_bytes=quota, content_length=declared)
+            await files.upload(
+                await workspace_of(request, sandbox), rel, body, quota_bytes=quota, content_length=declared
+            )
             written.append(rel)
         elif media.startswith(b"multipart/"):
             boundary = options.get(b"boundary")
             if not boundary:
                 raise BadRequest("The multipart body has no boundary in its Content-Type.")
-            handle = await workspace_of(sandbox)
+            handle = await workspace_of(request, sandbox)
             async for part in multipart_parts(body, boundary):
                 if part.name != "file":
                     await drain(part.data)  # envd reads only the "file" parts

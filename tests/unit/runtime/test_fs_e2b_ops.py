@@ -20,6 +20,7 @@ def test_stat_describes_an_entry_and_a_link_without_following_it(tmp_path: Path)
     assert code == 0 and (answer["path"], answer["type"], answer["size"]) == ("f.txt", "file", 5)
     assert stat.S_IMODE(answer["st_mode"]) == 0o640 and stat.S_ISREG(answer["st_mode"])
     assert answer["owner"] and answer["group"] and "symlink_target" not in answer
+    assert answer["own_user"] is True and answer["own_group"] is True  # this process's, as the kernel's in a container
     (link,), _, _ = fs(tmp_path, "stat", "--", "l")
     assert (link["type"], link["symlink_target"]) == ("symlink", "/etc/passwd")
     (root,), _, _ = fs(tmp_path, "stat", "--", "")

@@ -104,7 +104,7 @@ async def test_sync_write_read_list_stat_rename_remove(gw: Gateway, sandbox: tup
 
     entry = await in_thread(lambda: sbx.files.get_info("/home/user/data/a.csv"))
     assert (entry.name, entry.type, entry.path, entry.size) == ("a.csv", FileType.FILE, "/home/user/data/a.csv", 8)
-    assert entry.mode == 0o644 and entry.permissions == "-rw-r--r--" and entry.owner and entry.group
+    assert entry.mode == 0o644 and entry.permissions == "-rw-r--r--" and entry.owner == entry.group == "user"
     assert entry.symlink_target is None and entry.modified_time.year >= 2024
     home = await in_thread(lambda: sbx.files.get_info("/home/user"))
     assert (home.type, home.path, home.name) == (FileType.DIR, "/home/user", "user")

@@ -134,10 +134,11 @@ def parsed(entry: EntryDetails) -> object:
 
 def test_entries_parse_as_the_sdks_entry_info() -> None:
     mtime = datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=UTC)
-    file = EntryDetails("data/a.csv", "file", 12, mtime, stat.S_IFREG | 0o640, "kernel", "kernel")
+    file = EntryDetails("data/a.csv", "file", 12, mtime, stat.S_IFREG | 0o640, "200004", "root", own_user=True)
     info = parsed(file)
     assert (info.name, info.type, info.path, info.size) == ("a.csv", FileType.FILE, "/home/user/data/a.csv", 12)  # type: ignore[attr-defined]
-    assert (info.mode, info.permissions, info.owner, info.group) == (0o640, "-rw-r-----", "kernel", "kernel")  # type: ignore[attr-defined]
+    # the kernel's user (a session's own uid, unnamed in the container) is E2B's "user"; others keep their names
+    assert (info.mode, info.permissions, info.owner, info.group) == (0o640, "-rw-r-----", "user", "root")  # type: ignore[attr-defined]
     assert info.modified_time == mtime and info.symlink_target is None  # type: ignore[attr-defined]
 
     link = parsed(EntryDetails("l", "symlink", 4, mtime, stat.S_IFLNK | 0o777, "61000", "61000", "/workspace/x"))
