@@ -494,8 +494,9 @@ class SessionManager:
         or is abandoned is deleted, never left half made. A paused source is
         forked from its snapshot instead (files, packages and variables; no
         replay), and stays paused. A restart, pause or resume of the source under
-        way ends first (its files are in or out of its kernel by then)."""
-        await source.settled()
+        way ends first (its files are in or out of its kernel by then), and the
+        replay of a restart too (the cells it has not run yet would be missing)."""
+        await source.rebuilt()
         if source.state == "paused":
             return await self._fork_paused(source, opts, principal)
         handle = source.handle

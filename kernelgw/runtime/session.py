@@ -145,6 +145,8 @@ class KernelSession:
         self._snapshot_bytes = 0
         """What the snapshot holds of ``_budget``, given back when it is removed."""
         self._resuming: asyncio.Task[None] | None = None
+        self._replay: ReplayJob | None = None
+        """The replay a restart queued (its cells rebuild the new kernel's state after the lifecycle lock)."""
         self.lineage_kernels: tuple[str, ...] = ()
         """The kernels whose stored cells make the lineage: the running one, and
         those it was resumed from (a resume carries the state without re-running)."""
@@ -308,6 +310,7 @@ class KernelSession:
                 job = await self._restart_paused(reason, replay, timeout)
             else:
                 job = await self._restart_running(reason, replay)
+            self._replay = job
         return await job.report if job is not None else None
 
     async def _restart_running(self, reason: str, replay: bool) -> ReplayJob | None:
@@ -539,6 +542,16 @@ class KernelSession:
             await self.resume()
         await self.settled()
         return self._link.handle
+
+    async def rebuilt(self) -> None:
+        """Return once the kernel's state is whole: no start, pause or resume under
+        way (`settled`), and the replay a restart queued has run (a fork copies
+        the lineage, which a replay still running holds only in part)."""
+        await self.settled()
+        job = self._replay
+        if job is not None and not job.report.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(job.report)
 
     async def fork_snapshot_into(self, target: KernelSession, timeout: float) -> tuple[int, NamespaceSummary] | None:
         """While paused: put the snapshot (files, packages, then variables) into

@@ -309,3 +309,27 @@ async def test_the_files_handle_waits_for_the_files_to_be_back(
     again = await session.files_handle()
     assert again is not None and session.state != "paused"
     assert (again.conn_dir / "workspace" / "kept.txt").read_text() == "mine"
+
+
+async def test_a_fork_during_a_restarts_replay_waits_for_the_replay(
+    make_manager: ManagerFactory, store: Store, gate: Gate
+) -> None:
+    """A restart with replay queues its cells after the lifecycle lock: a fork
+    that came meanwhile copied the lineage the replay had rebuilt so far, and got
+    the files but not every variable. It waits for the replay."""
+    manager = make_manager()
+    await manager.start()
+    session = await manager.create()
+    assert status(await run(session, "import time\ntime.sleep(1.5)\nx = 41")) == "ok"
+    restart = asyncio.create_task(session.restart(replay=True))
+
+    async def replaying() -> bool:  # the lock is free, the replay queued behind it not done
+        job = session._replay
+        return job is not None and not job.report.done() and not session._lifecycle.locked()
+
+    await until(replaying, "the restart's replay to run in the new kernel")
+    child, report = await manager.fork(session, SessionOptions())
+    assert report.replay.replayed == 1  # the cell the restart replayed, replayed again in the fork
+    assert stdout(await run(child, "print(x + 1)")) == "42\n"
+    replayed = await restart
+    assert replayed is not None and replayed.complete and replayed.replayed == 1
