@@ -73,6 +73,14 @@ HELPER_BOOT = _USE_WORKSPACE + "import runpy\nrunpy.run_module(sys.argv.pop(1), 
 """Runs ``-m kernelgw_kernel.<helper>`` the way ``exec`` gets it, against the workspace."""
 
 
+def _proc_counters(pid: int) -> tuple[int, int]:
+    """A process's CPU clock ticks (user and system: fields 14 and 15 of
+    proc_pid_stat(5)) and resident bytes."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return int(fields[11]) + int(fields[12]), resident
+
+
 @dataclass
 class _Kernel:
     process: asyncio.subprocess.Process
@@ -159,10 +167,7 @@ class LocalBackend:
         kernel = self.kernels.get(handle.kernel_id)
         if kernel is None or kernel.process.returncode is not None:
             raise KernelDied("The local kernel is not running; restart the session.")
-        pid = kernel.process.pid
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
-        resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        ticks, resident = await asyncio.to_thread(_proc_counters, kernel.process.pid)
         return KernelCounters(
             at=time.monotonic(),
             cpu_ns=ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK"),

@@ -75,6 +75,7 @@ async def test_a_kernel_is_measured_idle_and_spinning(new_session: SessionFactor
     assert idle.cpu_count == max(1, int(session.spec.cpus + 0.999))
     spinning = asyncio.ensure_future(run(session, "import time\nend = time.time() + 4\nwhile time.time() < end: pass"))
     try:
+
         async def sent() -> bool:
             return session.state == "busy"
 
