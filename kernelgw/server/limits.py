@@ -10,9 +10,10 @@ make the gateway buffer any amount. Two caps:
   credential and its connection is closed, without reading further. The key
   is in a header, so it is checked here, before the body; no route of the
   gateway takes a body without a key;
-- an authenticated one at most ``max_request_bytes`` (413). File uploads are
-  streamed to the container and have their own limit (``max_upload_bytes``),
-  so they are exempt from this one.
+- an authenticated one at most ``max_request_bytes`` (413). File uploads
+  (``/v1``'s ``PUT .../files/...``, E2B's ``POST /e2b/files``) are streamed to
+  the container and have their own limits (``max_upload_bytes`` per file, the
+  workspace quota), so they are exempt from this one.
 
 It runs outside `kernelgw.server.forward.Forwarder`, whose look at a create's
 body and whose streaming to the owner gateway happen after these caps.
@@ -41,6 +42,8 @@ for any body a public route could take, small enough that many stalled clients
 cost the gateway nothing (uvicorn itself buffers at most 64 KiB per connection
 while the app does not read)."""
 _UPLOAD = re.compile(r"^/v1/sessions/[^/]+/files/.")
+E2B_UPLOAD = "/e2b/files"
+"""envd's uploads (one file or many, `kernelgw.server.e2b.envd_files`)."""
 
 
 class _BodyTooLarge(BaseException):
@@ -67,7 +70,8 @@ class BodySizeLimit:
             await _reject(scope, send, exc)
             return
         if authenticated:
-            if scope["method"] == "PUT" and _UPLOAD.match(scope["path"]):
+            method, path = scope["method"], scope["path"]
+            if (method == "PUT" and _UPLOAD.match(path)) or (method == "POST" and path == E2B_UPLOAD):
                 await self.app(scope, receive, send)
                 return
             limit = _limit(scope["app"])

@@ -34,6 +34,8 @@ from tests.unit.server.e2b.test_interpreter import Gateway, in_thread, serve
 QUOTA = 64 * 1024
 """The gateway's per-file limit here (the local backend's workspace is no tmpfs of
 its own, so its workspace quota cannot be tried: tests/integration/e2b does)."""
+BODY_CAP = 16 * 1024
+"""The gateway's cap on request bodies, which file uploads are not held to."""
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,8 @@ async def gw(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gateway]
     # the workspace "tmpfs" as large as the host's file system, whose use the helper counts as the workspace's
     whole_disk_mb = 2 * shutil.disk_usage(tmp).total // (1 << 20)
     try:
-        async with serve(tmp, backend, max_upload_bytes=QUOTA, workspace_size_mb=whole_disk_mb) as gateway:
+        limits = {"max_upload_bytes": QUOTA, "max_request_bytes": BODY_CAP, "workspace_size_mb": whole_disk_mb}
+        async with serve(tmp, backend, **limits) as gateway:
             yield gateway
         assert not backend.running(), f"kernel processes left running: {backend.running()}"
     finally:
@@ -243,8 +246,10 @@ async def test_an_upload_over_the_quota_is_refused_and_leaves_nothing(
     with pytest.raises(NotEnoughSpaceException):
         await in_thread(lambda: sbx.files.write("/home/user/huge.bin", io.BytesIO(b"x" * (QUOTA + 1))))
     assert list(workspace(sandbox[0]).iterdir()) == []
-    # the sandbox takes files again at once
-    await in_thread(lambda: sbx.files.write("/home/user/small.txt", "ok"))
+    # the sandbox takes files again at once, larger than any other request body may be
+    await in_thread(lambda: sbx.files.write("/home/user/fits.bin", b"f" * (BODY_CAP * 3)))
+    await in_thread(lambda: sbx.files.write_files([{"path": f"{i}.bin", "data": b"m" * BODY_CAP} for i in range(3)]))
+    assert (workspace(sandbox[0]) / "fits.bin").stat().st_size == BODY_CAP * 3
 
 
 async def test_another_sandboxs_token_reaches_nothing(gw: Gateway) -> None:
