@@ -3,37 +3,22 @@ E2B's shape: a 501 that names it, so a client learns what is missing instead
 of meeting a bare 404 of an unknown route; anything else under ``/e2b`` is a
 404 in E2B's shape.
 
-Sandbox metrics: the backend reports no container's CPU, memory or disk use;
-serving them needs new backend work (the engine's stats). Logs, templates'
-builds, volumes, secrets, teams: not kernelgw's (templates are a setting, keys
-are ``kernelgw keys``).
+Commands and the terminal (envd's ``process.Process``): not built yet. Logs,
+templates' builds, volumes, secrets, teams: not kernelgw's (templates are a
+setting, keys are ``kernelgw keys``).
 """
 
 from __future__ import annotations
 
 import re
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 
-from kernelgw.server.e2b.auth import SANDBOX_ID_HEADER, Caller, authenticate, key_text
-from kernelgw.server.e2b.errors import E2BError, E2BRoute, e2b_response
-from kernelgw.server.e2b.wire import find
-from kernelgw.server.state import gateway_state
+from kernelgw.server.e2b.auth import SANDBOX_ID_HEADER, authenticate, key_text
+from kernelgw.server.e2b.errors import E2BRoute, e2b_response
 
 router = APIRouter(route_class=E2BRoute, tags=["e2b"])
 """Included last by `kernelgw.server.e2b.control`'s router, under its ``/e2b``."""
-
-METRICS = (
-    "Sandbox metrics are not available on kernelgw yet: its backend does not report a sandbox's CPU, "
-    "memory and disk use. The gateway's Prometheus metrics (GET /metrics, admin key) count sessions and executions."
-)
-
-
-@router.get("/sandboxes/{sandbox_id}/metrics")
-async def sandbox_metrics(sandbox_id: str, request: Request, caller: Caller = Depends(authenticate)) -> Response:
-    await find(gateway_state(request), caller.principal, sandbox_id)
-    raise E2BError(501, METRICS, error_code="not_implemented")
-
 
 _UNSERVED = (
     (re.compile(r"^/(v2/)?sandboxes/[^/]+/logs$"), "Sandbox logs are not available on kernelgw's E2B face"),
