@@ -33,6 +33,7 @@ SAMPLE_PARAMS = {
     "sandbox_id": "0123456789abcdef",
     "template_id": "base",
     "context_id": "python",
+    "method": "Stat",  # envd's Connect calls: /e2b/filesystem.Filesystem/{method}
 }
 
 
@@ -93,13 +94,15 @@ def face(endpoint: Endpoint) -> str:
 
 
 def sandbox_traffic() -> frozenset[tuple[str, str]]:
-    """E2B's sandbox traffic (kernelgw.server.e2b.interpreter): no key, the
-    sandbox's access token instead; without it, E2B's 502 of a sandbox not found."""
-    from kernelgw.server.e2b import interpreter
+    """E2B's sandbox traffic (the code interpreter, envd's files): no key, the
+    sandbox's access token instead; without it, E2B's 502 of a sandbox not found
+    (a Connect error of the same meaning on envd's RPC)."""
+    from kernelgw.server.e2b import envd, envd_files, interpreter
 
     return frozenset(
         (method, route.path)
-        for route in interpreter.router.routes
+        for router in (interpreter.router, envd.router, envd_files.router)
+        for route in router.routes
         if isinstance(route, APIRoute)
         for method in route.methods
         if method != "HEAD"
