@@ -29,12 +29,12 @@ from urllib.parse import quote
 
 import anyio
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
 from kernelgw.errors import BadRequest, Forbidden, InvalidPath, KernelGWError, PayloadTooLarge
-from kernelgw.runtime.workspace import Download
+from kernelgw.server.download_response import DownloadResponse
 from kernelgw.server.e2b import errors as e2b_errors
 from kernelgw.server.e2b.envd import check_user, sandbox_path, workspace_files, workspace_of, workspace_path
 from kernelgw.server.e2b.errors import e2b_response
@@ -105,7 +105,7 @@ async def download_file(request: Request, path: str | None = PATH_QUERY, usernam
         body = gzipped(download.chunks)
     else:
         headers["Content-Length"] = str(download.entry.size)
-    return _DownloadResponse(download, body, media_type=download.entry.mime_type, headers=headers)
+    return DownloadResponse(download, body, media_type=download.entry.mime_type, headers=headers)
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
@@ -135,22 +135,6 @@ async def gzipped(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
         if out:
             yield out
     yield deflater.flush()
-
-
-class _DownloadResponse(StreamingResponse):
-    """Ends the helper when the response ends, also when the client went away
-    mid-transfer (the body generator then stays suspended)."""
-
-    def __init__(self, download: Download, body: AsyncIterator[bytes], **kwargs: Any) -> None:
-        super().__init__(body, **kwargs)
-        self.download = download
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.download.aclose()
 
 
 # ---------------------------------------------------------------- upload

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-import anyio
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
@@ -24,8 +23,9 @@ from kernelgw.models import ErrorResponse, FileList, UploadResult
 from kernelgw.paths import validate_path
 from kernelgw.runtime.backends.base import KernelHandle
 from kernelgw.runtime.session import KernelSession
-from kernelgw.runtime.workspace import Download, WorkspaceFiles
+from kernelgw.runtime.workspace import WorkspaceFiles
 from kernelgw.server.auth import authenticate, session_for
+from kernelgw.server.download_response import DownloadResponse
 from kernelgw.server.state import gateway_state
 
 _errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 503)}
@@ -108,24 +108,7 @@ async def download_file(session_id: str, path: str, request: Request) -> Respons
         "Content-Security-Policy": "sandbox",
         "Cache-Control": "no-store",
     }
-    return _DownloadResponse(download, media_type=download.entry.mime_type, headers=headers)
-
-
-class _DownloadResponse(StreamingResponse):
-    """Closes the helper when the response ends, also when the client went away
-    mid-transfer (then the body generator stays suspended and would otherwise
-    keep the helper's process and connection until garbage collection)."""
-
-    def __init__(self, download: Download, **kwargs: Any) -> None:
-        super().__init__(download.chunks, **kwargs)
-        self.download = download
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.download.aclose()
+    return DownloadResponse(download, media_type=download.entry.mime_type, headers=headers)
 
 
 @router.get("/v1/sessions/{session_id}/files", response_model=FileList)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from e2b_code_interpreter import Sandbox
 
 from tests.integration.conftest import RunningGateway, gateway_with_key
 
@@ -53,3 +54,13 @@ def e2b_env(e2b_gateway: E2BGateway, monkeypatch: pytest.MonkeyPatch) -> E2BGate
     for name, value in e2b_gateway.env().items():
         monkeypatch.setenv(name, value)
     return e2b_gateway
+
+
+@pytest.fixture
+def sbx(e2b_env: E2BGateway) -> Iterator[Sandbox]:
+    """A code-interpreter sandbox of the module's gateway (E2B's default timeout), killed after."""
+    sandbox = Sandbox.create(timeout=300)
+    try:
+        yield sandbox
+    finally:
+        sandbox.kill()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -47,15 +46,6 @@ pytestmark = pytest.mark.integration
 def other_key(e2b_gateway: E2BGateway) -> str:
     """A second user key of the same gateway."""
     return make_key(e2b_gateway.gateway.settings.data_dir, "e2b-other")
-
-
-@pytest.fixture
-def sbx(e2b_env: E2BGateway) -> Iterator[Sandbox]:
-    sandbox = Sandbox.create(timeout=300)
-    try:
-        yield sandbox
-    finally:
-        sandbox.kill()
 
 
 def gone(sandbox: BaseSandbox) -> bool:

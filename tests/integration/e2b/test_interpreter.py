@@ -7,7 +7,6 @@ languages not built, ``is_running``, and a wrong access token refused."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -21,15 +20,6 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.integration
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-@pytest.fixture
-def sbx(e2b_env: E2BGateway) -> Iterator[Sandbox]:
-    sandbox = Sandbox.create()
-    try:
-        yield sandbox
-    finally:
-        sandbox.kill()
 
 
 def statuses(gw: E2BGateway, sandbox_id: str) -> list[str]:

@@ -4,8 +4,6 @@ tmpfs as disk; one reading taken now; none for a paused sandbox."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from e2b_code_interpreter import Sandbox
 
@@ -14,15 +12,6 @@ from tests.integration.e2b.conftest import E2BGateway
 pytestmark = pytest.mark.integration
 
 MIB = 1024 * 1024
-
-
-@pytest.fixture
-def sbx(e2b_env: E2BGateway) -> Iterator[Sandbox]:
-    sandbox = Sandbox.create(timeout=300)
-    try:
-        yield sandbox
-    finally:
-        sandbox.kill()
 
 
 def test_metrics_are_the_containers_use_of_its_limits(sbx: Sandbox, e2b_env: E2BGateway) -> None:
