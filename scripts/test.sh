@@ -90,8 +90,8 @@ echo "==> Chromium for the web page tests"
 bash scripts/ensure-chromium.sh
 echo "==> HAProxy for the many-gateways test"
 bash scripts/ensure-haproxy.sh
-echo "==> Node and @jupyterlab/services for JupyterLab's client library test"
-bash scripts/ensure-jupyterlab-services.sh
+echo "==> Node, @jupyterlab/services and E2B's JavaScript SDK for their client tests"
+bash scripts/ensure-node-clients.sh
 echo "==> Enterprise Gateway (its own tool venv) for its GatewayClient's test"
 KERNELGW_ENTERPRISE_GATEWAY_PYTHON=$(bash scripts/ensure-enterprise-gateway.sh)
 export KERNELGW_ENTERPRISE_GATEWAY_PYTHON

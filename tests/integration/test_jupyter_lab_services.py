@@ -5,7 +5,7 @@ against kernelgw with a key required: it starts a notebook session (``POST
 /api/sessions``), runs a cell over the channels, lists, renames and shuts the
 session down, and the kernel is gone from kernelgw.
 
-Needs Node and the library: ``scripts/ensure-jupyterlab-services.sh``."""
+Needs Node and the library: ``scripts/ensure-node-clients.sh``."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_jupyterlab_services_session_manager_runs_a_notebook_session(
     gw, key = keyed_gateway
     node = shutil.which("node")
     if node is None or not (NODE_DIR / "node_modules" / "@jupyterlab" / "services").is_dir():
-        pytest.fail("No Node or @jupyterlab/services; run scripts/ensure-jupyterlab-services.sh", pytrace=False)
+        pytest.fail("No Node or @jupyterlab/services; run scripts/ensure-node-clients.sh", pytrace=False)
     env = {**os.environ, "NODE_PATH": str(NODE_DIR / "node_modules"), "KGW_URL": gw.url, "KGW_TOKEN": key}
     t0 = time.monotonic()
     done = subprocess.run([node, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=300, check=False)
