@@ -73,6 +73,7 @@ def routers() -> tuple[APIRouter, ...]:
     from kernelgw.server.e2b import control as e2b_control
     from kernelgw.server.e2b import envd as e2b_envd
     from kernelgw.server.e2b import envd_files as e2b_envd_files
+    from kernelgw.server.e2b import envd_process as e2b_envd_process
     from kernelgw.server.e2b import interpreter as e2b_interpreter
     from kernelgw.server.jupyter import channels as jupyter_channels
     from kernelgw.server.jupyter import rest as jupyter_rest
@@ -95,6 +96,7 @@ def routers() -> tuple[APIRouter, ...]:
         # E2B's envd filesystem service (Connect RPC) and file transfers (/e2b/files)
         e2b_envd.router,
         e2b_envd_files.router,
+        e2b_envd_process.router,  # envd's process service: commands (Connect RPC)
         # workspace files and packages
         files.router,
         packages.router,

@@ -37,6 +37,8 @@ from types import ModuleType
 from kernelgw.errors import BackendError, KernelDied, KernelStartFailed
 from kernelgw.runtime.backends.base import (
     IPC_PORTS,
+    WORKSPACE_DIR,
+    CommandStream,
     EngineHealth,
     KernelContainer,
     KernelCounters,
@@ -245,6 +247,31 @@ class LocalBackend:
         )
         return LocalExec(process, timeout)
 
+    async def run_command(
+        self, handle: KernelHandle, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bool = False
+    ) -> LocalCommand:
+        """A user's command as a host subprocess in its own session, in the
+        kernel's workspace (``/workspace`` of ``cwd`` mapped to it)."""
+        kernel = self.kernels.get(handle.kernel_id)
+        if kernel is None or kernel.process.returncode is not None:
+            raise KernelDied("The local kernel is not running; restart the session.")
+        workspace = handle.conn_dir / "workspace"
+        rel = cwd[len(WORKSPACE_DIR) :].lstrip("/") if cwd.startswith(WORKSPACE_DIR) else ""
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=str(workspace / rel),
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workspace), **env},
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        return LocalCommand(process)
+
+    async def signal_command(self, handle: KernelHandle, pid: int, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signum)
+
     async def image_labels(self, image: str) -> dict[str, str] | None:
         version = f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
         return {"kernelgw.python": version}
@@ -338,3 +365,58 @@ class LocalExec:
                 self._process.kill()
         await self._process.wait()
         await self._stderr_task
+
+
+class LocalCommand:
+    """A `CommandProcess` over a host subprocess (stdout and stderr read by two tasks)."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self._queue: asyncio.Queue[tuple[CommandStream, bytes] | None] = asyncio.Queue(maxsize=4)
+        self._tasks = [
+            asyncio.create_task(self._pump(1, process.stdout)),
+            asyncio.create_task(self._pump(2, process.stderr)),
+        ]
+        self._ended = 0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def _pump(self, stream: CommandStream, reader: asyncio.StreamReader | None) -> None:
+        if reader is not None:
+            while chunk := await reader.read(64 * 1024):
+                await self._queue.put((stream, chunk))
+        await self._queue.put(None)
+
+    async def read(self) -> tuple[CommandStream, bytes] | None:
+        while self._ended < 2:
+            item = await self._queue.get()
+            if item is not None:
+                return item
+            self._ended += 1
+        return None
+
+    async def write(self, data: bytes) -> None:
+        if self.process.stdin is None:
+            raise BackendError("The command has no stdin.")
+        try:
+            self.process.stdin.write(data)
+            await self.process.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise BackendError(f"The command's stdin is closed: {exc}") from exc
+
+    async def close_stdin(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+
+    async def exit_code(self) -> int | None:
+        return await self.process.wait()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, SIGKILL)
+            await self.process.wait()

@@ -204,6 +204,52 @@ class ExecProcess(Protocol):
         ...
 
 
+COMMAND_WRAPPER = 'printf "%s\\n" "$$" >&2; exec "$@"'
+"""How a user command starts in a kernel's container (``/bin/sh -c`` this, then
+its argv): the shell writes its pid, which the command keeps (``exec``), as the
+first line of stderr, so the gateway can signal the command's process group
+later (the engine starts each exec as its own session leader)."""
+
+CommandStream = Literal[1, 2]
+"""1: stdout, 2: stderr."""
+
+
+class CommandProcess(Protocol):
+    """A user's command running in a kernel's container (see :meth:`Backend.run_command`).
+
+    Unlike a helper, it may run for as long as its sandbox does and print
+    without end: reads wait as long as it takes (no timeout) and never block the
+    event loop; whoever reads decides how much to keep.
+    """
+
+    @property
+    def pid(self) -> int:
+        """The command's pid in the container (its process group's id too)."""
+        ...
+
+    async def read(self) -> tuple[CommandStream, bytes] | None:
+        """The next bytes the command wrote (stdout or stderr), at most about
+        64 KiB; None once both have ended."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data`` to the command's stdin (all of it, in order)."""
+        ...
+
+    async def close_stdin(self) -> None:
+        """End the command's stdin."""
+        ...
+
+    async def exit_code(self) -> int | None:
+        """The exit code, after ``read`` returned None; None if not known."""
+        ...
+
+    async def close(self) -> None:
+        """Drop the connection (the command sees its stdin and stdout close).
+        Idempotent; every started command must be closed."""
+        ...
+
+
 class Backend(Protocol):
     """Lifecycle of kernel containers. All methods are coroutines and never block
     the event loop. The session layer calls the lifecycle methods; ``exec`` and
@@ -305,6 +351,22 @@ class Backend(Protocol):
         write. Raises :class:`~kernelgw.errors.KernelDied` when the container
         is gone or stopped.
         """
+        ...
+
+    async def run_command(
+        self, handle: KernelHandle, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bool = False
+    ) -> CommandProcess:
+        """Start a user's command (not a helper: ``argv`` as given, looked up on
+        the container's PATH) in the kernel's container, as the kernel's user,
+        inside the container's limits, no network; its environment is the
+        kernel's plus ``env`` (already checked with `kernelgw.models.check_env`),
+        its working directory ``cwd`` (an absolute path in the container).
+        Raises :class:`~kernelgw.errors.KernelDied` when the container is gone."""
+        ...
+
+    async def signal_command(self, handle: KernelHandle, pid: int, signum: int) -> None:
+        """Send ``signum`` to the process group of a command `run_command`
+        started (``pid``: its `CommandProcess.pid`); nothing if it has ended."""
         ...
 
     async def image_labels(self, image: str) -> dict[str, str] | None:

@@ -47,9 +47,11 @@ from docker.models.containers import Container
 from kernelgw.config import DEFAULT_KERNEL_UID
 from kernelgw.errors import BackendError, EngineUnavailable, ImageNotFound, KernelDied, KernelStartFailed
 from kernelgw.runtime.backends.base import (
+    COMMAND_WRAPPER,
     HELPER_LOADER_RESET,
     IPC_PORTS,
     WORKSPACE_DIR,
+    CommandStream,
     EngineHealth,
     KernelContainer,
     KernelCounters,
@@ -667,6 +669,57 @@ class DockerBackend:
             raise EngineUnavailable(f"The Docker engine failed: {exc}") from exc
         return DockerExec(self, created["Id"], sock, timeout)
 
+    async def run_command(
+        self, handle: KernelHandle, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bool = False
+    ) -> DockerCommand:
+        sock, exec_id = await self._run(self._command_sync, handle, argv, env, cwd, stdin)
+        command = DockerCommand(self, exec_id, sock)
+        try:
+            await command.started()
+        except BaseException:
+            await command.close()
+            raise
+        return command
+
+    def _command_sync(
+        self, handle: KernelHandle, argv: list[str], env: dict[str, str], cwd: str, stdin: bool
+    ) -> tuple[Any, str]:
+        api = self._client().api
+        uid = self._session_uid(handle.session_id)
+        try:
+            created = api.exec_create(
+                handle.container_id,
+                ["/bin/sh", "-c", COMMAND_WRAPPER, "sh", *argv],
+                stdin=stdin,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                user=f"{uid}:{self._gid(uid)}",
+                workdir=cwd,
+                environment=env,
+            )
+            sock = api.exec_start(created["Id"], socket=True)
+        except docker.errors.NotFound as exc:
+            raise KernelDied("The kernel container no longer exists; restart the session.") from exc
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:
+                raise KernelDied(
+                    f"The kernel container is not running ({exc.explanation or exc}); restart the session."
+                ) from exc
+            raise EngineUnavailable(f"The Docker engine refused to run a command: {exc.explanation or exc}") from exc
+        except docker.errors.DockerException as exc:
+            raise EngineUnavailable(f"The Docker engine failed: {exc}") from exc
+        return sock, str(created["Id"])
+
+    async def signal_command(self, handle: KernelHandle, pid: int, signum: int) -> None:
+        script = 'kill -s "$1" -- "-$2" 2>/dev/null || kill -s "$1" "$2" 2>/dev/null; exit 0'
+        process = await self.exec(handle, ["/bin/sh", "-c", script, "sh", str(signum), str(pid)], timeout=30)
+        try:
+            while await process.read():
+                pass
+        finally:
+            await process.close()
+
     async def image_labels(self, image: str) -> dict[str, str] | None:
         def labels() -> dict[str, str] | None:
             try:
@@ -829,3 +882,130 @@ class DockerExec:
                     self._holder.close()
 
         await self._backend._run(close)
+
+
+class DockerCommand:
+    """A user's command through ``docker exec`` (see ``CommandProcess``).
+
+    Its connection is read and written without a thread: the socket is put in
+    non-blocking mode and driven by the event loop, since a command may run
+    (and be read) as long as its sandbox does, and a thread each would drain
+    the backend's pool. Frames as in `DockerExec`; the first line of stderr is
+    the pid the wrapper (`COMMAND_WRAPPER`) wrote.
+    """
+
+    READ_SIZE = 64 * 1024
+
+    def __init__(self, backend: DockerBackend, exec_id: str, sock: Any) -> None:
+        self._backend = backend
+        self.exec_id = exec_id
+        self._holder = sock
+        raw = getattr(sock, "_sock", sock)
+        if not isinstance(raw, socket.socket) or type(raw) is not socket.socket:
+            raise EngineUnavailable("Commands need the Docker engine on a unix socket or plain TCP (not TLS).")
+        self._sock: socket.socket = raw
+        self._sock.setblocking(False)
+        self._buffer = bytearray()
+        self._eof = False
+        self._closed = False
+        self._pid = 0
+        self._pending: list[tuple[CommandStream, bytes]] = []
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    async def _recv(self) -> bytes:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.sock_recv(self._sock, self.READ_SIZE)
+        except OSError as exc:
+            if self._closed:
+                return b""
+            raise BackendError(f"The connection to a command in the kernel container broke: {exc}") from exc
+
+    async def _frame(self) -> tuple[int, bytes] | None:
+        """The next whole frame (stream id, payload), or None at the end."""
+        while True:
+            if len(self._buffer) >= 8:
+                size = int.from_bytes(self._buffer[4:8], "big")
+                if len(self._buffer) >= 8 + size:
+                    stream, payload = self._buffer[0], bytes(self._buffer[8 : 8 + size])
+                    del self._buffer[: 8 + size]
+                    return stream, payload
+            if self._eof:
+                return None
+            # a frame is at most what the engine read at once (32 KiB): the buffer stays small
+            data = await self._recv()
+            if not data:
+                self._eof = True
+            self._buffer += data
+
+    async def started(self) -> None:
+        """Read the wrapper's pid line (stderr's first); output before it is kept
+        (the engine copies stdout and stderr apart: stdout may come first)."""
+        err = bytearray()
+        while b"\n" not in err:
+            frame = await self._frame()
+            if frame is None:
+                raise BackendError("The command ended before it started (the kernel container stopped?).")
+            stream, payload = frame
+            if stream == 2:
+                err += payload
+            elif stream == 1 and payload:
+                self._pending.append((1, payload))
+        line, _, rest = bytes(err).partition(b"\n")
+        if not line.strip().isdigit():
+            raise BackendError(f"The command's wrapper did not name its pid: {line[:80]!r}")
+        self._pid = int(line)
+        if rest:
+            self._pending.append((2, rest))
+
+    async def read(self) -> tuple[CommandStream, bytes] | None:
+        if self._pending:
+            return self._pending.pop(0)
+        while True:
+            frame = await self._frame()
+            if frame is None:
+                return None
+            stream, payload = frame
+            if payload and stream in (1, 2):
+                return (1 if stream == 1 else 2), payload
+
+    async def write(self, data: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.sock_sendall(self._sock, data)
+        except OSError as exc:
+            raise BackendError(f"The command's stdin is closed: {exc}") from exc
+
+    async def close_stdin(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            raise BackendError(f"The command's stdin is closed: {exc}") from exc
+
+    async def exit_code(self) -> int | None:
+        def inspect() -> int | None:
+            for _ in range(20):
+                info = self._backend._client().api.exec_inspect(self.exec_id)
+                if not info.get("Running"):
+                    code = info.get("ExitCode")
+                    return int(code) if code is not None else None
+                time.sleep(0.05)
+            return None
+
+        try:
+            return await self._backend._run(inspect)
+        except docker.errors.DockerException:
+            return None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        with contextlib.suppress(Exception):
+            self._holder.close()

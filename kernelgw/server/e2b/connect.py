@@ -7,9 +7,10 @@ response message as JSON (200), or an error: ``{"code": "not_found",
 Optional request headers: ``Connect-Timeout-Ms`` (the call's deadline: past it
 the answer is ``deadline_exceeded``) and ``Content-Encoding: gzip``.
 
-A server-streaming call (``Content-Type: application/connect+json``) that is
-not served gets its error the way a stream ends: status 200 and one
-end-of-stream envelope carrying it, which is what a Connect client reads.
+A server-streaming call (``Content-Type: application/connect+json``) takes
+its request message in one envelope (a flags byte, a 4-byte big-endian length,
+the JSON) and answers with status 200 and enveloped messages, ended by an
+end-of-stream envelope (flags 0x02) that is ``{}`` or carries the call's error.
 
 Hand-written on purpose: the `connectrpc` package would want generated server
 stubs and protobuf runtime classes for a few unary JSON calls whose whole
@@ -85,9 +86,7 @@ class ConnectError(Exception):
         """The unary answer, or for a streaming call its end-of-stream envelope."""
         error = {"code": self.code, "message": self.message}
         if request is not None and is_streaming(request):
-            end = json.dumps({"error": error}).encode()
-            body = bytes([0x02]) + len(end).to_bytes(4, "big") + end
-            return Response(body, status_code=200, media_type=STREAM_CONTENT_TYPE)
+            return Response(end_envelope(self), status_code=200, media_type=STREAM_CONTENT_TYPE)
         return Response(json.dumps(error), status_code=HTTP_STATUS[self.code], media_type="application/json")
 
 
@@ -116,6 +115,53 @@ async def read_message(request: Request, model: type[M]) -> M:
         data = _gunzip(data)
     elif encoding not in ("", "identity"):
         raise ConnectError("unimplemented", f"Content-Encoding {encoding} is not served (gzip and identity are)")
+    return parse_message(data, model)
+
+
+def envelope(message: BaseModel | dict[str, Any]) -> bytes:
+    """One message of a streaming answer, as proto3 JSON in its envelope."""
+    if isinstance(message, BaseModel):
+        data = message.model_dump_json(by_alias=True, exclude_none=True).encode()
+    else:
+        data = json.dumps(message, separators=(",", ":")).encode()
+    return b"\x00" + len(data).to_bytes(4, "big") + data
+
+
+def end_envelope(error: ConnectError | None = None) -> bytes:
+    """The end of a streaming answer: ``{}``, or the error it ends with."""
+    data = json.dumps({"error": {"code": error.code, "message": error.message}} if error else {}).encode()
+    return b"\x02" + len(data).to_bytes(4, "big") + data
+
+
+async def read_stream_message(request: Request, model: type[M]) -> M:
+    """The one request message of a server-streaming call (enveloped JSON), as ``model``."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != STREAM_CONTENT_TYPE:
+        raise ConnectError(
+            "unimplemented",
+            f"Content-Type {media or '(none)'} is not served for a streaming call: kernelgw's envd takes "
+            f"{STREAM_CONTENT_TYPE}, as E2B's SDKs send it",
+        )
+    encoding = request.headers.get("connect-content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise ConnectError("unimplemented", f"Connect-Content-Encoding {encoding} is not served (identity is)")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_REQUEST_BYTES + 5:
+            raise ConnectError("resource_exhausted", f"The request message is larger than {MAX_REQUEST_BYTES} bytes")
+    if len(body) < 5:
+        raise ConnectError("invalid_argument", "The request has no enveloped message")
+    flags, size = body[0], int.from_bytes(body[1:5], "big")
+    if flags & 0x01:
+        raise ConnectError("unimplemented", "A compressed request message is not served")
+    if size != len(body) - 5:
+        raise ConnectError("invalid_argument", "The request is not one enveloped message")
+    return parse_message(bytes(body[5:]), model)
+
+
+def parse_message(data: bytes, model: type[M]) -> M:
+    """A request message in proto3 JSON, as ``model``; an invalid one is ``invalid_argument``."""
     try:
         parsed: Any = json.loads(data or b"{}")
     except ValueError as exc:

@@ -3,7 +3,8 @@ E2B's shape: a 501 that names it, so a client learns what is missing instead
 of meeting a bare 404 of an unknown route; anything else under ``/e2b`` is a
 404 in E2B's shape.
 
-Commands and the terminal (envd's ``process.Process``): not built yet. Logs,
+A sandbox's terminal (``sandbox.pty``) is answered by envd's process service
+(`kernelgw.server.e2b.envd_process`) with ``unimplemented``. Logs,
 templates' builds, volumes, secrets, teams: not kernelgw's (templates are a
 setting, keys are ``kernelgw keys``).
 """
@@ -22,11 +23,6 @@ router = APIRouter(route_class=E2BRoute, tags=["e2b"])
 
 _UNSERVED = (
     (re.compile(r"^/(v2/)?sandboxes/[^/]+/logs$"), "Sandbox logs are not available on kernelgw's E2B face"),
-    (
-        re.compile(r"^/process\.Process/[A-Za-z]+$"),
-        "A sandbox's commands and terminal through E2B's envd (sandbox.commands, sandbox.pty) are not "
-        "served by kernelgw yet; run_code and sandbox.files work",
-    ),
     (
         re.compile(r"^/(v\d+/)?templates(/.*)?$"),
         "Templates are not built through kernelgw's API: they map to kernelgw "

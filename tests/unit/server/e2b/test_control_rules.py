@@ -278,8 +278,7 @@ def test_unserved_routes_are_named() -> None:
     assert unserved.unserved("/v3/templates") is not None
     assert unserved.unserved("/volumes/v1") is not None
     assert unserved.unserved("/sandboxes/x") is None
-    # envd's commands and terminal (issue 30): named, not a 404 the SDK reads as "not found"; files are served
-    assert "not served by kernelgw yet" in (unserved.unserved("/process.Process/Start") or "")
-    for served in ("/filesystem.Filesystem/ListDir", "/files", "/process.Process/"):
+    # envd's files and commands are served (their own routers), not named here
+    for served in ("/filesystem.Filesystem/ListDir", "/files", "/process.Process/Start", "/process.Process/"):
         assert unserved.unserved(served) is None, served
     assert unserved.unserved("/nothing") is None
