@@ -218,8 +218,14 @@ class Command:
     def kill_at(self, seconds: float, reason: str) -> None:
         """SIGKILL the command ``seconds`` from now, naming ``reason`` in its end."""
 
+        async def kill() -> None:
+            try:
+                await self.signal(signal.SIGKILL, reason)
+            except Exception as exc:  # its container went meanwhile: the command ends with it
+                log.info("command %d: the kill at its timeout failed: %s", self.pid, exc)
+
         def fire() -> None:
-            task = asyncio.get_running_loop().create_task(self.signal(signal.SIGKILL, reason))
+            task = asyncio.get_running_loop().create_task(kill())
             _BACKGROUND.add(task)
             task.add_done_callback(_BACKGROUND.discard)
 
