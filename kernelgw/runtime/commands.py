@@ -37,6 +37,8 @@ MAX_RUNNING = 64
 """Running commands per session."""
 OUTPUT_RING_BYTES = 1 << 20
 """The output a command keeps for watchers (the latest of it)."""
+CONTAINER_CHECKS, CONTAINER_CHECK_S = 10, 0.1
+"""How long a command killed by a signal waits to learn whether its container went too."""
 ENDED_GRACE_S = 60.0
 """How long an ended command stays for a watcher to read its end."""
 
@@ -123,7 +125,21 @@ class Command:
             await self.process.close()
         if self._deadline is not None:
             self._deadline.cancel()
+        if code is not None and code > 128 and self._kill_reason is None and not await self._container_alive():
+            code = None  # killed as its container stopped (a pause, a kill, a restart): say that
         await self._finish(self._ending(code, failure))
+
+    async def _container_alive(self) -> bool:
+        """Whether the container outlived the command: the engine may report a
+        container it is removing as running for a moment, so ask for up to a second."""
+        for _ in range(CONTAINER_CHECKS):
+            try:
+                if not (await self.backend.state(self.handle)).alive:
+                    return False
+            except Exception:
+                return False
+            await asyncio.sleep(CONTAINER_CHECK_S)
+        return True
 
     def _ending(self, code: int | None, failure: str | None) -> End:
         if self._kill_reason is not None:

@@ -12,7 +12,7 @@ import json
 
 import httpx
 import pytest
-from e2b import CommandExitException, InvalidArgumentException, SandboxException, TimeoutException
+from e2b import CommandExitException, InvalidArgumentException, SandboxException, SandboxState, TimeoutException
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 from kernelgw.runtime.commands import OUTPUT_RING_BYTES
@@ -117,10 +117,13 @@ def test_timeout_kills_and_endless_output_is_bounded(sbx: Sandbox) -> None:
 
 
 async def test_async_commands(e2b_env: E2BGateway) -> None:
-    sbx = await AsyncSandbox.create()
+    sbx = await AsyncSandbox.create(envs={"FROM_CREATE": "made"})
     try:
         result = await sbx.commands.run("echo async; echo e >&2")
         assert (result.stdout, result.stderr) == ("async\n", "e\n")
+        # the env vars the sandbox was created with reach its commands, the call's own come on top
+        both = await sbx.commands.run("echo $FROM_CREATE $MINE", envs={"MINE": "mine"})
+        assert both.stdout == "made mine\n"
         handle = await sbx.commands.run("sleep 600", background=True)
         assert handle.pid in {p.pid for p in await sbx.commands.list()}
         assert await handle.kill()
@@ -157,3 +160,15 @@ def test_another_sandboxs_commands_are_unreachable_and_end_with_it(e2b_env: E2BG
     finally:
         mine.kill()
         theirs.kill()
+
+
+def test_a_pause_ends_running_commands_and_a_command_wakes_the_sandbox(sbx: Sandbox) -> None:
+    running = sbx.commands.run("sleep 600", background=True)
+    sbx.pause()
+    assert sbx.get_info().state == SandboxState.PAUSED
+    with pytest.raises(CommandExitException) as ended:
+        running.wait()
+    assert "sandbox ended" in (ended.value.error or "")
+    assert sbx.commands.run("echo awake").stdout == "awake\n"
+    assert sbx.get_info().state == SandboxState.RUNNING
+    assert sbx.commands.list() == []

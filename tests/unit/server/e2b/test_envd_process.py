@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kernelgw.runtime.backends.base import CommandStream, KernelHandle
+from kernelgw.runtime.backends.base import CommandStream, KernelHandle, KernelState
 from kernelgw.runtime.commands import (
     OUTPUT_RING_BYTES,
     CommandConfig,
@@ -114,6 +114,9 @@ class ScriptedBackend:
     ) -> Scripted:
         self.made.append(Scripted(100 + len(self.made)))
         return self.made[-1]
+
+    async def state(self, handle: KernelHandle, oom_seen: int = 0) -> KernelState:
+        return KernelState("running")
 
     async def signal_command(self, handle: KernelHandle, pid: int, signum: int) -> None:
         self.signals.append((pid, signum))
