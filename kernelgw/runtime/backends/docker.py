@@ -758,6 +758,25 @@ class DockerBackend:
             self.base_dir.rmdir()  # empty once every kernel is stopped; else leave it
 
 
+async def exec_exit_code(backend: DockerBackend, exec_id: str) -> int | None:
+    """An exec's exit code once it has ended (asked for up to a second: the
+    engine marks it ended a moment after its output closes); None if unknown."""
+
+    def inspect() -> int | None:
+        for _ in range(20):
+            info = backend._client().api.exec_inspect(exec_id)
+            if not info.get("Running"):
+                code = info.get("ExitCode")
+                return int(code) if code is not None else None
+            time.sleep(0.05)
+        return None
+
+    try:
+        return await backend._run(inspect)
+    except docker.errors.DockerException:
+        return None
+
+
 class DockerExec:
     """A ``docker exec`` with its hijacked connection (see ``ExecProcess``).
 
@@ -850,21 +869,7 @@ class DockerExec:
         return b""
 
     async def exit_code(self) -> int | None:
-        def inspect() -> int | None:
-            import time
-
-            for _ in range(20):
-                info = self._backend._client().api.exec_inspect(self.exec_id)
-                if not info.get("Running"):
-                    code = info.get("ExitCode")
-                    return int(code) if code is not None else None
-                time.sleep(0.05)
-            return None
-
-        try:
-            return await self._backend._run(inspect)
-        except docker.errors.DockerException:
-            return None
+        return await exec_exit_code(self._backend, self.exec_id)
 
     async def close(self) -> None:
         if self._closed:
@@ -986,19 +991,7 @@ class DockerCommand:
             raise BackendError(f"The command's stdin is closed: {exc}") from exc
 
     async def exit_code(self) -> int | None:
-        def inspect() -> int | None:
-            for _ in range(20):
-                info = self._backend._client().api.exec_inspect(self.exec_id)
-                if not info.get("Running"):
-                    code = info.get("ExitCode")
-                    return int(code) if code is not None else None
-                time.sleep(0.05)
-            return None
-
-        try:
-            return await self._backend._run(inspect)
-        except docker.errors.DockerException:
-            return None
+        return await exec_exit_code(self._backend, self.exec_id)
 
     async def close(self) -> None:
         if self._closed:
