@@ -1057,6 +1057,38 @@ def peers_section(d: Path, out: Path, peers: dict[str, Any] | None) -> list[str]
     return lines
 
 
+def e2b_envd_section(d: Path, out: Path, envd: dict[str, Any] | None) -> list[str]:
+    if not envd:
+        return []
+    rows = envd["rows"]
+    floor_exec, command = row(rows, "engine: docker exec"), row(rows, "E2B SDK: commands.run")
+    floor_files, files = row(rows, "kernelgw SDK: 10 MiB"), row(rows, "E2B SDK: files.write")
+    command_rows = [r for r in (floor_exec, command) if r]
+    file_rows = [r for r in (floor_files, files) if r]
+    lines = [
+        "## E2B's envd on kernelgw: commands and files (bench_e2b_envd.py)\n",
+        f"`benchmarks/bench_e2b_envd.py` ({_when(envd)}): E2B's `e2b` {envd.get('sdk_version', '?')} through the "
+        "`/e2b` face, each row beside its floor on the same gateway and container, "
+        f"{envd.get('rounds')} rounds of shuffled steps.\n",
+        table(command_rows, command_rows[0]["name"] if command_rows else None),
+        "",
+        table(file_rows, file_rows[0]["name"] if file_rows else None),
+        f"\n![E2B's envd on kernelgw]({rel(d / 'e2b_envd.png', out)})\n",
+    ]
+    if floor_exec and command and floor_exec.get("p50_ms"):
+        lines.append(
+            f'- `commands.run("true")`: {command["p50_ms"] / floor_exec["p50_ms"]:.2f}x the engine\'s own exec of '
+            "`true` in the same container at p50: what the gateway, the Connect stream and the SDK add to an exec "
+            "that any command here pays."
+        )
+    if floor_files and files and floor_files.get("p50_ms"):
+        lines.append(
+            f"- A 10 MiB file written and read back through `sandbox.files`: "
+            f"{files['p50_ms'] / floor_files['p50_ms']:.2f}x the same bytes through kernelgw's own files API at p50.\n"
+        )
+    return lines
+
+
 def continuity_section(d: Path, out: Path, cont: dict[str, Any] | None) -> list[str]:
     if not cont:
         return []
@@ -1440,6 +1472,7 @@ def main() -> None:
     md.extend(memory_section(d, out, load(d, "memory")))
     md.extend(jupyter_section(d, out, load(d, "jupyter")))
     md.extend(e2b_section(d, out, load(d, "e2b")))
+    md.extend(e2b_envd_section(d, out, load(d, "e2b_envd")))
     md.extend(continuity_section(d, out, load(d, "continuity")))
     md.extend(languages_section(d, out, load(d, "languages")))
     md.extend(workers_section(d, out, load(d, "workers")))

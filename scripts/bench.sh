@@ -69,6 +69,7 @@ run continuity
 run pool
 run jupyter
 run e2b  # E2B's SDK through the /e2b face against kernelgw's own SDK
+run e2b_envd  # E2B's commands.run and sandbox.files against the engine's exec and kernelgw's files API
 # two gateways on one PostgreSQL (many gateways as one service)
 KERNELGW_TEST_DATABASE_URL=${KERNELGW_TEST_DATABASE_URL:-$(bash scripts/ensure-postgres.sh)}
 export KERNELGW_TEST_DATABASE_URL
