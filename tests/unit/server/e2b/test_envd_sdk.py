@@ -12,6 +12,7 @@ import io
 import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
@@ -30,6 +31,8 @@ from packaging.version import Version
 from kernelgw.runtime.session import KernelSession
 from tests.support.local_backend import LocalBackend
 from tests.unit.server.e2b.test_interpreter import Gateway, in_thread, serve
+
+SDK = TypeVar("SDK", BaseSandbox, BaseAsyncSandbox)
 
 QUOTA = 64 * 1024
 """The gateway's per-file limit here (the local backend's workspace is no tmpfs of
@@ -53,35 +56,17 @@ async def gw(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gateway]
         await backend.kill_all()
 
 
-@pytest.fixture
-async def sandbox(gw: Gateway) -> AsyncIterator[tuple[KernelSession, str]]:
-    session, token = await gw.sandbox()
-    yield session, token
-    if session.id in {s.id for s in gw.state.manager.list()}:
-        await gw.state.manager.delete(session.id)
-
-
 def workspace(session: KernelSession) -> Path:
     """The kernel's workspace directory on this host (the local backend's)."""
     assert session.handle is not None
     return Path(session.handle.conn_dir) / "workspace"
 
 
-def sync_sdk(gw: Gateway, session: KernelSession, token: str, envd: str = "0.2.4") -> BaseSandbox:
-    """The SDK's sandbox as ``Sandbox.connect`` makes it; ``envd``: the version the
-    control plane reports (0.2.4: multipart uploads, ``username`` sent)."""
-    return BaseSandbox(
-        sandbox_id=session.id,
-        sandbox_domain=None,
-        envd_version=Version(envd),
-        envd_access_token=token,
-        traffic_access_token=token,
-        connection_config=gw.config(session, token),
-    )
-
-
-def async_sdk(gw: Gateway, session: KernelSession, token: str, envd: str = "0.2.4") -> BaseAsyncSandbox:
-    return BaseAsyncSandbox(
+def sdk(cls: type[SDK], gw: Gateway, session: KernelSession, token: str, envd: str = "0.2.4") -> SDK:
+    """The SDK's sandbox (sync or async ``cls``) as ``Sandbox.connect`` makes it;
+    ``envd``: the version the control plane reports (0.2.4: multipart uploads,
+    ``username`` sent)."""
+    return cls(
         sandbox_id=session.id,
         sandbox_domain=None,
         envd_version=Version(envd),
@@ -92,7 +77,7 @@ def async_sdk(gw: Gateway, session: KernelSession, token: str, envd: str = "0.2.
 
 
 async def test_sync_write_read_list_stat_rename_remove(gw: Gateway, sandbox: tuple[KernelSession, str]) -> None:
-    sbx = sync_sdk(gw, *sandbox)
+    sbx = sdk(BaseSandbox, gw, *sandbox)
     info = await in_thread(lambda: sbx.files.write("/home/user/data/a.csv", "x,y\n1,2\n"))
     assert (info.name, info.path, info.type) == ("a.csv", "/home/user/data/a.csv", FileType.FILE)
     assert (workspace(sandbox[0]) / "data/a.csv").read_text() == "x,y\n1,2\n"
@@ -134,7 +119,7 @@ async def test_sync_write_read_list_stat_rename_remove(gw: Gateway, sandbox: tup
 
 
 async def test_async_sdk_writes_many_files_and_reads_them(gw: Gateway, sandbox: tuple[KernelSession, str]) -> None:
-    sbx = async_sdk(gw, *sandbox)
+    sbx = sdk(BaseAsyncSandbox, gw, *sandbox)
     infos = await sbx.files.write_files(
         [
             {"path": "/home/user/one.txt", "data": "1"},
@@ -161,7 +146,7 @@ async def test_gzip_both_ways_and_octet_stream_uploads(
     gw: Gateway, sandbox: tuple[KernelSession, str], envd: str
 ) -> None:
     """0.6.0: the SDK uploads raw bodies (gzip-compressed when asked) and sends no user."""
-    sbx = sync_sdk(gw, *sandbox, envd=envd)
+    sbx = sdk(BaseSandbox, gw, *sandbox, envd=envd)
     data = b"kernelgw " * 5000
     await in_thread(lambda: sbx.files.write("/home/user/big.txt", data, gzip=True))
     await in_thread(lambda: sbx.files.write("/home/user/streamed.bin", io.BytesIO(b"a" * 1000 + b"b" * 1000)))
@@ -199,7 +184,7 @@ async def test_the_wire_gzip_is_real(gw: Gateway, sandbox: tuple[KernelSession, 
 
 
 async def test_errors_are_e2bs(gw: Gateway, sandbox: tuple[KernelSession, str]) -> None:
-    sbx = sync_sdk(gw, *sandbox)
+    sbx = sdk(BaseSandbox, gw, *sandbox)
     (workspace(sandbox[0]) / "f.txt").write_text("f")
     (workspace(sandbox[0]) / "d").mkdir()
     (workspace(sandbox[0]) / "out").symlink_to("/etc")
@@ -240,7 +225,7 @@ async def test_errors_are_e2bs(gw: Gateway, sandbox: tuple[KernelSession, str]) 
 async def test_an_upload_over_the_quota_is_refused_and_leaves_nothing(
     gw: Gateway, sandbox: tuple[KernelSession, str]
 ) -> None:
-    sbx = sync_sdk(gw, *sandbox)
+    sbx = sdk(BaseSandbox, gw, *sandbox)
     with pytest.raises(NotEnoughSpaceException, match="per-file limit"):
         await in_thread(lambda: sbx.files.write("/home/user/huge.bin", b"x" * (QUOTA + 1)))
     with pytest.raises(NotEnoughSpaceException):
@@ -258,13 +243,13 @@ async def test_another_sandboxs_token_reaches_nothing(gw: Gateway) -> None:
         (workspace(other) / "secret.txt").write_text("theirs")
         # this sandbox's id with the other's token, and the other way round: not found, as if gone
         for session, token in [(mine, other_token), (other, my_token)]:
-            sbx = sync_sdk(gw, session, token)
+            sbx = sdk(BaseSandbox, gw, session, token)
             with pytest.raises(SandboxException, match="not found"):
                 await in_thread(lambda sbx=sbx: sbx.files.read("/home/user/secret.txt"))  # type: ignore[misc]
             with pytest.raises(SandboxException, match="not found"):
                 await in_thread(lambda sbx=sbx: sbx.files.list("/home/user"))  # type: ignore[misc]
         # with its own token, a sandbox's paths are its own workspace only
-        sbx = sync_sdk(gw, mine, my_token)
+        sbx = sdk(BaseSandbox, gw, mine, my_token)
         with pytest.raises(NotFoundException):
             await in_thread(lambda: sbx.files.read("/home/user/secret.txt"))
         assert await in_thread(lambda: sbx.files.list("/home/user")) == []

@@ -124,14 +124,6 @@ async def gw(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gateway]
         await backend.kill_all()
 
 
-@pytest.fixture
-async def sandbox(gw: Gateway) -> AsyncIterator[tuple[KernelSession, str]]:
-    session, token = await gw.sandbox()
-    yield session, token
-    if session.id in {s.id for s in gw.state.manager.list()}:
-        await gw.state.manager.delete(session.id)
-
-
 async def in_thread(call: Callable[[], T]) -> T:
     """The sync SDK blocks: it runs beside the gateway's loop, not on it."""
     async with asyncio.timeout(WAIT_S):
