@@ -6,7 +6,8 @@ KernelGWError
 │   ├── InvalidPath            400  (workspace path: absolute, .., NUL, symlink, ...)
 │   ├── PackageNotAllowed      400  (not on the gateway's package allowlist)
 │   ├── PolicyViolation        400  (the code policy refused a cell; names the rule)
-│   └── KernelNotOffered       400  (a kernel name the gateway does not offer; lists those it does)
+│   ├── KernelNotOffered       400  (a kernel name the gateway does not offer; lists those it does)
+│   └── KernelNotInImage       400  (a context's language the sandbox's image does not hold)
 ├── Unauthorized               401  (missing, malformed, unknown or revoked key/token)
 ├── Forbidden                  403  (an admin-only endpoint, asked by a user key)
 ├── PayloadTooLarge            413
@@ -15,6 +16,7 @@ KernelGWError
 ├── PackageUnavailable         422  (allowed, but no wheel fits / resolution failed)
 ├── PackageInstallFailed       500  (pip failed inside the container)
 ├── SessionNotFound            404
+├── ChildNotFound              404  (no such context in the sandbox, or why it ended)
 ├── HistoryNotFound            404  (no stored history for that session id)
 ├── SessionBusy                409
 ├── NotForThisKernel           409  (packages, pause: Python kernels only)
@@ -63,6 +65,12 @@ class KernelNotOffered(BadRequest):
     code = "kernel_not_offered"
 
 
+class KernelNotInImage(BadRequest):
+    """A child kernel (an E2B context) of a language its session's image lacks."""
+
+    code = "kernel_not_in_image"
+
+
 class Unauthorized(KernelGWError):
     """One message for every failure: which part was wrong is not revealed."""
 
@@ -102,6 +110,13 @@ class SessionNotFound(KernelGWError):
             "being idle; create a new one with POST /v1/sessions."
         )
         self.session_id = session_id
+
+
+class ChildNotFound(KernelGWError):
+    """A child session (an E2B context) its parent does not hold."""
+
+    status_code = 404
+    code = "context_not_found"
 
 
 class HistoryNotFound(KernelGWError):

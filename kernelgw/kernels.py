@@ -104,3 +104,10 @@ def profile(name: str) -> KernelProfile:
         return PROFILES[name]
     except KeyError:
         raise UnknownKernel(f"unknown kernel {name!r}; kernelgw knows {sorted(PROFILES)}") from None
+
+
+def image_kernels(image_kernel: str) -> tuple[str, ...]:
+    """The kernels an image made for ``image_kernel`` holds: its own, and Python
+    (every language image is built on the Python image, so its interpreter and
+    ipykernel are there too). A sandbox's contexts can run these, and no other."""
+    return (image_kernel,) if image_kernel == DEFAULT_KERNEL else (image_kernel, DEFAULT_KERNEL)

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import zmq.asyncio
@@ -119,6 +119,9 @@ class KernelLink:
         """Each channel's reader, closed once its task is (`stop`)."""
         self._routes = MessageRoutes(self._send_end_probe)
         self._listener: LinkListener | None = None
+        self.on_stop: Callable[[], Awaitable[None]] | None = None
+        """Awaited before a kernel that ran is stopped or left (the session's
+        children, whose kernels live in its container, end first)."""
 
     def attach(self, listener: LinkListener) -> None:
         self._listener = listener
@@ -203,6 +206,11 @@ class KernelLink:
     async def stop(self, *, keep_container: bool = False) -> None:
         """Stop the readers, disconnect, and remove the container (``keep_container``:
         leave it running, and ``handle`` set, for the next gateway)."""
+        if self.handle is not None and self.on_stop is not None:
+            try:
+                await self.on_stop()
+            except Exception:
+                log.exception("session %s: before stopping its kernel", self.session_id)
         if self._kc is not None:
             # Monitors first, while the watchers still hold the other end of each
             # monitor pipe: libzmq sends monitor events blocking, holding the lock

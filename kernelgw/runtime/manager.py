@@ -5,6 +5,13 @@ its own container. At start the manager reattaches the live kernels a previous
 process of its name left (by default a gateway that stops leaves them running)
 and removes the containers nobody can reattach. A session created with a lease
 (`kernelgw.runtime.lease`) ends, or pauses, when it runs out.
+
+A session may hold child sessions (E2B's contexts, `create_child`): kernels
+that run as processes in its container, each a `KernelSession` of its own for
+cells, events and interrupts. They belong to the parent's owner, are bounded
+per parent (`MAX_CHILDREN`), are neither listed nor counted as sessions (the
+sandbox is the unit), are not stored, and end with the parent's kernel (a
+delete, a pause, a restart; a gateway restart too).
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ from typing import Literal
 from kernelgw.config import Settings
 from kernelgw.errors import (
     BadRequest,
+    ChildNotFound,
     KernelDied,
     KernelGWError,
+    KernelNotInImage,
     KernelNotOffered,
     LimitExceeded,
     SessionBusy,
@@ -36,9 +45,9 @@ from kernelgw.errors import (
     SessionNotFound,
     StorageUnavailable,
 )
-from kernelgw.kernels import DEFAULT_KERNEL, profile
+from kernelgw.kernels import DEFAULT_KERNEL, image_kernels, profile
 from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
-from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelSpec
+from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelHost, KernelSpec
 from kernelgw.runtime.lease import (
     LEASE_ENDED_REASON,
     LEASE_PAUSED_REASON,
@@ -65,6 +74,10 @@ LEASE_RETRY_S = 5.0
 """After a lease's end failed unexpectedly, how long until it is tried again."""
 LEASE_PAUSE_TRIES = 3
 """Cells a lease's pause interrupts before it gives up and ends the session."""
+MAX_CHILDREN = 8
+"""Child sessions (contexts) one session may hold at once."""
+CHILD_CWD = "/home/user"
+"""A child kernel's working directory unless asked otherwise (E2B's home)."""
 
 
 @dataclass(frozen=True)
@@ -539,6 +552,76 @@ class SessionManager:
                 await asyncio.shield(self.delete(session.id, reason="fork failed"))
             raise
 
+    # ------------------------------------------------------------------ children
+    async def create_child(
+        self, parent: KernelSession, kernel: str, *, cwd: str = CHILD_CWD, name: str | None = None, label: str = ""
+    ) -> KernelSession:
+        """A child session of ``parent``: a ``kernel`` kernel started in its container
+        (as its uid, in its cgroup, sharing its files), working in ``cwd``.
+
+        ``name``: a name unique among the parent's children; a child of that name
+        already held is returned instead of a new one (a face's per-language
+        default context). ``label``: the face's word for it (E2B: the language
+        as asked). The parent must run (a paused one is resumed by its face
+        first); its image must hold the kernel (`image_kernels`)."""
+        if parent.parent is not None:
+            raise BadRequest("A context cannot hold contexts of its own.")
+        if not cwd.startswith("/"):
+            raise BadRequest(f"A context's working directory must be an absolute path, not {cwd!r}.")
+        held = image_kernels(parent.spec.kernel)
+        if kernel not in held:
+            raise KernelNotInImage(
+                f"This sandbox's image ({parent.spec.image}) holds the {' and '.join(held)} kernels, not {kernel}."
+            )
+        async with parent.children_lock:
+            if self._sessions.get(parent.id) is not parent or parent.state == "closed":
+                raise SessionNotFound(parent.id)
+            if name is not None:
+                for child in parent.children:
+                    if child.child_name == name and child.state not in ("dead", "closed"):
+                        return child
+                    if child.child_name == name:  # a dead default makes room for a new one
+                        await parent.end_child(child.id, f"its kernel died ({child.dead_reason}); replaced")
+            if len(parent.children) >= MAX_CHILDREN:
+                raise SessionLimitReached(
+                    f"The sandbox already holds its maximum of {MAX_CHILDREN} contexts besides its own kernel; "
+                    "remove one it no longer needs."
+                )
+            handle = parent.handle
+            if parent.state in ("paused", "dead", "starting") or handle is None:
+                raise KernelDied(
+                    f"Session {parent.id} has no running kernel ({parent.state}) for a context to join; "
+                    "resume or restart it first."
+                )
+            spec = dataclasses.replace(parent.spec, kernel=kernel, host=KernelHost(handle, parent.spec.kernel, cwd))
+            config = dataclasses.replace(parent.config, auto_replay=False)
+            child = KernelSession(str(uuid.uuid4()), spec, self.backend, config, None, self.metrics)
+            child.owner = parent.owner
+            child.child_name, child.child_label = name, label
+            parent.add_child(child)
+            try:
+                await child.start()
+            except BaseException:
+                await asyncio.shield(parent.end_child(child.id, "its kernel did not start"))
+                raise
+        log.info("session %s: context %s (%s) started", parent.id, child.id, kernel)
+        return child
+
+    def get_child(self, parent: KernelSession, child_id: str) -> KernelSession:
+        """``parent``'s child ``child_id``, or `ChildNotFound` saying why it ended when known."""
+        child = parent.child(child_id)
+        if child is not None:
+            return child
+        ended = parent.child_ended(child_id)
+        raise ChildNotFound(
+            f"Context {child_id} ended: {ended}" if ended else f"Context {child_id} not found in this sandbox"
+        )
+
+    async def delete_child(self, parent: KernelSession, child_id: str, reason: str = "removed") -> None:
+        """End ``parent``'s child ``child_id`` (its kernel process; the parent's goes on)."""
+        self.get_child(parent, child_id)
+        await parent.end_child(child_id, reason)
+
     def get(self, session_id: str, principal: Principal = ANONYMOUS) -> KernelSession:
         """The session, if it exists and ``principal`` may see it: another key's
         session is "not found" too, so ids of others' sessions reveal nothing."""
@@ -589,6 +672,7 @@ class SessionManager:
             and s.lease_until is None
             and s.queue_length == 0
             and s.subscriber_count == 0
+            and not any(c.queue_length or c.subscriber_count for c in s.children)
             and now - s.last_activity > self.settings.idle_timeout_s
         ]
         for session in idle:

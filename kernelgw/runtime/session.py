@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -86,6 +87,8 @@ DETACHED_DONE_REASON = (
     "gateway was connected is lost)"
 )
 DETACHED_QUEUED_REASON = "the gateway stopped before this cell ran; it did not run"
+ENDED_CHILDREN_KEPT = 64
+"""Ended children whose reason a session remembers (a later request for one is told why)."""
 RECORD_TIMEOUT_S = 10.0
 """Longest a cell's ``done`` waits for its record to be committed; after it the
 ``done`` goes out marked as not stored rather than hanging the session."""
@@ -156,6 +159,20 @@ class KernelSession:
         """A cell a gateway left running in the kept kernel, until it is followed to its end."""
         self._terms = SessionTerms()
         """Labels, lease and access hash (`terms`)."""
+        self.parent: KernelSession | None = None
+        """A child session's parent: the session whose container its kernel runs in
+        (an E2B context besides the sandbox's own kernel). Children are the
+        manager's to make (`SessionManager.create_child`); none is stored."""
+        self._children: dict[str, KernelSession] = {}
+        self.children_lock = asyncio.Lock()
+        """Held while a child is made (`SessionManager.create_child`): one at a time."""
+        self.child_name: str | None = None
+        """A child's name, unique among its parent's (a face's default context for a language)."""
+        self.child_label = ""
+        """A child's label, a face's word for it (E2B: the language it was asked for)."""
+        self._ended_children: OrderedDict[str, str] = OrderedDict()
+        """Why each of its latest ended children ended, by id."""
+        self._link.on_stop = self._children_gone
 
     # ------------------------------------------------------------- attributes
     @property
@@ -268,7 +285,8 @@ class KernelSession:
             try:
                 await self._start_kernel()
             except BaseException:
-                await asyncio.shield(self.backend.end_session(self.id))
+                if not self.spec.child:  # a child's files are its parent's
+                    await asyncio.shield(self.backend.end_session(self.id))
                 raise
         self._executions.start()
 
@@ -321,6 +339,7 @@ class KernelSession:
         try:
             self._executions.abort_current(reason)
             await self.keep_files()
+            await self.end_children("the sandbox's main kernel was restarted, and its contexts with it")
             await self._link.stop()
             self.kernel_event("kernel_restarted", reason)
             if self.metrics is not None:
@@ -447,6 +466,7 @@ class KernelSession:
                 self._paused_lineage = self.lineage
                 self._paused_kernels = self.lineage_kernels
                 self._paused_from = handle
+                await self.end_children("the sandbox was paused: contexts besides its default are not kept by a pause")
                 await self._link.stop()
                 await self.backend.end_session(self.id)
                 self._files_kept = False
@@ -573,6 +593,7 @@ class KernelSession:
         async with self._lifecycle:
             if self.state == "closed":
                 return "the session was deleted"
+            await self.end_children("the sandbox's main kernel died, and its contexts with it")
             await self._link.stop()
             self.kernel_event("kernel_restarted", "auto_replay: the kernel died")
             if self.metrics is not None:
@@ -594,6 +615,7 @@ class KernelSession:
             if self.state == "closed":
                 return None
             await self.keep_files()
+            await self.end_children("the sandbox's main kernel was restarted after a timeout, and its contexts with it")
             await self._link.stop()
             self.kernel_event("kernel_restarted", "the kernel ignored an interrupt after a timeout")
             if self.metrics is not None:
@@ -695,6 +717,9 @@ class KernelSession:
             unrecorded = await self._executions.stop(
                 reason=DETACHED_DONE_REASON, queued_reason=DETACHED_QUEUED_REASON, detaching=True
             )
+            await self.end_children(
+                "the gateway stopped: contexts do not outlive the gateway process that started them"
+            )
             await self._link.stop(keep_container=True)
             # what the running cell sent until the link stopped is in its record;
             # the next gateway follows it from there
@@ -715,8 +740,10 @@ class KernelSession:
                 return
             self.state = "closed"
             unrecorded = await self._executions.stop()
+            await self.end_children("the sandbox ended")
             await self._link.stop()
-            await self.backend.end_session(self.id)
+            if not self.spec.child:  # a child's files are its parent's
+                await self.backend.end_session(self.id)
             await self._drop_snapshot()
             self._fanout.close_all()
         # History keeps every execution, including those the deletion ended.
@@ -931,6 +958,58 @@ class KernelSession:
     def touch(self) -> None:
         self.last_activity = time.monotonic()
         self.last_activity_at = datetime.now(UTC)
+        if self.parent is not None:  # a context's work keeps its sandbox from being idle
+            self.parent.touch()
+
+    # ------------------------------------------------------------- children
+    @property
+    def children(self) -> tuple[KernelSession, ...]:
+        """Its child sessions (E2B contexts), oldest first."""
+        return tuple(self._children.values())
+
+    def child(self, child_id: str) -> KernelSession | None:
+        return self._children.get(child_id)
+
+    def child_ended(self, child_id: str) -> str | None:
+        """Why the child ``child_id`` ended, while remembered (None: not known to have been one)."""
+        return self._ended_children.get(child_id)
+
+    def add_child(self, child: KernelSession) -> None:
+        """Hold ``child`` (before its kernel starts: a stop of this kernel meanwhile ends it too)."""
+        child.parent = self
+        self._children[child.id] = child
+
+    async def end_child(self, child_id: str, reason: str) -> bool:
+        """Close the child ``child_id`` (its kernel process only); False when it is none of ours."""
+        child = self._children.pop(child_id, None)
+        if child is None:
+            return False
+        self._remember_ended(child_id, reason)
+        await child.close()
+        return True
+
+    async def end_children(self, reason: str) -> None:
+        """Close every child: its kernel runs in this kernel's container, which is
+        going (restarted, paused, ended) or which the gateway leaves."""
+        if not self._children:
+            return
+        children, self._children = list(self._children.values()), {}
+        for child in children:
+            self._remember_ended(child.id, reason)
+        results = await asyncio.gather(*(child.close() for child in children), return_exceptions=True)
+        for child, result in zip(children, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("session %s: closing its context %s failed: %s", self.id, child.id, result)
+
+    def _remember_ended(self, child_id: str, reason: str) -> None:
+        self._ended_children[child_id] = reason
+        while len(self._ended_children) > ENDED_CHILDREN_KEPT:
+            self._ended_children.popitem(last=False)
+
+    async def _children_gone(self) -> None:
+        """The link stops the kernel: children still held (a path that did not end
+        them first) end with it."""
+        await self.end_children("the sandbox's main kernel stopped, and its contexts with it")
 
     # ------------------------------------------------------------- info
     def info(self) -> dict[str, Any]:

@@ -40,7 +40,8 @@ def kernel_values(session: RecordedSession) -> dict[str, Any]:
         "kernel_id": handle.kernel_id,
         "conn_dir": str(handle.conn_dir),
         "connection": handle.connection,
-        "spec": dataclasses.asdict(session.spec),
+        # a session kept in the store has a container of its own: no host (only children have one)
+        "spec": {k: v for k, v in dataclasses.asdict(session.spec).items() if k != "host"},
         "exec_timeout_s": session.config.exec_timeout_s,
         "auto_replay": session.config.auto_replay,
         "paused": session.paused_from is not None,

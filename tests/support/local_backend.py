@@ -12,7 +12,9 @@ sockets (``k-1`` ... ``k-5``, as in the Docker backend), IPython's per-user
 directories and a ``workspace/`` that is the kernel's working directory. The
 image's helper package (``images/python/kernelgw_kernel``) is importable and
 pointed at that workspace, so the artifact scan and the file helpers work as
-they do in a container.
+they do in a container. A child kernel (`KernelSpec.host`: an E2B context) is
+another such subprocess whose ``workspace`` is a link to its host's: the same
+files, as a context shares its sandbox's (Python children only).
 """
 
 from __future__ import annotations
@@ -105,7 +107,16 @@ class LocalBackend:
         key = secrets.token_hex(32)
         root = self.base_dir / kernel_id
         workspace = root / "workspace"
-        workspace.mkdir(parents=True, mode=0o700)
+        host = self.kernels.get(spec.host.handle.kernel_id) if spec.host is not None else None
+        if spec.host is not None:
+            if host is None or host.process.returncode is not None:
+                raise KernelStartFailed("The sandbox's kernel is not running.")
+            if spec.kernel != "python3":
+                raise KernelStartFailed(f"the local test backend runs Python children only, not {spec.kernel}")
+            root.mkdir(parents=True, mode=0o700)
+            workspace.symlink_to(host.root / "workspace")
+        else:
+            workspace.mkdir(parents=True, mode=0o700)
         connection = connection_info(str(root / "k"), key)
         conn_file = root / "kernel.json"
         conn_file.write_text(json.dumps(connection))
@@ -143,9 +154,10 @@ class LocalBackend:
         return KernelHandle(
             kernel_id=kernel_id,
             session_id=spec.session_id,
-            container_id=f"local-{process.pid}",
+            container_id=spec.host.handle.container_id if spec.host is not None else f"local-{process.pid}",
             conn_dir=root,
             connection=connection,
+            host=spec.host.handle.kernel_id if spec.host is not None else None,
         )
 
     async def stop(self, handle: KernelHandle) -> None:

@@ -93,6 +93,27 @@ class KernelSpec:
     """tmpfs for packages installed into the session (POST .../packages)."""
     kernel: str = "python3"
     """The kernel's profile name (``kernelgw.kernels``): what runs in ``image``."""
+    host: KernelHost | None = None
+    """A child kernel (an E2B context): run it as another process in this
+    kernel's container, not in a container of its own (None: a container)."""
+
+    @property
+    def child(self) -> bool:
+        return self.host is not None
+
+
+@dataclass(frozen=True)
+class KernelHost:
+    """Where a child kernel runs: in ``handle``'s container, a sandbox's. Its
+    processes share that container's files, uid and limits (one cgroup: memory,
+    CPU and pids are the sandbox's, whatever runs in it) and end with it."""
+
+    handle: KernelHandle
+    image_kernel: str
+    """The kernel the container's image was made for: what else it holds
+    (`kernelgw.kernels.image_kernels`) and how each starts there."""
+    cwd: str
+    """The child kernel's working directory (an absolute path in the container)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +125,9 @@ class KernelHandle:
     container_id: str
     conn_dir: Path
     connection: dict[str, Any]
+    host: str | None = None
+    """A child kernel's: the kernel id of the kernel whose container it runs in
+    (`KernelSpec.host`); None for a kernel of its own container."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +167,9 @@ class KernelState:
     """The out-of-memory kills the engine reported for the container so far."""
     exit_code: int | None = None
     error: str | None = None
+    detail: str | None = None
+    """What else is known of a child kernel's end (its container stopped, the
+    last line it wrote to stderr); None for a kernel of its own container."""
 
     @property
     def alive(self) -> bool:
@@ -150,6 +177,10 @@ class KernelState:
 
     def describe(self) -> str:
         """Why the kernel is gone, for a ``done`` event's ``reason``."""
+        said = self._describe()
+        return f"{said} ({self.detail})" if self.detail else said
+
+    def _describe(self) -> str:
         if self.oom_killed:
             return "out-of-memory: the kernel used more memory than the session's limit and was killed"
         if self.status == "missing":

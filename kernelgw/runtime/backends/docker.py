@@ -61,6 +61,7 @@ from kernelgw.runtime.backends.base import (
     connection_info,
     helper_command,
 )
+from kernelgw.runtime.backends.child_kernels import CHILD_CONN_PREFIX, ChildKernels
 from kernelgw.runtime.backends.engine_stats import counters_from_stats
 from kernelgw.runtime.backends.labels import LABEL_GATEWAY, LABEL_KERNEL, LABEL_SESSION, LABEL_STORE, LABEL_UID
 from kernelgw.runtime.backends.oom_events import OomCounter
@@ -235,6 +236,9 @@ class DockerBackend:
         self._docker: docker.DockerClient | None = None
         self._ooms = OomCounter(gateway_name, self._client)
         """Out-of-memory kills by container (`kernelgw.runtime.backends.oom_events`)."""
+        self.children = ChildKernels(self, self._run, self._session_ids)
+        """Child kernels (E2B contexts): processes in another kernel's container
+        (`kernelgw.runtime.backends.child_kernels`)."""
         self.workspaces = WorkspaceStore(
             gateway_name=gateway_name,
             uid_of=self._session_ids,
@@ -357,6 +361,9 @@ class DockerBackend:
     def _command(self, uid: int) -> list[str]:
         if not self._init_apart(uid):
             return KERNEL_COMMAND
+        return [*self._drop_root(uid), *KERNEL_COMMAND]
+
+    def _drop_root(self, uid: int) -> list[str]:
         # setpriv (util-linux, in every Debian base) gives up root for the kernel's
         # uid: changing the uid from 0 clears the effective and permitted sets, the
         # bounding and inheritable sets are emptied, no-new-privileges does the rest
@@ -369,10 +376,12 @@ class DockerBackend:
             "--inh-caps=-all",
             "--",
         ]
-        return [*drop, *KERNEL_COMMAND]
+        return drop
 
     # ---------------------------------------------------------------- protocol
     async def start(self, spec: KernelSpec) -> KernelHandle:
+        if spec.host is not None:
+            return await self.children.start(spec, CONTAINER_CONN_DIR)
         uid = await self._run(self._acquire_uid, spec.session_id)
         try:
             if not self.workspaces.keeps(spec):
@@ -383,7 +392,8 @@ class DockerBackend:
             await self._run(self._release_uid, spec.session_id)
 
     async def keep_workspace(self, spec: KernelSpec) -> None:
-        await self.workspaces.keep(spec)
+        # a child's files are its host's, and so is their keeping (its spec names the host's session)
+        await self.workspaces.keep(replace(spec, host=None, kernel=spec.host.image_kernel) if spec.host else spec)
 
     def _start_sync(self, spec: KernelSpec, store_volumes: dict[str, str] | None, uid: int) -> KernelHandle:
         self._client()  # an engine that does not answer fails here, before anything is made
@@ -473,6 +483,9 @@ class DockerBackend:
             log.warning("could not remove containers with %s=%s", label, value, exc_info=True)
 
     async def stop(self, handle: KernelHandle) -> None:
+        if handle.host is not None:
+            await self.children.stop(handle)
+            return
         await self._run(self._stop_sync, handle)
 
     def _stop_sync(self, handle: KernelHandle) -> None:
@@ -491,6 +504,9 @@ class DockerBackend:
         self._session_uids.pop(session_id, None)  # free once its containers are gone
 
     async def signal(self, handle: KernelHandle, signum: int) -> None:
+        if handle.host is not None:
+            await self.children.signal(handle, signum)
+            return
         try:
             await self._run(self._client().api.kill, handle.container_id, signal=signum)
         except docker.errors.APIError as exc:
@@ -528,6 +544,11 @@ class DockerBackend:
             log.warning("subscribing to the engine's out-of-memory events failed: %s", exc)
 
     async def _state(self, handle: KernelHandle, oom_seen: int) -> KernelState:
+        if handle.host is not None:
+            state = await self.children.state(handle)
+            if state.status != "exited":
+                return replace(state, oom_kills=self._ooms.count(handle.container_id))
+            return replace(state, **self._oom_verdict(handle, oom_seen, False))
         try:
             info = await self._run(self._client().api.inspect_container, handle.container_id)
         except docker.errors.NotFound:
@@ -632,6 +653,11 @@ class DockerBackend:
             for d in self.base_dir.iterdir():
                 if d.name not in keep:
                     shutil.rmtree(d, ignore_errors=True)
+                    continue
+                # the child kernels of a kept kernel ended with the gateway that started them
+                for child in d.iterdir():
+                    if child.name.startswith(CHILD_CONN_PREFIX) and child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child, ignore_errors=True)
         if removed:
             log.warning("removed %d container(s) left by a previous gateway: %s", len(removed), removed)
         return removed
@@ -684,17 +710,24 @@ class DockerBackend:
     def _command_sync(
         self, handle: KernelHandle, argv: list[str], env: dict[str, str], cwd: str, stdin: bool
     ) -> tuple[Any, str]:
-        api = self._client().api
         uid = self._session_uid(handle.session_id)
+        full = ["/bin/sh", "-c", COMMAND_WRAPPER, "sh", *argv]
+        return self._exec_start_sync(handle, full, f"{uid}:{self._gid(uid)}", cwd, env, stdin)
+
+    def _exec_start_sync(
+        self, handle: KernelHandle, argv: list[str], user: str, cwd: str, env: dict[str, str], stdin: bool
+    ) -> tuple[Any, str]:
+        """An exec with its hijacked connection: a command's, a child kernel's."""
+        api = self._client().api
         try:
             created = api.exec_create(
                 handle.container_id,
-                ["/bin/sh", "-c", COMMAND_WRAPPER, "sh", *argv],
+                argv,
                 stdin=stdin,
                 stdout=True,
                 stderr=True,
                 tty=False,
-                user=f"{uid}:{self._gid(uid)}",
+                user=user,
                 workdir=cwd,
                 environment=env,
             )
@@ -712,13 +745,49 @@ class DockerBackend:
         return sock, str(created["Id"])
 
     async def signal_command(self, handle: KernelHandle, pid: int, signum: int) -> None:
-        script = 'kill -s "$1" -- "-$2" 2>/dev/null || kill -s "$1" "$2" 2>/dev/null; exit 0'
-        process = await self.exec(handle, ["/bin/sh", "-c", script, "sh", str(signum), str(pid)], timeout=30)
+        await self.signal_process(handle, pid, signum, group=True)
+
+    async def signal_process(self, host: KernelHandle, pid: int, signum: int, *, group: bool) -> None:
+        if group:
+            script = 'kill -s "$1" -- "-$2" 2>/dev/null || kill -s "$1" "$2" 2>/dev/null; exit 0'
+        else:
+            script = 'kill -s "$1" "$2" 2>/dev/null; exit 0'
+        process = await self.exec(host, ["/bin/sh", "-c", script, "sh", str(signum), str(pid)], timeout=30)
         try:
             while await process.read():
                 pass
         finally:
             await process.close()
+
+    async def start_process(self, host: KernelHandle, argv: list[str]) -> DockerCommand:
+        """A child kernel's process (`ChildOps.start_process`): started as root and
+        dropped to the sandbox's uid by the same ``setpriv`` as the main kernel
+        (an exec as the uid would keep the container's capabilities in its
+        bounding set), absolute paths only for what runs as root, and the
+        loader's variables reset on the exec itself."""
+        uid = await self._run(self._session_uid, host.session_id)
+        user = "0:0" if self._init_apart(uid) else f"{uid}:{self._gid(uid)}"
+        drop = self._drop_root(uid) if self._init_apart(uid) else []
+        if drop:
+            drop[0] = "/usr/bin/setpriv"
+        full = ["/bin/sh", "-c", COMMAND_WRAPPER, "sh", *drop, *argv]
+        sock, exec_id = await self._run(self._exec_start_sync, host, full, user, "/", HELPER_LOADER_RESET, True)
+        command = DockerCommand(self, exec_id, sock)
+        try:
+            await command.started()
+        except BaseException:
+            await command.close()
+            raise
+        return command
+
+    async def host_running(self, host: KernelHandle) -> bool:
+        try:
+            info = await self._run(self._client().api.inspect_container, host.container_id)
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.DockerException:
+            return True  # an engine hiccup: not a verdict
+        return bool((info.get("State") or {}).get("Running"))
 
     async def image_labels(self, image: str) -> dict[str, str] | None:
         def labels() -> dict[str, str] | None:
@@ -750,6 +819,7 @@ class DockerBackend:
         return await self._run(check)
 
     async def close(self) -> None:
+        await self.children.close()
         await self._run(self._ooms.close)
         if self._docker is not None:
             await self._run(self._docker.close)

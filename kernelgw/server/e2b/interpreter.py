@@ -8,13 +8,19 @@ request) gets its cell interrupted: a queued one once it starts, a running one
 at once and again while it runs on. Per-execution ``env_vars`` hold for that
 cell only (`kernelgw.runtime.cell_env`, Python kernels).
 
-A sandbox has one context: its kernel. ``GET /contexts`` lists it (its id is
-the same for the sandbox's whole life, its ``cwd`` the kernel's working
-directory), ``restart`` restarts the kernel, and ``run_code`` with that
-language (or none, or that context) runs there. Several kernels per sandbox
-are not built: creating a context, or running another language, is answered
-501 naming the gap; deleting the sandbox's only context is refused (kill the
-sandbox instead).
+A sandbox's default context is its kernel: its id is the same for the
+sandbox's whole life, ``run_code`` with no language (or that context, or its
+language) runs there, and it cannot be removed (kill the sandbox instead).
+Every other context is a child session (`SessionManager.create_child`): a
+kernel of its own, a process in the sandbox's container, so it shares the
+sandbox's files, uid and limits. ``POST /contexts`` makes one (a language the
+sandbox's image holds: its own and Python, `kernelgw.kernels.image_kernels`;
+another is a 400 naming the templates that hold it); ``run_code`` with a
+language the default context does not run makes that language's default
+context on first use, as E2B's server does; ``DELETE`` and ``restart`` act on
+that kernel alone. Contexts end with the sandbox's kernel: a restart of the
+default context, a pause, a kill, a gateway restart (the answer for one then
+says why it ended).
 """
 
 from __future__ import annotations
@@ -33,16 +39,19 @@ from pydantic import BaseModel, ConfigDict, StrictStr
 from starlette.types import Receive, Scope, Send
 
 from kernelgw import events as ev
-from kernelgw.kernels import profile
+from kernelgw.errors import ChildNotFound
+from kernelgw.kernels import image_kernels, profile
 from kernelgw.models import check_env
 from kernelgw.runtime.backends.base import WORKSPACE_DIR
 from kernelgw.runtime.execution import QueuedExecution
+from kernelgw.runtime.manager import CHILD_CWD
 from kernelgw.runtime.session import KernelSession, Subscription
 from kernelgw.server.admission import admit
 from kernelgw.server.drain import Drain
 from kernelgw.server.e2b.errors import E2BError, E2BRoute
 from kernelgw.server.e2b.ndjson import KEEPALIVE, Translation
-from kernelgw.server.e2b.sandbox import ENVD_PORT, INTERPRETER_PORT, sandbox_for, wake
+from kernelgw.server.e2b.sandbox import ENVD_PORT, INTERPRETER_PORT, Sandbox, sandbox_for, wake
+from kernelgw.server.e2b.templates import templates
 from kernelgw.server.state import gateway_state
 from kernelgw.tasks import BackgroundTasks, TurnTaker
 
@@ -63,8 +72,18 @@ that lands before the kernel handles the request is lost), at most
 
 E2B_LANGUAGES = {"python3": "python", "deno": "javascript", "ir": "r", "bash": "bash", "java": "java"}
 """Each kernel's language as E2B names it (others keep kernelgw's name)."""
-KNOWN_LANGUAGES = frozenset({"python", "javascript", "typescript", "r", "java", "bash"})
-"""The languages E2B's code interpreter runs."""
+LANGUAGE_KERNELS = {
+    "python": "python3",
+    "javascript": "deno",
+    "typescript": "deno",
+    "r": "ir",
+    "java": "java",
+    "bash": "bash",
+}
+"""The kernel that runs each language E2B's code interpreter runs."""
+KNOWN_LANGUAGES = frozenset(LANGUAGE_KERNELS)
+DEFAULT_CONTEXT = "default:"
+"""Names the child a language's default context is (`SessionManager.create_child`'s ``name``)."""
 _CONTEXT_IDS = uuid.UUID("5f0f1c55-6b1e-4d8e-9a43-0c7e2b0e2b00")
 
 _abandoned = BackgroundTasks("e2b execute")
@@ -118,20 +137,17 @@ def default_context(session: KernelSession) -> Context:
     return Context(id=context_id, language=context_language(session), cwd=WORKSPACE_DIR)
 
 
-def _not_built(what: str, session: KernelSession) -> E2BError:
-    own = default_context(session)
-    return E2BError(
-        HTTPStatus.NOT_IMPLEMENTED,
-        f"{what}: kernelgw runs one context per sandbox for now, its {own.language} kernel "
-        f"(context {own.id}); several contexts per sandbox are not built yet. Use that context, "
-        "or create another sandbox (a template of that language) for separate state.",
-        error_code="not_implemented",
+def child_context(child: KernelSession) -> Context:
+    """A context the sandbox holds besides its kernel: a child session."""
+    host = child.spec.host
+    return Context(
+        id=child.id,
+        language=child.child_label or context_language(child),
+        cwd=host.cwd if host is not None else CHILD_CWD,
     )
 
 
-def _language_refused(language: str, session: KernelSession) -> E2BError:
-    if language in KNOWN_LANGUAGES:
-        return _not_built(f"language {language!r} needs a context of its own", session)
+def _unknown_language(language: str) -> E2BError:
     return E2BError(
         HTTPStatus.BAD_REQUEST,
         f"language {language!r} is not one E2B's code interpreter runs ({', '.join(sorted(KNOWN_LANGUAGES))})",
@@ -139,37 +155,83 @@ def _language_refused(language: str, session: KernelSession) -> E2BError:
     )
 
 
-def _context(session: KernelSession, context_id: str) -> Context:
-    own = default_context(session)
-    if context_id != own.id:
-        raise E2BError(HTTPStatus.NOT_FOUND, f"Context {context_id} not found", error_code="context_not_found")
-    return own
+def kernel_for(language: str, session: KernelSession, request: Request) -> str:
+    """The kernel a context of ``language`` runs in this sandbox, or the 400 that
+    says which templates hold it when its image does not."""
+    kernel = LANGUAGE_KERNELS.get(language)
+    if kernel is None:
+        raise _unknown_language(language)
+    held = image_kernels(session.spec.kernel)
+    if kernel in held:
+        return kernel
+    settings = gateway_state(request).settings
+    offered = sorted(t.id for t in templates(settings).values() if kernel in image_kernels(t.kernel))
+    where = (
+        f"templates {offered} on this gateway do"
+        if offered
+        else f"no template of this gateway does (its e2b_templates setting can map one to the {kernel} kernel, "
+        f'e.g. {{"{kernel}-v1": "{kernel}"}})'
+    )
+    raise E2BError(
+        HTTPStatus.BAD_REQUEST,
+        f"language {language!r} needs the {kernel} kernel, which this sandbox's image ({session.spec.image}) "
+        f"does not hold (it holds {' and '.join(held)}): {where}. Create a sandbox from one of those.",
+        error_code="kernel_not_in_image",
+    )
+
+
+def _child(request: Request, session: KernelSession, context_id: str) -> KernelSession:
+    try:
+        return gateway_state(request).manager.get_child(session, context_id)
+    except ChildNotFound as exc:
+        raise E2BError(HTTPStatus.NOT_FOUND, exc.message, error_code="context_not_found") from None
+
+
+async def _target(request: Request, sandbox: Sandbox, context_id: str | None, language: str | None) -> KernelSession:
+    """The session a cell runs in: the context named, else the default context of
+    ``language`` (made on first use when the sandbox's kernel runs another), else
+    the sandbox's kernel."""
+    session = sandbox.session
+    if context_id is not None:
+        return session if context_id == default_context(session).id else _child(request, session, context_id)
+    if language is None or runs_language(session, name := normalize_language(language)):
+        return session
+    kernel = kernel_for(name, session, request)
+    await wake(request, session)
+    return await gateway_state(request).manager.create_child(session, kernel, name=DEFAULT_CONTEXT + name, label=name)
 
 
 @router.get("/e2b/contexts", response_model=list[Context])
 async def list_contexts(request: Request) -> list[Context]:
     sandbox = await sandbox_for(request, INTERPRETER_PORT)
-    return [default_context(sandbox.session)]
+    return [default_context(sandbox.session), *(child_context(c) for c in sandbox.session.children)]
 
 
 @router.post("/e2b/contexts", response_model=Context)
 async def create_context(body: CreateContextBody, request: Request) -> Context:
-    """Refused (501): a second kernel in a sandbox is not built. Refusing beats
-    handing back the default context, whose state a new context must not share."""
+    """A new context: a kernel of its own in the sandbox's container (a paused
+    sandbox is resumed first), working in ``cwd`` (E2B's home by default)."""
     sandbox = await sandbox_for(request, INTERPRETER_PORT)
     language = normalize_language(body.language)
-    if not runs_language(sandbox.session, language):
-        raise _language_refused(language, sandbox.session)
-    raise _not_built("a new context was asked for", sandbox.session)
+    kernel = kernel_for(language, sandbox.session, request)
+    await wake(request, sandbox.session)
+    child = await gateway_state(request).manager.create_child(
+        sandbox.session, kernel, cwd=body.cwd or CHILD_CWD, label=language
+    )
+    return child_context(child)
 
 
 @router.delete("/e2b/contexts/{context_id}")
 async def remove_context(context_id: str, request: Request) -> Response:
     sandbox = await sandbox_for(request, INTERPRETER_PORT)
-    _context(sandbox.session, context_id)
+    session = sandbox.session
+    if context_id != default_context(session).id:
+        _child(request, session, context_id)
+        await gateway_state(request).manager.delete_child(session, context_id, "removed (remove_code_context)")
+        return JSONResponse(None)
     raise E2BError(
         HTTPStatus.BAD_REQUEST,
-        f"Context {context_id} is the sandbox's kernel, its only context: it cannot be removed. "
+        f"Context {context_id} is the sandbox's own kernel, its default context: it cannot be removed. "
         "Restart it (restart_code_context) for a fresh state, or kill the sandbox.",
         error_code="bad_request",
     )
@@ -178,11 +240,15 @@ async def remove_context(context_id: str, request: Request) -> Response:
 @router.post("/e2b/contexts/{context_id}/restart")
 async def restart_context(context_id: str, request: Request) -> Response:
     """A fresh kernel in place of the old one (`KernelSession.restart`): variables go,
-    files stay. A paused sandbox's new kernel gets its snapshot's files and packages
-    (the runtime's restart of a paused session, on every face)."""
+    files stay. The default context's is the sandbox's kernel: the other contexts
+    end with its container. A paused sandbox's new kernel gets its snapshot's
+    files and packages (the runtime's restart of a paused session, on every face)."""
     sandbox = await sandbox_for(request, INTERPRETER_PORT)
-    _context(sandbox.session, context_id)
-    await sandbox.session.restart("the code interpreter's context was restarted (E2B)")
+    session = sandbox.session
+    if context_id != default_context(session).id:
+        await _child(request, session, context_id).restart("the code interpreter's context was restarted (E2B)")
+        return JSONResponse(None)
+    await session.restart("the code interpreter's context was restarted (E2B)")
     return JSONResponse(None)
 
 
@@ -203,19 +269,15 @@ async def health(request: Request) -> Response:
 async def execute(body: ExecuteBody, request: Request) -> Response:
     """Run the cell in the sandbox's kernel and stream its output as E2B's NDJSON."""
     sandbox = await sandbox_for(request, INTERPRETER_PORT)
-    session = sandbox.session
     if body.context_id is not None and body.language is not None:
         raise E2BError(
             HTTPStatus.BAD_REQUEST, "Only one of context_id or language can be provided", error_code="bad_request"
         )
-    if body.context_id is not None:
-        _context(session, body.context_id)
-    elif body.language is not None and not runs_language(session, language := normalize_language(body.language)):
-        raise _language_refused(language, session)
+    session = await _target(request, sandbox, body.context_id, body.language)
     env = _cell_env(body.env_vars or {}, session)
     state = gateway_state(request)
     await admit(state, sandbox.principal, body.code, session.spec.kernel)
-    await wake(request, session)
+    await wake(request, sandbox.session)
     sub = session.subscribe()  # before the cell is queued: none of its events is missed
     try:
         rec = session.submit(body.code)

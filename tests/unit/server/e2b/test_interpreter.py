@@ -24,7 +24,7 @@ from e2b import ConnectionConfig, NotFoundException, SandboxException, TimeoutEx
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 from packaging.version import Version
 
-from kernelgw.runtime.manager import SessionOptions
+from kernelgw.runtime.manager import MAX_CHILDREN, SessionOptions
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server import create_app
 from kernelgw.server.e2b import ndjson
@@ -326,14 +326,57 @@ async def test_the_default_context_is_listed_and_restarts(gw: Gateway, sandbox: 
     assert [c.id for c in await sbx.list_code_contexts()] == [context.id]  # the same across restarts
 
 
-async def test_contexts_not_built_are_refused_naming_the_gap(gw: Gateway, sandbox: tuple[KernelSession, str]) -> None:
+async def test_a_new_context_is_a_kernel_of_its_own_sharing_the_files(
+    gw: Gateway, sandbox: tuple[KernelSession, str]
+) -> None:
+    session, token = sandbox
+    sbx = gw.async_sdk(session, token)
+    await sbx.run_code("x = 'default'\nopen('shared.txt', 'w').write('from the default')")
+    ctx = await sbx.create_code_context(language="python")
+    assert ctx.language == "python" and ctx.cwd == "/home/user"
+    assert (await sbx.run_code("'x' in dir()", context=ctx)).text == "False"  # variables apart
+    assert (await sbx.run_code("open('shared.txt').read()", context=ctx)).text == "from the default"
+    await sbx.run_code("x = 'ctx'", context=ctx)
+    assert (await sbx.run_code("x")).text == "default"
+    listed = await sbx.list_code_contexts()
+    assert [c.id for c in listed] == [default_context(session).id, ctx.id]
+    assert gw.state.manager.list() and ctx.id not in {s.id for s in gw.state.manager.list()}  # not a session
+    # a restart of the context: its variables go, the default's stay
+    await sbx.restart_code_context(ctx)
+    assert (await sbx.run_code("'x' in dir()", context=ctx)).text == "False"
+    assert (await sbx.run_code("x")).text == "default"
+    await sbx.remove_code_context(ctx)
+    with pytest.raises(NotFoundException, match=f"Context {ctx.id} ended: removed"):
+        await sbx.run_code("1", context=ctx)
+    assert [c.id for c in await sbx.list_code_contexts()] == [default_context(session).id]
+
+
+async def test_contexts_end_with_the_sandboxs_kernel_and_say_why(
+    gw: Gateway, sandbox: tuple[KernelSession, str]
+) -> None:
+    session, token = sandbox
+    sbx = gw.async_sdk(session, token)
+    ctx = await sbx.create_code_context()
+    (child,) = session.children
+    await sbx.restart_code_context(default_context(session).id)
+    assert child.state == "closed" and session.children == ()
+    with pytest.raises(NotFoundException, match="main kernel was restarted"):
+        await sbx.run_code("1", context=ctx)
+    ctx = await sbx.create_code_context()
+    (child,) = session.children
+    await gw.state.manager.delete(session.id)
+    assert child.state == "closed"
+
+
+async def test_languages_the_image_lacks_are_refused_naming_templates(
+    gw: Gateway, sandbox: tuple[KernelSession, str]
+) -> None:
     sbx = gw.async_sdk(*sandbox)
     for call in (
-        lambda: sbx.create_code_context(),
         lambda: sbx.create_code_context(language="javascript"),
         lambda: sbx.run_code("1", language="r"),
     ):
-        with pytest.raises(SandboxException, match=r"501 Not Implemented.*one context per sandbox"):
+        with pytest.raises(SandboxException, match=r"400.*does not hold.*e2b_templates setting"):
             await call()
     with pytest.raises(SandboxException, match=r"400.*'cobol' is not one E2B"):
         await sbx.run_code("1", language="cobol")
@@ -342,6 +385,16 @@ async def test_contexts_not_built_are_refused_naming_the_gap(gw: Gateway, sandbo
     (context,) = await sbx.list_code_contexts()
     with pytest.raises(SandboxException, match="cannot be removed"):
         await sbx.remove_code_context(context)
+
+
+async def test_contexts_are_bounded_per_sandbox(gw: Gateway, sandbox: tuple[KernelSession, str]) -> None:
+    session, token = sandbox
+    sbx = gw.async_sdk(session, token)
+    for _ in range(MAX_CHILDREN):
+        await sbx.create_code_context()
+    with pytest.raises(SandboxException, match=rf"429.*maximum of {MAX_CHILDREN} contexts"):
+        await sbx.create_code_context()
+    assert len(session.children) == MAX_CHILDREN
 
 
 # ---------------------------------------------------------------- access

@@ -1,0 +1,226 @@
+"""E2B's contexts through its code-interpreter SDK from PyPI, unchanged, against a
+real gateway and real kernel containers: each context is a kernel of its own,
+a process in its sandbox's container (`kernelgw.runtime.backends.child_kernels`),
+so variables are apart and files shared; a deno template's sandbox runs
+JavaScript and Python side by side; one context's stuck cell leaves the others
+running; a killed sandbox leaves no container and no socket directory; a
+language the image lacks is a clear error; another sandbox's token reaches none
+of its contexts; under gVisor too."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+from e2b import NotFoundException, SandboxException, TimeoutException
+from e2b_code_interpreter import Sandbox
+
+from tests.integration.conftest import (
+    assert_nothing_left,
+    conn_dir_of,
+    gateway_settings,
+    make_key,
+    remove_everything,
+    start_gateway,
+)
+from tests.integration.e2b.conftest import E2B_ENV, E2BGateway
+
+pytestmark = pytest.mark.integration
+
+DENO_TEMPLATE = "deno-contexts"
+
+
+@pytest.fixture(scope="module")
+def e2b_gateway(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BGateway]:
+    """A gateway with keys required that offers a deno template besides the default one."""
+    yield from _gateway(docker_client, tmp_path_factory, f"ctx{os.getpid()}")
+
+
+def _gateway(
+    docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory, name: str, **overrides: Any
+) -> Iterator[E2BGateway]:
+    data_dir: Path = tmp_path_factory.mktemp(name)
+    key = make_key(data_dir, name)
+    settings = gateway_settings(
+        gateway_name=name,
+        data_dir=data_dir,
+        auth="required",
+        kernels=["python3", "deno"],
+        e2b_templates={DENO_TEMPLATE: "deno"},
+        **overrides,
+    )
+    gw = start_gateway(settings)
+    try:
+        yield E2BGateway(gw, key)
+    finally:
+        gw.stop()
+        try:
+            assert_nothing_left(docker_client, name)
+            runtime = settings.runtime_dir / name
+            assert not runtime.exists() or not any(runtime.iterdir()), f"left in {runtime}: {list(runtime.iterdir())}"
+        finally:
+            remove_everything(docker_client, name)
+
+
+def _use(monkeypatch: pytest.MonkeyPatch, gw: E2BGateway) -> None:
+    for name in E2B_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in gw.env().items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def deno_sbx(e2b_env: E2BGateway) -> Iterator[Sandbox]:
+    sandbox = Sandbox.create(template=DENO_TEMPLATE, timeout=300)
+    try:
+        yield sandbox
+    finally:
+        sandbox.kill()
+
+
+def _container(docker_client: docker.DockerClient, sandbox_id: str) -> Any:
+    (container,) = docker_client.containers.list(filters={"label": f"kernelgw.session={sandbox_id}"})
+    return container
+
+
+def test_two_python_contexts_keep_variables_apart_and_share_files(sbx: Sandbox) -> None:
+    sbx.run_code("x = 'default'\nopen('/home/user/shared.txt', 'w').write('written by the default')")
+    ctx = sbx.create_code_context(language="python")
+    assert (ctx.language, ctx.cwd) == ("python", "/home/user")
+    assert sbx.run_code("'x' in dir()", context=ctx).text == "False"
+    assert sbx.run_code("open('shared.txt').read()", context=ctx).text == "written by the default"
+    sbx.run_code("x = 'ctx'\nopen('from_ctx.txt', 'w').write('back')", context=ctx)
+    assert sbx.run_code("x, open('/home/user/from_ctx.txt').read()").text == "('default', 'back')"
+    # the sandbox's uid, no capability, no network: as its own kernel
+    probe = (
+        "import os, socket\n"
+        "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd'))]\n"
+        "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); net = True\n"
+        "except OSError:\n    net = False\n"
+        "(os.getuid(), caps, net)"
+    )
+    assert sbx.run_code(probe, context=ctx).text == sbx.run_code(probe).text
+    assert sbx.run_code(probe, context=ctx).text.endswith(
+        "['0000000000000000', '0000000000000000', '0000000000000000'], False)"
+    )
+    assert [c.id for c in sbx.list_code_contexts()][1:] == [ctx.id]
+
+
+def test_deno_sandbox_runs_javascript_and_python_side_by_side(deno_sbx: Sandbox) -> None:
+    js = deno_sbx.run_code("const n: number = 6 * 7; n")
+    assert js.error is None and js.text == "42", js
+    py = deno_sbx.run_code(
+        "import sys\nopen('/home/user/py.txt', 'w').write('from python')\nsys.version_info[0]", language="python"
+    )
+    assert py.error is None and py.text == "3", py
+    assert deno_sbx.run_code("Deno.readTextFileSync('/home/user/py.txt')", language="javascript").text == "from python"
+    assert deno_sbx.run_code("n + 1").text == "43"  # the default context kept its state
+    contexts = {c.language: c for c in deno_sbx.list_code_contexts()}
+    assert set(contexts) == {"javascript", "python"}
+    # the language's default context is made once, then reused
+    deno_sbx.run_code("y = 5", language="python")
+    assert deno_sbx.run_code("y * 2", context=contexts["python"]).text == "10"
+    # and a second javascript context is a kernel of its own
+    js2 = deno_sbx.create_code_context(language="js")
+    assert js2.language == "javascript"
+    gone = deno_sbx.run_code("typeof n", context=js2)
+    assert gone.text == "undefined", gone
+
+
+def test_a_stuck_context_leaves_the_others_running(sbx: Sandbox) -> None:
+    ctx = sbx.create_code_context()
+    pid = int(sbx.run_code("import os; os.getpid()", context=ctx).text or 0)
+    with pytest.raises(TimeoutException):
+        sbx.run_code("import time\nwhile True: time.sleep(0.1)", context=ctx, timeout=3)
+    # the default context answers at once meanwhile, and the context's cell was interrupted
+    assert sbx.run_code("'free'").text == "free"
+    assert sbx.run_code("1 + 1", context=ctx, timeout=30).text == "2"
+    # a context busy with a cell does not hold the default one: the cell waits for the default's file
+    done: list[str | None] = []
+    waiting = "import os, time\nwhile not os.path.exists('/home/user/go'): time.sleep(0.05)\n'went'"
+    thread = threading.Thread(target=lambda: done.append(sbx.run_code(waiting, context=ctx, timeout=60).text))
+    thread.start()
+    try:
+        sbx.run_code("open('/home/user/go', 'w').close()")
+    finally:
+        thread.join(60)
+    assert done == ["went"]
+    # removing the context ends its process, not the sandbox's kernel
+    sbx.remove_code_context(ctx)
+    assert sbx.run_code(f"import os; os.path.exists('/proc/{pid}')").text == "False"
+    with pytest.raises(NotFoundException, match="removed"):
+        sbx.run_code("1", context=ctx)
+
+
+def test_killing_the_sandbox_ends_every_context_and_leaves_nothing(
+    sbx: Sandbox, docker_client: docker.DockerClient
+) -> None:
+    contexts = [sbx.create_code_context() for _ in range(2)]
+    for ctx in contexts:
+        assert sbx.run_code("1", context=ctx).text == "1"
+    container = _container(docker_client, sbx.sandbox_id)
+    conn_dir = Path(conn_dir_of(container))
+    assert len([d for d in conn_dir.iterdir() if d.name.startswith("c") and d.is_dir()]) == 2
+    sbx.kill()
+    with pytest.raises(docker.errors.NotFound):
+        container.reload()
+    assert not conn_dir.exists()
+    assert not docker_client.containers.list(all=True, filters={"label": f"kernelgw.session={sbx.sandbox_id}"})
+
+
+def test_a_language_the_image_lacks_is_a_clear_error(sbx: Sandbox) -> None:
+    with pytest.raises(SandboxException, match=r"400.*'r' needs the ir kernel.*does not hold"):
+        sbx.create_code_context(language="r")
+    with pytest.raises(SandboxException, match=rf"400.*'javascript' needs the deno kernel.*\['{DENO_TEMPLATE}'\]"):
+        sbx.run_code("1", language="javascript")
+    assert [c.language for c in sbx.list_code_contexts()] == ["python"]
+
+
+def test_another_sandboxs_token_reaches_no_context(sbx: Sandbox, e2b_env: E2BGateway) -> None:
+    ctx = sbx.create_code_context()
+    other = Sandbox.create(timeout=300)
+    try:
+        with httpx.Client(base_url=e2b_env.url, timeout=60) as http:
+            headers = {"E2b-Sandbox-Port": "49999", "Content-Type": "application/json"}
+            # the context's sandbox with the other's token: no sandbox at all
+            wrong_token = {
+                **headers,
+                "E2b-Sandbox-Id": sbx.sandbox_id,
+                "X-Access-Token": other._envd_access_token or "",
+            }
+            response = http.post("/execute", json={"code": "1", "context_id": ctx.id}, headers=wrong_token)
+            assert response.status_code == 502, response.text
+            # the other sandbox, rightly reached, holds no such context
+            with pytest.raises(NotFoundException, match=f"Context {ctx.id} not found"):
+                other.run_code("1", context=ctx)
+            with pytest.raises(NotFoundException):
+                other.remove_code_context(ctx)
+        assert sbx.run_code("'still mine'", context=ctx).text == "still mine"
+    finally:
+        other.kill()
+
+
+def test_contexts_under_gvisor(
+    docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert "runsc" in docker_client.info().get("Runtimes", {}), "gVisor is not registered: run scripts/ensure-runsc.sh"
+    for gw in _gateway(docker_client, tmp_path_factory, f"ctg{os.getpid()}", runtime="runsc"):
+        _use(monkeypatch, gw)
+        sbx = Sandbox.create(timeout=300)
+        try:
+            assert _container(docker_client, sbx.sandbox_id).attrs["HostConfig"]["Runtime"] == "runsc"
+            sbx.run_code("x = 1\nopen('g.txt', 'w').write('gvisor')")
+            ctx = sbx.create_code_context()
+            assert sbx.run_code("'x' in dir(), open('g.txt').read()", context=ctx).text == "(False, 'gvisor')"
+            with pytest.raises(TimeoutException):
+                sbx.run_code("import time\nwhile True: time.sleep(0.1)", context=ctx, timeout=3)
+            assert sbx.run_code("2", context=ctx, timeout=30).text == "2"
+            assert sbx.run_code("x").text == "1"
+        finally:
+            sbx.kill()
