@@ -10,7 +10,8 @@ A session may hold child sessions (E2B's contexts, `create_child`): kernels
 that run as processes in its container, each a `KernelSession` of its own for
 cells, events and interrupts. They belong to the parent's owner, are bounded
 per parent (`MAX_CHILDREN`), are neither listed nor counted as sessions (the
-sandbox is the unit), are not stored, and end with the parent's kernel (a
+sandbox is the unit), are not stored (their cells are audited as the parent's,
+`kernelgw.runtime.child_audit`), and end with the parent's kernel (a
 delete, a pause, a restart; a gateway restart too).
 """
 
@@ -48,6 +49,7 @@ from kernelgw.errors import (
 from kernelgw.kernels import DEFAULT_KERNEL, image_kernels, profile
 from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
 from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelHost, KernelSpec
+from kernelgw.runtime.child_audit import ChildAudit
 from kernelgw.runtime.lease import (
     LEASE_ENDED_REASON,
     LEASE_PAUSED_REASON,
@@ -595,7 +597,8 @@ class SessionManager:
                 )
             spec = dataclasses.replace(parent.spec, kernel=kernel, host=KernelHost(handle, parent.spec.kernel, cwd))
             config = dataclasses.replace(parent.config, auto_replay=False)
-            child = KernelSession(str(uuid.uuid4()), spec, self.backend, config, None, self.metrics)
+            recorder = ChildAudit(self.recorder, parent) if self.recorder is not None else None
+            child = KernelSession(str(uuid.uuid4()), spec, self.backend, config, recorder, self.metrics)
             child.owner = parent.owner
             child.child_name, child.child_label = name, label
             parent.add_child(child)

@@ -731,6 +731,26 @@ class Store:
         """A kernel died or was restarted (audit only)."""
         self._audit(kind, session, detail=detail)
 
+    def child_execution(
+        self, parent: RecordedSession, child_id: str, execution: RecordedExecution, end: ev.Done
+    ) -> None:
+        """A cell of one of ``parent``'s children (an E2B context, not stored as a
+        session: `kernelgw.runtime.child_audit`): audited as the parent's, the
+        context named in the detail (audit only; never waits)."""
+        error = execution.last_error
+        self._audit(
+            "execution",
+            parent,
+            execution_id=execution.execution_id,
+            code=execution.code,
+            code_sha256=audit.code_sha256(execution.code),
+            duration_ms=end.duration_ms,
+            status=end.status,
+            output_bytes=execution.output_bytes,
+            error_name=error.ename[:255] if error is not None else None,
+            detail=f"context {child_id}" + (f": {end.reason}" if end.reason else ""),
+        )
+
     def _audit(self, kind: str, session: RecordedSession, **values: Any) -> None:
         audit.record(
             self, audit.AuditRecord(at=_now(), kind=kind, key_id=session.owner, session_id=session.id, **values)

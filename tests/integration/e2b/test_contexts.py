@@ -9,7 +9,10 @@ of its contexts; under gVisor too."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
+import secrets
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,8 @@ import pytest
 from e2b import NotFoundException, SandboxException, TimeoutException
 from e2b_code_interpreter import Sandbox
 
+from kernelgw.runtime.backends.base import KernelHandle, KernelHost
+from kernelgw.runtime.backends.docker import DockerBackend
 from tests.integration.conftest import (
     assert_nothing_left,
     conn_dir_of,
@@ -224,3 +229,119 @@ def test_contexts_under_gvisor(
             assert sbx.run_code("x").text == "1"
         finally:
             sbx.kill()
+
+
+def test_contexts_do_not_outlive_a_gateway_restart(
+    docker_client: docker.DockerClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway that keeps its kernels (on_shutdown=keep): the sandbox and its
+    default context's variables are kept, its other contexts are not (their
+    processes end, their socket directories go)."""
+    name, data_dir = f"ctxr{os.getpid()}", tmp_path / "data"
+    key = make_key(data_dir, name)
+    settings = gateway_settings(gateway_name=name, data_dir=data_dir, auth="required", on_shutdown="keep")
+    try:
+        first = start_gateway(settings)
+        try:
+            _use(monkeypatch, E2BGateway(first, key))
+            sbx = Sandbox.create(timeout=600)
+            sbx.run_code("x = 41")
+            ctx = sbx.create_code_context()
+            pid = sbx.run_code("import os; os.getpid()", context=ctx).text
+        finally:
+            first.stop()
+        conn_dir = Path(conn_dir_of(_container(docker_client, sbx.sandbox_id)))
+        second = start_gateway(settings)
+        try:
+            _use(monkeypatch, E2BGateway(second, key))
+            again = Sandbox.connect(sbx.sandbox_id, timeout=60)
+            assert again.run_code("x + 1").text == "42"
+            assert again.run_code(f"import os; os.path.exists('/proc/{pid}')").text == "False"
+            assert [c.language for c in again.list_code_contexts()] == ["python"]
+            with pytest.raises(NotFoundException, match=f"Context {ctx.id} not found"):
+                again.run_code("1", context=ctx)
+            assert not [d for d in conn_dir.iterdir() if d.is_dir()]  # the context's socket directory went
+            assert again.kill()
+        finally:
+            second.stop()
+    finally:
+        remove_everything(docker_client, name)
+    assert_nothing_left(docker_client, name)
+
+
+def test_a_child_kernel_ends_when_its_gateway_goes_away(docker_client: docker.DockerClient) -> None:
+    """A gateway that dies (no stop, no detach) only drops its connections: the
+    child's watchdog then kills the child kernel's process group, so it does not
+    run on unwatched in a sandbox a later gateway reattaches. The sandbox's
+    kernel (its container) is untouched."""
+    from tests.integration.languages import RUNTIME_DIR, kernel_spec
+
+    name = f"ctxw{os.getpid() % 100000}{secrets.token_hex(2)}"
+    backend = DockerBackend(gateway_name=name, runtime_dir=RUNTIME_DIR)
+    spec = kernel_spec("kernelgw/python:latest")
+
+    async def alive(host: KernelHandle, pid: int) -> bool:
+        process = await backend.exec(host, ["/bin/sh", "-c", 'kill -0 "$1" 2>/dev/null && echo yes', "sh", str(pid)])
+        try:
+            out = b""
+            while chunk := await process.read():
+                out += chunk
+            return out.strip() == b"yes"
+        finally:
+            await process.close()
+
+    async def scenario() -> None:
+        host = await backend.start(spec)
+        try:
+            child_spec = dataclasses.replace(spec, host=KernelHost(host, "python3", "/home/user"))
+            child = await backend.start(child_spec)
+            pid = backend.children._children[child.kernel_id].process.pid
+            deadline = asyncio.get_running_loop().time() + 60
+            while not (child.conn_dir / "k-5").exists():  # the kernel is up: it bound its sockets, and waits
+                assert asyncio.get_running_loop().time() < deadline, "the child kernel did not bind its sockets"
+                await asyncio.sleep(0.05)
+            assert await alive(host, pid)
+            assert (await backend.state(child)).alive
+            await backend.children.close()  # what the gateway process's exit does to its connections
+            deadline = asyncio.get_running_loop().time() + 30
+            while await alive(host, pid):
+                assert asyncio.get_running_loop().time() < deadline, "the child kernel outlived its connection"
+                await asyncio.sleep(0.05)
+            assert (await backend.state(host)).alive  # the sandbox's kernel goes on
+        finally:
+            await backend.stop(host)
+            await backend.end_session(spec.session_id)
+            await backend.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        remove_everything(docker_client, name)
+    assert_nothing_left(docker_client, name)
+
+
+def test_a_pause_ends_the_contexts_and_the_resumed_sandbox_makes_new_ones(sbx: Sandbox) -> None:
+    sbx.run_code("kept = 'in the snapshot'")
+    ctx = sbx.create_code_context()
+    sbx.run_code("lost = 1", context=ctx)
+    assert sbx.pause()
+    with pytest.raises(NotFoundException, match="paused: contexts besides its default are not kept"):
+        sbx.run_code("lost", context=ctx)
+    assert sbx.run_code("kept").text == "in the snapshot"  # the default context resumed the sandbox
+    fresh = sbx.create_code_context()
+    assert sbx.run_code("'lost' in dir(), open('/proc/self/status').read().count('Uid')", context=fresh).text == (
+        "(False, 1)"
+    )
+
+
+def test_a_context_says_so_when_the_sandbox_s_kernel_died(sbx: Sandbox) -> None:
+    """The container ends with the sandbox's own kernel, and its contexts with it."""
+    ctx = sbx.create_code_context()
+    assert sbx.run_code("1", context=ctx).text == "1"
+    died = sbx.run_code("import os; os._exit(3)")
+    assert died.error is not None, died
+    after = sbx.run_code("1", context=ctx)
+    assert after.error is not None and "the sandbox's container stopped" in after.error.value, after.error
+    sbx.restart_code_context(sbx.list_code_contexts()[0])  # the sandbox's kernel again, its contexts gone
+    assert sbx.run_code("2").text == "2"
+    assert [c.id for c in sbx.list_code_contexts()][1:] == []

@@ -1,8 +1,9 @@
 """E2B's code-interpreter SDK from PyPI (sync and async), unchanged, against a real
 gateway and real kernel containers, configured by environment variables only:
 ``run_code`` and its callbacks, errors, state, figures and DataFrames, per-cell
-environment variables, the SDK's timeout interrupting the cell, contexts,
-languages not built, ``is_running``, and a wrong access token refused."""
+environment variables, the SDK's timeout interrupting the cell, the default
+context, a language the image lacks, ``is_running``, and a wrong access token
+refused."""
 
 from __future__ import annotations
 
@@ -97,10 +98,11 @@ def test_the_sdk_timeout_interrupts_the_cell_and_the_next_one_runs(sbx: Sandbox,
     assert sbx.run_code("'next'").text == "next"
 
 
-def test_another_language_is_a_clear_error(sbx: Sandbox) -> None:
-    with pytest.raises(SandboxException, match=r"501 Not Implemented.*one context per sandbox"):
+def test_a_language_the_image_lacks_is_a_clear_error(sbx: Sandbox) -> None:
+    """Other languages' contexts: test_contexts.py."""
+    with pytest.raises(SandboxException, match=r"400 Bad Request.*needs the deno kernel.*no template of this gateway"):
         sbx.run_code("console.log(1)", language="javascript")
-    with pytest.raises(SandboxException, match=r"501 Not Implemented.*one context per sandbox"):
+    with pytest.raises(SandboxException, match=r"400 Bad Request.*needs the ir kernel"):
         sbx.create_code_context(language="r")
     (context,) = sbx.list_code_contexts()
     assert context.language == "python"
