@@ -48,7 +48,7 @@ from kernelgw.errors import (
 )
 from kernelgw.kernels import DEFAULT_KERNEL, image_kernels, profile
 from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
-from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelHost, KernelSpec
+from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelHandle, KernelHost, KernelSpec
 from kernelgw.runtime.child_audit import ChildAudit
 from kernelgw.runtime.lease import (
     LEASE_ENDED_REASON,
@@ -595,6 +595,11 @@ class SessionManager:
                     f"Session {parent.id} has no running kernel ({parent.state}) for a context to join; "
                     "resume or restart it first."
                 )
+            if cwd != CHILD_CWD and not await self._enterable(handle, cwd):
+                raise BadRequest(
+                    f"The working directory {cwd} does not exist in the sandbox, or its user cannot enter it; "
+                    "make it first (files.make_dir), or leave cwd out for /home/user."
+                )
             spec = dataclasses.replace(parent.spec, kernel=kernel, host=KernelHost(handle, parent.spec.kernel, cwd))
             config = dataclasses.replace(parent.config, auto_replay=False)
             recorder = ChildAudit(self.recorder, parent) if self.recorder is not None else None
@@ -609,6 +614,16 @@ class SessionManager:
                 raise
         log.info("session %s: context %s (%s) started", parent.id, child.id, kernel)
         return child
+
+    async def _enterable(self, handle: KernelHandle, cwd: str) -> bool:
+        """Whether the sandbox's user can enter ``cwd`` (a helper in its container)."""
+        process = await self.backend.exec(handle, ["/bin/sh", "-c", 'cd -- "$1"', "sh", cwd], timeout=30)
+        try:
+            while await process.read():
+                pass
+            return await process.exit_code() == 0
+        finally:
+            await process.close()
 
     def get_child(self, parent: KernelSession, child_id: str) -> KernelSession:
         """``parent``'s child ``child_id``, or `ChildNotFound` saying why it ended when known."""

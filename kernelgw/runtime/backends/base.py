@@ -177,6 +177,8 @@ class KernelState:
 
     def describe(self) -> str:
         """Why the kernel is gone, for a ``done`` event's ``reason``."""
+        if self.status == "missing" and self.detail:  # a child kernel's: no container of its own is missing
+            return self.detail
         said = self._describe()
         return f"{said} ({self.detail})" if self.detail else said
 

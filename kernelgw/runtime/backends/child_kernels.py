@@ -251,7 +251,7 @@ class ChildKernels:
         container stopped: the sandbox's main kernel ended or was removed)."""
         child = self._children.get(handle.kernel_id)
         if child is None:
-            return KernelState(status="missing", detail="the context's kernel was stopped")
+            return KernelState(status="missing", detail="the context's kernel was stopped by the gateway")
         if not child.ended.is_set():
             return KernelState(status="running")
         detail = child.last_words()

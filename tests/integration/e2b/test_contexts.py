@@ -345,3 +345,25 @@ def test_a_context_says_so_when_the_sandbox_s_kernel_died(sbx: Sandbox) -> None:
     sbx.restart_code_context(sbx.list_code_contexts()[0])  # the sandbox's kernel again, its contexts gone
     assert sbx.run_code("2").text == "2"
     assert [c.id for c in sbx.list_code_contexts()][1:] == []
+
+
+def test_a_context_works_in_its_cwd_and_one_that_is_not_there_is_named(sbx: Sandbox) -> None:
+    sbx.run_code("import os; os.makedirs('/home/user/proj/sub', exist_ok=True)")
+    ctx = sbx.create_code_context(cwd="/home/user/proj/sub")
+    assert ctx.cwd == "/home/user/proj/sub"
+    assert sbx.run_code("import os; os.getcwd()", context=ctx).text == "/workspace/proj/sub"
+    with pytest.raises(SandboxException, match="400.*The working directory /nowhere does not exist"):
+        sbx.create_code_context(cwd="/nowhere")
+    assert len(sbx.list_code_contexts()) == 2
+
+
+def test_a_context_that_runs_out_of_memory_is_named_and_the_sandbox_goes_on(sbx: Sandbox) -> None:
+    """The sandbox's memory limit holds for all its kernels (one cgroup): a context
+    past it is killed, out-of-memory, and the sandbox's kernel lives on."""
+    sbx.run_code("kept = 'alive'")
+    ctx = sbx.create_code_context()
+    hog = sbx.run_code("chunks = []\nwhile True: chunks.append(bytearray(64 << 20))", context=ctx, timeout=120)
+    assert hog.error is not None and hog.error.name == "OutOfMemory", hog.error
+    assert sbx.run_code("kept").text == "alive"
+    sbx.restart_code_context(ctx)  # a fresh kernel for the context
+    assert sbx.run_code("'chunks' in dir()", context=ctx).text == "False"
