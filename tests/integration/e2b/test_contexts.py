@@ -352,7 +352,7 @@ def test_a_context_works_in_its_cwd_and_one_that_is_not_there_is_named(sbx: Sand
     ctx = sbx.create_code_context(cwd="/home/user/proj/sub")
     assert ctx.cwd == "/home/user/proj/sub"
     assert sbx.run_code("import os; os.getcwd()", context=ctx).text == "/workspace/proj/sub"
-    with pytest.raises(SandboxException, match="400.*The working directory /nowhere does not exist"):
+    with pytest.raises(SandboxException, match=r"400.*The working directory /nowhere does not exist"):
         sbx.create_code_context(cwd="/nowhere")
     assert len(sbx.list_code_contexts()) == 2
 
