@@ -177,7 +177,7 @@ class KernelState:
 
     def describe(self) -> str:
         """Why the kernel is gone, for a ``done`` event's ``reason``."""
-        if self.status == "missing" and self.detail:  # a child kernel's: no container of its own is missing
+        if self.status == "missing" and self.detail and not self.oom_killed:  # a child's: no container of its own
             return self.detail
         said = self._describe()
         return f"{said} ({self.detail})" if self.detail else said

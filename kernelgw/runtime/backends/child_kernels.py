@@ -102,6 +102,7 @@ MAX_SOCKET_PATH = 107
 """sun_path is 108 bytes including the terminating NUL."""
 TAIL_BYTES = 4096
 """What a child kernel wrote to stderr last, kept to name its death."""
+CONTAINER_STOPPED = "the sandbox's container stopped: its main kernel ended or the sandbox was removed"
 STOP_WAIT_S = 5.0
 """How long a stop waits for a killed child's exec to end."""
 
@@ -247,16 +248,19 @@ class ChildKernels:
             log.info("signal %s to child kernel %s failed: %s", signum, handle.kernel_id, exc)
 
     async def state(self, handle: KernelHandle) -> KernelState:
-        """Running while its exec runs; else how it ended, and why when known (its
+        """Running while its exec and its container run (asked of the engine, as a
+        main kernel's state is); else how it ended, and why when known (its
         container stopped: the sandbox's main kernel ended or was removed)."""
         child = self._children.get(handle.kernel_id)
         if child is None:
             return KernelState(status="missing", detail="the context's kernel was stopped by the gateway")
+        host_running = await self._ops.host_running(child.host)
         if not child.ended.is_set():
-            return KernelState(status="running")
-        detail = child.last_words()
-        if not await self._ops.host_running(child.host):
-            detail = "the sandbox's container stopped: its main kernel ended or the sandbox was removed"
+            if host_running:
+                return KernelState(status="running")
+            # the container is gone and the exec has not said so (gVisor keeps its stream open)
+            return KernelState(status="missing", detail=CONTAINER_STOPPED)
+        detail = child.last_words() if host_running else CONTAINER_STOPPED
         return KernelState(status="exited", exit_code=child.exit_code, detail=detail)
 
     async def close(self) -> None:

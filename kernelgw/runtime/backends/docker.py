@@ -546,8 +546,9 @@ class DockerBackend:
     async def _state(self, handle: KernelHandle, oom_seen: int) -> KernelState:
         if handle.host is not None:
             state = await self.children.state(handle)
-            if state.status != "exited":
+            if state.alive:
                 return replace(state, oom_kills=self._ooms.count(handle.container_id))
+            # an out-of-memory kill ends the child, or (gVisor) the whole container
             return replace(state, **self._oom_verdict(handle, oom_seen, False))
         try:
             info = await self._run(self._client().api.inspect_container, handle.container_id)

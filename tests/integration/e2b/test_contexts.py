@@ -27,6 +27,7 @@ from e2b_code_interpreter import Sandbox
 from kernelgw.runtime.backends.base import KernelHandle, KernelHost
 from kernelgw.runtime.backends.docker import DockerBackend
 from tests.integration.conftest import (
+    RUNTIME,
     assert_nothing_left,
     conn_dir_of,
     gateway_settings,
@@ -357,13 +358,45 @@ def test_a_context_works_in_its_cwd_and_one_that_is_not_there_is_named(sbx: Sand
     assert len(sbx.list_code_contexts()) == 2
 
 
-def test_a_context_that_runs_out_of_memory_is_named_and_the_sandbox_goes_on(sbx: Sandbox) -> None:
+def test_a_context_that_runs_out_of_memory_is_named(sbx: Sandbox) -> None:
     """The sandbox's memory limit holds for all its kernels (one cgroup): a context
-    past it is killed, out-of-memory, and the sandbox's kernel lives on."""
+    past it is killed, out-of-memory. Under runc the kernel killer takes that
+    process and the sandbox's kernel lives on; under gVisor the whole sandbox
+    goes (its Sentry is the cgroup's one process), the default context too."""
     sbx.run_code("kept = 'alive'")
     ctx = sbx.create_code_context()
     hog = sbx.run_code("chunks = []\nwhile True: chunks.append(bytearray(64 << 20))", context=ctx, timeout=120)
     assert hog.error is not None and hog.error.name == "OutOfMemory", hog.error
+    if RUNTIME == "runsc":
+        gone = sbx.run_code("kept")
+        assert gone.error is not None and gone.error.name in ("OutOfMemory", "KernelDied"), gone.error
+        sbx.restart_code_context(sbx.list_code_contexts()[0])  # the sandbox again; its contexts went with it
+        assert sbx.run_code("'kept' in dir()").text == "False"
+        return
     assert sbx.run_code("kept").text == "alive"
     sbx.restart_code_context(ctx)  # a fresh kernel for the context
     assert sbx.run_code("'chunks' in dir()", context=ctx).text == "False"
+
+
+def test_a_context_cannot_touch_the_sockets_the_gateway_follows(sbx: Sandbox) -> None:
+    """Once sealed, /conn lets the sandbox's uid pass through (a context's own
+    directory is in it), but not list, add, rename or remove anything there, nor
+    list or change a sealed context's own directory."""
+    ctx = sbx.create_code_context()
+    assert sbx.run_code("1", context=ctx).text == "1"  # started and sealed
+    probe = (
+        "import os\n"
+        "def tries(f, *a):\n"
+        "    try:\n        f(*a); return 'done'\n"
+        "    except OSError as e:\n        return type(e).__name__\n"
+        "mine = [a for a in open('/proc/self/cmdline').read().split('\\0') if a.startswith('/conn/')]\n"
+        "own = os.path.dirname(mine[0]) if mine else '/conn'\n"
+        "' '.join([tries(os.listdir, '/conn'), tries(os.mkdir, '/conn/x'), tries(os.rename, '/conn/k-1', '/conn/k-9'),"
+        " tries(os.unlink, '/conn/k-2'), tries(os.symlink, '/etc/passwd', '/conn/k-7'), tries(os.listdir, own),"
+        " tries(os.unlink, own + '/k-1')])"
+    )
+    expected = " ".join(["PermissionError"] * 7)
+    assert sbx.run_code(probe).text == expected
+    assert sbx.run_code(probe, context=ctx).text == expected
+    assert sbx.run_code("own", context=ctx).text.startswith("/conn/c")  # the context's own directory was tried
+    assert sbx.run_code("1 + 1").text == "2" and sbx.run_code("1 + 1", context=ctx).text == "2"
