@@ -222,8 +222,9 @@ class ChildKernels:
         child = self._children.pop(handle.kernel_id, None)
         try:
             if child is not None:
-                if not child.ended.is_set():
-                    with contextlib.suppress(Exception):  # its container may be gone already
+                # its container gone, the process is too (and gVisor may never end the exec's stream)
+                if not child.ended.is_set() and await self._ops.host_running(child.host):
+                    with contextlib.suppress(Exception):  # the container may stop meanwhile
                         await self._ops.signal_process(child.host, child.process.pid, signal.SIGKILL, group=True)
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(STOP_WAIT_S):
