@@ -52,6 +52,11 @@ def test_any_gateway_of_a_cluster_serves_any_sandbox(
         there = Sandbox.connect(made.sandbox_id, **on(b))
         execution = there.run_code("x + 1")
         assert execution.error is None and execution.text == "42", execution
+        # a context made through B lives in A's container, and A answers for it through either
+        ctx = there.create_code_context()
+        assert there.run_code("'x' in dir()", context=ctx).text == "False"
+        assert [c.id for c in made.list_code_contexts()][1:] == [ctx.id]
+        assert made.run_code("6 * 7", context=ctx).text == "42"
         assert Sandbox.get_info(made.sandbox_id, **on(b)).metadata == {"who": "cluster-test"}
         listed = Sandbox.list(query=SandboxQuery(metadata={"who": "cluster-test"}), **on(b)).next_items()
         assert [s.sandbox_id for s in listed] == [made.sandbox_id]
