@@ -645,8 +645,10 @@ class SessionManager:
     async def set_lease(self, session: KernelSession, seconds: float) -> None:
         """The session's lease runs out ``seconds`` from now (set or moved, sooner or
         later); returns once the store has it. A paused session has no lease
-        (resume it first), nor has one whose lease ran out and is being ended."""
-        seconds = check_lease_s(seconds, self.settings.max_lease_s)
+        (resume it first), nor has one whose lease ran out and is being ended.
+        0 makes the lease run out now: the session ends (or pauses) as if its
+        timeout had run out, after this returns."""
+        seconds = check_lease_s(seconds, self.settings.max_lease_s, now=True)
         if self._sessions.get(session.id) is not session or session.state == "closed":
             raise SessionNotFound(session.id)
         if session.state == "paused":

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from kernelgw.runtime.lease import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
 from kernelgw.runtime.lease import RESERVED_PREFIX as RESERVED_PREFIX
@@ -120,7 +120,14 @@ class NewSandboxV1(NewSandbox):
 
 
 class TimeoutRequest(_Request):
-    timeout: Timeout
+    timeout: StrictInt
+    """0 ends the sandbox now (or pauses it, with autoPause), as its timeout
+    running out would; E2B takes a negative timeout as 0."""
+
+    @field_validator("timeout")
+    @classmethod
+    def _negative_is_now(cls, value: int) -> int:
+        return max(value, 0)
 
 
 class ConnectRequest(_Request):

@@ -240,6 +240,25 @@ async def test_set_timeout_moves_the_end_both_ways(gw: Gateway) -> None:
         await sbx.kill()
 
 
+async def test_set_timeout_0_ends_the_sandbox_as_its_timeout_would(gw: Gateway) -> None:
+    """E2B's meaning: the lease runs out now (a negative timeout is taken as 0)."""
+    for timeout in (0, -5):
+        sbx = await AsyncSandbox.create(timeout=600)
+        await sbx.set_timeout(timeout)
+
+        async def gone(sbx: AsyncSandbox = sbx) -> bool:
+            try:
+                await sbx.get_info()
+            except SandboxNotFoundException:
+                return True
+            return False
+
+        await until(gone, f"set_timeout({timeout}) to end the sandbox")
+        async with e2b(gw, gw.alice) as http:
+            resp = await http.get(f"/sandboxes/{sbx.sandbox_id}")
+            assert resp.status_code == 404 and "killed when its timeout ran out" in resp.json()["message"]
+
+
 async def test_connect_gives_the_same_token_and_only_extends_a_running_lease(gw: Gateway) -> None:
     sbx = await AsyncSandbox.create(timeout=600)
     try:
