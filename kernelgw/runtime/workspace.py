@@ -261,7 +261,7 @@ def quota_message(info: dict[str, Any], size: int | None) -> str:
     if room <= free:
         return (
             f"{what} would exceed the workspace quota of {_mib(quota)}: {_mib(used)} are in use, so at "
-            f"most {_mib(max(room, 0))} fit. Delete files (DELETE .../files/PATH) to make room."
+            f"most {_mib(max(room, 0))} fit. Delete files from the workspace to make room."
         )
     return f"{what} does not fit: the workspace file system has only {_mib(free)} free."
 
