@@ -492,6 +492,7 @@ class KernelSession:
                     await self._link.stop()
                     await self.backend.end_session(self.id)
                     self.state = "paused"
+                    self.lineage_kernels = self._paused_kernels  # not the kernel that failed
                     if isinstance(exc, Exception) and not isinstance(exc, KernelGWError):
                         raise KernelStartFailed(f"The session could not be resumed: {exc}") from exc
                     raise

@@ -217,6 +217,25 @@ async def test_a_restart_that_fails_leaves_the_session_paused_with_its_snapshot(
     assert manager.snapshots.used == 0 == gauge(manager)
 
 
+@pytest.mark.parametrize("how", ["restart", "resume"])
+async def test_a_failed_restart_or_resume_keeps_the_paused_lineage(
+    make_manager: ManagerFactory, store: Store, gate: Gate, how: str
+) -> None:
+    """The kernel that failed is no part of the session's lineage: the stored
+    cells stay those of the kernels the session was paused from, and a replay
+    after the failure still finds them."""
+    manager = make_manager()
+    session = await paused_session(manager, store)
+    kernels = session.lineage_kernels
+    gate.fail = OSError("no room")
+    with pytest.raises(KernelStartFailed, match="no room"):
+        await (session.restart() if how == "restart" else session.resume())
+    assert session.lineage_kernels == kernels
+    gate.fail = None
+    report = await session.restart(replay=True)
+    assert report is not None and report.replayed == 1
+
+
 async def test_a_delete_during_the_restart_waits_for_it_then_leaves_nothing(
     make_manager: ManagerFactory, store: Store, local_backend: LocalBackend, gate: Gate
 ) -> None:
