@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -65,6 +67,37 @@ def lookup(state: GatewayState, principal: Principal, ref: str) -> KernelSession
         ]
         return max(named, key=lambda s: (utc(s.created_at), s.id), default=None)
     return session if is_snapshot(session) else None
+
+
+@dataclass(frozen=True)
+class NamedSnapshot:
+    snapshot_id: str
+    gateway_name: str | None
+    """The gateway of the cluster holding it; None: this one."""
+
+
+async def newest_named(state: GatewayState, principal: Principal, name: str) -> NamedSnapshot | None:
+    """The newest snapshot called ``name`` that ``principal`` has on any gateway
+    of the cluster: where a create from it (or its delete) must go, since
+    `lookup` on a gateway sees that gateway's snapshots only. None for a
+    template's id, or when no snapshot has that name."""
+    if name in templates.templates(state.settings):
+        return None
+    found: list[tuple[datetime, str, str | None]] = [
+        (utc(s.created_at), s.id, None)
+        for s in state.manager.list(principal)
+        if is_snapshot(s) and s.metadata.get(SNAPSHOT_NAME_KEY) == name
+    ]
+    if state.cluster is not None:
+        found += [
+            (utc(r.created_at), r.id, r.gateway_name)
+            for r in await state.cluster.remote_sessions(principal)
+            if SNAPSHOT_OF_KEY in r.metadata and r.metadata.get(SNAPSHOT_NAME_KEY) == name
+        ]
+    if not found:
+        return None
+    _, snapshot_id, gateway_name = max(found, key=lambda row: (row[0], row[1]))
+    return NamedSnapshot(snapshot_id, gateway_name)
 
 
 @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
