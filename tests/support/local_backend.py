@@ -257,6 +257,10 @@ class LocalBackend:
             raise KernelDied("The local kernel is not running; restart the session.")
         workspace = handle.conn_dir / "workspace"
         rel = cwd[len(WORKSPACE_DIR) :].lstrip("/") if cwd.startswith(WORKSPACE_DIR) else ""
+        if argv[:2] == ["/usr/bin/env", "-i"] and "-m" in argv:  # an image helper run as a command (a watch)
+            module, rest = argv[argv.index("-m") + 1], argv[argv.index("-m") + 2 :]
+            argv = [self.python, "-c", HELPER_BOOT, str(workspace), module, *rest]
+            env = {"PYTHONPATH": str(IMAGE_HELPERS)}
         process = await asyncio.create_subprocess_exec(
             *argv,
             cwd=str(workspace / rel),

@@ -21,8 +21,8 @@ group, as E2B's do; other owners keep the container's names.
 
 Where envd follows symbolic links (``Stat``, ``ListDir`` of a link to a
 directory) kernelgw describes the link itself and never enters it. Watching
-a directory (``WatchDir``, the watcher calls) is not served: ``unimplemented``,
-naming the gap. ``Remove`` of what does not exist succeeds, as envd's does.
+a directory (``WatchDir``, the watcher calls) is `kernelgw.server.e2b.envd_watch`'s.
+``Remove`` of what does not exist succeeds, as envd's does.
 """
 
 from __future__ import annotations
@@ -375,12 +375,6 @@ CALLS: dict[str, Call] = {
     "Move": move_call,
     "Remove": remove_call,
 }
-WATCHING = (
-    "Watching a directory (sandbox.files.watch_dir: filesystem.Filesystem/{method}) is not served by kernelgw yet; "
-    "list the directory (sandbox.files.list) to see what changed"
-)
-UNSERVED = {name: WATCHING for name in ("WatchDir", "CreateWatcher", "GetWatcherEvents", "RemoveWatcher")}
-
 router = APIRouter(route_class=ConnectRoute, tags=["e2b"])
 
 
@@ -390,7 +384,6 @@ async def filesystem(method: str, request: Request) -> Response:
     sandbox = await sandbox_for(request, ENVD_PORT)
     call = CALLS.get(method)
     if call is None:
-        message = UNSERVED.get(method, "filesystem.Filesystem has no method {method}")
-        raise ConnectError("unimplemented", message.format(method=method))
+        raise ConnectError("unimplemented", f"filesystem.Filesystem has no method {method}")
     check_user(basic_user(request.headers.get("authorization")))
     return message_response(await within_deadline(request, call(request, sandbox)))

@@ -150,7 +150,8 @@ def test_bad_input_gets_e2bs_errors_and_leaves_the_sandbox_working(sbx: Sandbox)
         (InvalidArgumentException, lambda: sbx.files.list("/home/user/f.txt"), "not a directory"),
         (InvalidArgumentException, lambda: sbx.files.rename("/home/user/etc/passwd", "/home/user/p"), "symbolic link"),
         (SandboxException, lambda: sbx.files.write("/home/user/x.txt", "x", user="root"), "one user"),
-        (SandboxException, lambda: sbx.files.watch_dir("/home/user"), "not served"),
+        (InvalidArgumentException, lambda: sbx.files.watch_dir("/home/user/etc"), "symbolic link"),
+        (SandboxException, lambda: sbx.files.watch_dir("/etc"), "only /home/user"),
     ]
     for exc, call, words in refusals:
         with pytest.raises(exc) as info:

@@ -137,8 +137,8 @@ async def test_async_sdk_writes_many_files_and_reads_them(gw: Gateway, sandbox: 
     assert names == ["d", "one.txt", "three.txt", "two"]
     with pytest.raises(FileNotFoundException):
         await sbx.files.get_info("/home/user/missing")
-    with pytest.raises(SandboxException, match="not served"):  # the streaming call: its error ends the stream
-        await sbx.files.watch_dir("/home/user", on_event=lambda event: None)
+    with pytest.raises(FileNotFoundException):  # the streaming call: its error ends the stream
+        await sbx.files.watch_dir("/home/user/missing", on_event=lambda event: None)
 
 
 @pytest.mark.parametrize("envd", ["0.2.4", "0.6.0"])
@@ -211,7 +211,7 @@ async def test_errors_are_e2bs(gw: Gateway, sandbox: tuple[KernelSession, str]) 
         (InvalidArgumentException, lambda: sbx.files.make_dir("/home/user/f.txt"), ("not a directory",)),
         (InvalidArgumentException, lambda: sbx.files.remove("/home/user"), ("cannot be removed",)),
         (SandboxException, lambda: sbx.files.read("/home/user/f.txt", user="root"), ("one user",)),
-        (SandboxException, lambda: sbx.files.watch_dir("/home/user"), ("not served",)),
+        (InvalidArgumentException, lambda: sbx.files.watch_dir("/home/user/out"), ("symbolic link",)),
     ]
     for exc, call, words in checks:
         await raises(exc, call, *words)
