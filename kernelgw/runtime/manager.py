@@ -38,7 +38,7 @@ from kernelgw.errors import (
 )
 from kernelgw.kernels import DEFAULT_KERNEL, profile
 from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
-from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelSpec
+from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelHandle, KernelSpec
 from kernelgw.runtime.lease import (
     LEASE_ENDED_REASON,
     LEASE_PAUSED_REASON,
@@ -49,9 +49,15 @@ from kernelgw.runtime.lease import (
     check_metadata,
     lease_until,
 )
-from kernelgw.runtime.lineage import ReplayReport
+from kernelgw.runtime.lineage import LineageCell, ReplayReport
 from kernelgw.runtime.metrics import Metrics
-from kernelgw.runtime.pause import NamespaceSummary, PausedBudgetExceeded, SnapshotBudget, SnapshotTooLarge
+from kernelgw.runtime.pause import (
+    NamespaceSummary,
+    PausedBudgetExceeded,
+    SnapshotBudget,
+    SnapshotTooLarge,
+    remove_snapshot,
+)
 from kernelgw.runtime.pool import PoolProfile, WarmPool
 from kernelgw.runtime.recorder import Recorder, StoredSession
 from kernelgw.runtime.session import KernelSession, Paused, SessionConfig
@@ -505,16 +511,52 @@ class SessionManager:
         cells = source.lineage
         session = await self.create(self.fork_options(source, opts), principal)
         async with self._deleted_if_fork_fails(session):
-            target = session.handle
-            assert target is not None
+            return session, await self._fill_by_replay(source, handle, cells, session)
+
+    async def _fill_by_replay(
+        self, source: KernelSession, handle: KernelHandle, cells: tuple[LineageCell, ...], session: KernelSession
+    ) -> Fork:
+        target = session.handle
+        assert target is not None
+        started = time.perf_counter()
+        copied = await copy_session_files(
+            self.backend, handle, target, self.settings.file_io_timeout_s, tree_caps(session.spec)
+        )
+        await session.keep_files()
+        copy_ms = (time.perf_counter() - started) * 1000
+        report = await session.replay(cells, "fork")
+        return Fork(source.id, copied, copy_ms, report)
+
+    async def fork_state(
+        self, source: KernelSession, opts: SessionOptions, principal: Principal = ANONYMOUS
+    ) -> tuple[KernelSession, Fork]:
+        """A fork that copies the source's state instead of replaying its cells:
+        a running Python session between cells has its variables pickled and its
+        files copied, as a pause would keep them (what its cells did that no
+        replay would do again, random draws, reads of what changed since, is
+        kept); a paused one is forked from its snapshot. While a cell runs, or
+        for a kernel whose variables cannot be pickled, it is `fork`'s replay."""
+        await source.rebuilt()
+        if source.state == "paused":
+            return await self._fork_paused(source, opts, principal)
+        handle = source.handle
+        if handle is None or source.state == "dead":
+            raise KernelDied(f"Session {source.id} has no running kernel to fork; restart it first.")
+        cells = source.lineage
+        session = await self.create(self.fork_options(source, opts), principal)
+        async with self._deleted_if_fork_fails(session):
+            directory = self.snapshot_dir(session.id).with_name(f"{session.id}.copy")
             started = time.perf_counter()
-            copied = await copy_session_files(
-                self.backend, handle, target, self.settings.file_io_timeout_s, tree_caps(session.spec)
-            )
-            await session.keep_files()
+            try:
+                s = self.settings
+                done = await source.copy_state_into(session, directory, s.snapshot_max_bytes, s.file_io_timeout_s)
+            finally:
+                await remove_snapshot(directory)
+            if done is None:  # a cell ran meanwhile, or not Python
+                return session, await self._fill_by_replay(source, handle, cells, session)
+            copied, namespace = done
             copy_ms = (time.perf_counter() - started) * 1000
-            report = await session.replay(cells, "fork")
-        return session, Fork(source.id, copied, copy_ms, report)
+        return session, Fork(source.id, copied, copy_ms, ReplayReport("fork", (), 0.0), namespace)
 
     async def _fork_paused(
         self, source: KernelSession, opts: SessionOptions, principal: Principal
