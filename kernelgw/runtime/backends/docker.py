@@ -58,6 +58,7 @@ from kernelgw.runtime.backends.base import (
     KernelHandle,
     KernelSpec,
     KernelState,
+    TerminalSize,
     connection_info,
     helper_command,
 )
@@ -85,6 +86,18 @@ OOM_RECHECKS x OOM_RECHECK_S (5 s; seen 60 ms after the exit under gVisor; the
 count is in memory, so waiting costs no engine call)."""
 OOM_RECHECK_S = 0.1
 CONTAINER_CONN_DIR = "/conn"
+SIGNAL_SESSION = """
+sig=$1 sid=$2
+for stat in /proc/[0-9]*/stat; do
+  IFS= read -r line < "$stat" 2>/dev/null || continue
+  set -- ${line##*) }
+  if [ "$4" = "$sid" ]; then pid=${stat#/proc/}; kill -s "$sig" "${pid%/stat}" 2>/dev/null; fi
+done
+exit 0
+"""
+"""Signal every process whose session is ``$2`` (field 6 of proc_pid_stat(5),
+the 4th after the command name, which may hold spaces but ends at the last
+``)``); the container has no ``pkill``."""
 KERNEL_ACCOUNT_ENV = {"USER": "kernel", "LOGNAME": "kernel"}
 """The images name only uid 61000 (``kernel``) and a session's uid has no account
 in them: ``getpass.getuser()`` (and what uses it) reads these first. A session's
@@ -670,11 +683,20 @@ class DockerBackend:
         return DockerExec(self, created["Id"], sock, timeout)
 
     async def run_command(
-        self, handle: KernelHandle, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bool = False
+        self,
+        handle: KernelHandle,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        stdin: bool = False,
+        tty: TerminalSize | None = None,
     ) -> DockerCommand:
-        sock, exec_id = await self._run(self._command_sync, handle, argv, env, cwd, stdin)
-        command = DockerCommand(self, exec_id, sock)
+        sock, exec_id = await self._run(self._command_sync, handle, argv, env, cwd, stdin or tty is not None, tty)
+        command = DockerCommand(self, exec_id, sock, tty=tty is not None)
         try:
+            if tty is not None:  # at once, before the pid line: the program most likely starts at this size
+                await command.resize(tty)
             await command.started()
         except BaseException:
             await command.close()
@@ -682,7 +704,13 @@ class DockerBackend:
         return command
 
     def _command_sync(
-        self, handle: KernelHandle, argv: list[str], env: dict[str, str], cwd: str, stdin: bool
+        self,
+        handle: KernelHandle,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        stdin: bool,
+        tty: TerminalSize | None,
     ) -> tuple[Any, str]:
         api = self._client().api
         uid = self._session_uid(handle.session_id)
@@ -693,12 +721,13 @@ class DockerBackend:
                 stdin=stdin,
                 stdout=True,
                 stderr=True,
-                tty=False,
+                tty=tty is not None,
                 user=f"{uid}:{self._gid(uid)}",
                 workdir=cwd,
                 environment=env,
             )
-            sock = api.exec_start(created["Id"], socket=True)
+            # the start says tty too, or the engine frames the terminal's stream as stdout
+            sock = api.exec_start(created["Id"], socket=True, tty=tty is not None)
         except docker.errors.NotFound as exc:
             raise KernelDied("The kernel container no longer exists; restart the session.") from exc
         except docker.errors.APIError as exc:
@@ -711,8 +740,10 @@ class DockerBackend:
             raise EngineUnavailable(f"The Docker engine failed: {exc}") from exc
         return sock, str(created["Id"])
 
-    async def signal_command(self, handle: KernelHandle, pid: int, signum: int) -> None:
-        script = 'kill -s "$1" -- "-$2" 2>/dev/null || kill -s "$1" "$2" 2>/dev/null; exit 0'
+    async def signal_command(self, handle: KernelHandle, pid: int, signum: int, *, session: bool = False) -> None:
+        script = (
+            SIGNAL_SESSION if session else 'kill -s "$1" -- "-$2" 2>/dev/null || kill -s "$1" "$2" 2>/dev/null; exit 0'
+        )
         process = await self.exec(handle, ["/bin/sh", "-c", script, "sh", str(signum), str(pid)], timeout=30)
         try:
             while await process.read():
@@ -896,14 +927,17 @@ class DockerCommand:
     non-blocking mode and driven by the event loop, since a command may run
     (and be read) as long as its sandbox does, and a thread each would drain
     the backend's pool. Frames as in `DockerExec`; the first line of stderr is
-    the pid the wrapper (`COMMAND_WRAPPER`) wrote.
+    the pid the wrapper (`COMMAND_WRAPPER`) wrote. With a terminal (``tty``)
+    the engine sends what the terminal shows as raw bytes, no frames: the pid
+    is its first line (``\r\n``-ended, as a terminal writes it).
     """
 
     READ_SIZE = 64 * 1024
 
-    def __init__(self, backend: DockerBackend, exec_id: str, sock: Any) -> None:
+    def __init__(self, backend: DockerBackend, exec_id: str, sock: Any, *, tty: bool = False) -> None:
         self._backend = backend
         self.exec_id = exec_id
+        self.tty = tty
         self._holder = sock
         raw = getattr(sock, "_sock", sock)
         if not isinstance(raw, socket.socket) or type(raw) is not socket.socket:
@@ -946,9 +980,36 @@ class DockerCommand:
                 self._eof = True
             self._buffer += data
 
+    async def _raw(self) -> bytes:
+        """A terminal's next bytes (``b""`` at the end)."""
+        if self._buffer:
+            data = bytes(self._buffer)
+            self._buffer.clear()
+            return data
+        if self._eof:
+            return b""
+        data = await self._recv()
+        if not data:
+            self._eof = True
+        return data
+
+    async def _started_tty(self) -> None:
+        while b"\n" not in self._buffer:
+            data = await self._recv()
+            if not data:
+                raise BackendError("The command ended before it started (the kernel container stopped?).")
+            self._buffer += data
+        line, _, rest = bytes(self._buffer).partition(b"\n")
+        self._buffer = bytearray(rest)
+        if not line.strip().isdigit():
+            raise BackendError(f"The command's wrapper did not name its pid: {line[:80]!r}")
+        self._pid = int(line)
+
     async def started(self) -> None:
         """Read the wrapper's pid line (stderr's first); output before it is kept
         (the engine copies stdout and stderr apart: stdout may come first)."""
+        if self.tty:
+            return await self._started_tty()
         err = bytearray()
         while b"\n" not in err:
             frame = await self._frame()
@@ -967,6 +1028,9 @@ class DockerCommand:
             self._pending.append((2, rest))
 
     async def read(self) -> tuple[CommandStream, bytes] | None:
+        if self.tty:
+            data = await self._raw()
+            return (3, data) if data else None
         if self._pending:
             return self._pending.pop(0)
         while True:
@@ -989,6 +1053,20 @@ class DockerCommand:
             self._sock.shutdown(socket.SHUT_WR)
         except OSError as exc:
             raise BackendError(f"The command's stdin is closed: {exc}") from exc
+
+    async def resize(self, size: TerminalSize) -> None:
+        if not self.tty:
+            raise BackendError("The command has no terminal to resize.")
+
+        def resize() -> None:
+            self._backend._client().api.exec_resize(self.exec_id, height=size.rows, width=size.cols)
+
+        try:
+            await self._backend._run(resize)
+        except docker.errors.NotFound as exc:
+            raise BackendError("The command has ended: its terminal is gone.") from exc
+        except docker.errors.DockerException as exc:
+            raise BackendError(f"The Docker engine did not resize the terminal: {exc}") from exc
 
     async def exit_code(self) -> int | None:
         return await exec_exit_code(self._backend, self.exec_id)
