@@ -152,6 +152,8 @@ class EntryDetails:
     owner: str
     group: str
     symlink_target: str | None = None
+    metadata: dict[str, str] | None = None
+    """E2B's metadata kept on the file (its ``user.e2b.*`` extended attributes)."""
     own_user: bool = False
     """The owner is the kernel's user (whose uid may be a session's own, unnamed in the container)."""
     own_group: bool = False
@@ -159,6 +161,7 @@ class EntryDetails:
 
 def entry_details(data: dict[str, Any]) -> EntryDetails:
     target = data.get("symlink_target")
+    metadata = data.get("metadata")
     return EntryDetails(
         path=str(data["path"]),
         type=str(data["type"]),
@@ -168,6 +171,7 @@ def entry_details(data: dict[str, Any]) -> EntryDetails:
         owner=str(data["owner"]),
         group=str(data["group"]),
         symlink_target=str(target) if target is not None else None,
+        metadata={str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, dict) and metadata else None,
         own_user=bool(data.get("own_user")),
         own_group=bool(data.get("own_group")),
     )
@@ -242,7 +246,7 @@ def raise_for_answer(answer: dict[str, Any]) -> dict[str, Any]:
         raise FileNotFoundInWorkspace(message)
     if code in ("quota", "no_space"):
         raise QuotaExceeded(message)
-    if code == "aborted":
+    if code in ("aborted", "no_metadata", "metadata_too_large"):
         raise BadRequest(message)
     if code == "io_error" and ("(EACCES)" in message or "(EPERM)" in message):
         # user code changed the file's permissions (chmod 000): not a gateway fault
@@ -351,12 +355,18 @@ class WorkspaceFiles:
         *,
         quota_bytes: int,
         content_length: int | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> UploadResult:
         """Stream ``body`` into ``path``; a declared ``content_length`` over the
-        per-file limit is refused before anything starts."""
+        per-file limit is refused before anything starts. ``metadata``: E2B's,
+        kept on the file (as ``user.e2b.*`` extended attributes) from the moment
+        it appears."""
         rel = validate_path(path)
         self.check_length(content_length)
-        args = ["put", "--max-bytes", str(self.max_upload_bytes), "--quota", str(quota_bytes), "--", rel]
+        args = ["put", "--max-bytes", str(self.max_upload_bytes), "--quota", str(quota_bytes)]
+        if metadata:
+            args += ["--metadata", json.dumps(metadata)]
+        args += ["--", rel]
         proc = await self._exec(handle, args, stdin=True)
         committed = False
         try:

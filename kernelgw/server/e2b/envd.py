@@ -179,6 +179,7 @@ class EntryInfo(BaseModel):
     group: str
     modified_time: str = Field(alias="modifiedTime")
     symlink_target: str | None = Field(None, alias="symlinkTarget")
+    metadata: dict[str, str] | None = None
     is_symlink: bool | None = Field(None, alias="isSymlink")
 
 
@@ -196,6 +197,7 @@ def entry_info(entry: EntryDetails) -> EntryInfo:
         group=USER if entry.own_group else clean(entry.group),
         modified_time=timestamp(entry.mtime),
         symlink_target=clean(link_target(entry.symlink_target or "")) if link else None,
+        metadata=entry.metadata or None,
         is_symlink=True if link else None,
     )
 

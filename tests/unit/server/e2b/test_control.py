@@ -23,6 +23,7 @@ from e2b.exceptions import (
 from e2b_code_interpreter import AsyncSandbox as AsyncCodeSandbox
 
 from kernelgw.server.e2b.auth import ACCESS_NONCE_KEY
+from kernelgw.server.e2b.models import ENVD_VERSION
 from kernelgw.server.e2b.templates import TEMPLATE_KEY
 from tests.support.local_backend import LocalBackend
 from tests.support.waiting import until
@@ -57,7 +58,7 @@ async def test_create_gives_a_running_sandbox_with_its_metadata_lease_and_token(
     sbx = await AsyncSandbox.create(metadata={"user": "alice", "run": "1"}, timeout=120)
     after = datetime.now(UTC)
     try:
-        assert str(sbx._envd_version) == "0.2.4"
+        assert str(sbx._envd_version) == ENVD_VERSION
         assert sbx._envd_access_token and sbx.traffic_access_token == sbx._envd_access_token
         info = await sbx.get_info()
         assert info.sandbox_id == sbx.sandbox_id
