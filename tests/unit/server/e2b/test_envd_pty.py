@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
+import httpx
 import pytest
 from e2b import AsyncSandbox as BaseAsyncSandbox
-from e2b import CommandExitException, InvalidArgumentException, PtySize, SandboxException
+from e2b import CommandExitException, InvalidArgumentException, NotFoundException, PtySize, SandboxException
 from e2b import Sandbox as BaseSandbox
 
 from kernelgw.runtime.commands import Output
@@ -123,6 +125,21 @@ async def test_stream_input_reaches_a_commands_stdin(gw: Gateway, sandbox: Sbx) 
     await in_thread(lambda: sbx.commands.send_stdin(cat.pid, "x\n"))
     await in_thread(lambda: sbx.commands.close_stdin(cat.pid))
     assert (await in_thread(cat.wait)).stdout == "x\nclosed\n"
+    with pytest.raises(NotFoundException):
+        await in_thread(lambda: sbx.commands.stream_input(999_999, ["x"]))
+
+
+async def test_stream_input_needs_its_start_first(gw: Gateway, sandbox: Sbx) -> None:
+    session, token = sandbox
+    data = json.dumps({"data": {"input": {"stdin": "eA=="}}}).encode()
+    headers = {**gw.headers(session, token, port=49983), "Content-Type": "application/connect+json"}
+    async with httpx.AsyncClient(base_url=gw.url, timeout=WAIT_S) as http:
+        answer = await http.post(
+            "/process.Process/StreamInput", content=b"\0" + len(data).to_bytes(4, "big") + data, headers=headers
+        )
+    assert answer.status_code == 200 and answer.content[0] == 2  # Connect: the error ends the stream
+    error = json.loads(answer.content[5:])["error"]
+    assert error["code"] == "invalid_argument" and "first message must be the start" in error["message"]
 
 
 async def test_crossed_calls_are_refused_with_a_message(gw: Gateway, sandbox: Sbx) -> None:
