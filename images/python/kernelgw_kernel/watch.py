@@ -261,8 +261,10 @@ class Tree:
                 st = lstat(fd, name)
                 if st is None:
                     continue
-                if report:
+                if report:  # made before its directory was watched: made (and written), as a poll says it
                     self.watch.event("create", join(rel, name))
+                    if stat.S_ISREG(st.st_mode) and st.st_size:
+                        self.watch.event("write", join(rel, name))
                 if stat.S_ISDIR(st.st_mode):
                     try:
                         opened = open_at(fd, name, join(rel, name), directory=True)

@@ -153,6 +153,8 @@ class Watcher:
     watch: DirWatch
     polled: bool
     """A ``CreateWatcher``'s (polled), not a stream's."""
+    mode: str = ""
+    """How the helper watches: ``inotify``, or ``poll`` where inotify is missing."""
     max_events: int = MAX_EVENTS
     idle_s: float = IDLE_S
     events: deque[dict[str, Any]] = field(default_factory=deque)
@@ -218,14 +220,11 @@ class Watcher:
 
     def gone(self) -> ConnectError | None:
         """Why the watch cannot go on, when its kernel is no longer the sandbox's."""
-        state = self.session.state
-        if state == "paused":
-            return ConnectError("unavailable", f"The sandbox was paused and the watch of {self.path} ended with it")
-        if state in ("closed", "dead") or self.session.handle is not self.handle:
+        if self.session.state in ("paused", "closed", "dead") or self.session.handle is not self.handle:
             return ConnectError(
                 "unavailable",
-                f"The sandbox's kernel ended (killed, its timeout ran out, or restarted) and the watch of "
-                f"{self.path} with it",
+                f"The sandbox was paused, killed or restarted (or its timeout ran out), and the watch of "
+                f"{self.path} ended with it; watch again once it runs",
             )
         return None
 
@@ -287,7 +286,7 @@ class WatcherRegistry:
             )
         handle = await workspace_of(request, sandbox)
         try:
-            watch, _mode = await watch_dir(
+            watch, mode = await watch_dir(
                 gateway_state(request).backend,
                 handle,
                 rel,
@@ -310,6 +309,7 @@ class WatcherRegistry:
             handle,
             watch,
             polled,
+            mode=mode,
             max_events=self.max_events,
             idle_s=self.idle_s,
         )

@@ -2,7 +2,7 @@
 through kernelgw's envd face against real kernel containers, configured by
 environment variables only: ``sandbox.files`` writes, reads, lists, stats,
 makes directories, renames and removes in the workspace the code interpreter
-sees as ``/home/user``; bad input (a path outside /home/user, traversal, a
+sees as ``/home/user``, with E2B's file metadata; bad input (a path outside /home/user, traversal, a
 link user code made, a missing file, an upload over the workspace quota) gets
 E2B's exception with a clear message and leaves the sandbox working; another
 sandbox's files are never reached."""
@@ -127,6 +127,20 @@ async def test_async_files_with_gzip(e2b: E2BGateway) -> None:
             await sbx.files.read("/home/user/big.txt")
     finally:
         await sbx.kill()
+
+
+def test_file_metadata_is_kept_as_envd_keeps_it(sbx: Sandbox) -> None:
+    """envd 0.6.2's metadata: user.e2b.* extended attributes of the file, which code sees too."""
+    info = sbx.files.write("/home/user/m.csv", "a,b\n", metadata={"Source": "upload", "run": "7"})
+    assert info.metadata == {"source": "upload", "run": "7"}
+    streamed = sbx.files.write("/home/user/s.bin", io.BytesIO(b"s" * 1000), metadata={"k": "v"}, gzip=True)
+    assert streamed.metadata == {"k": "v"}
+    assert sbx.files.get_info("/home/user/m.csv").metadata == {"source": "upload", "run": "7"}
+    assert {e.name: e.metadata for e in sbx.files.list("/home/user")} == {"m.csv": info.metadata, "s.bin": {"k": "v"}}
+    seen = sbx.run_code("import os\nos.getxattr('m.csv', 'user.e2b.source').decode()").text
+    assert seen == "upload", seen
+    assert sbx.run_code("os.setxattr('m.csv', 'user.e2b.by_code', b'yes')").error is None
+    assert sbx.files.get_info("/home/user/m.csv").metadata == {"source": "upload", "run": "7", "by_code": "yes"}
 
 
 def test_bad_input_gets_e2bs_errors_and_leaves_the_sandbox_working(sbx: Sandbox) -> None:
