@@ -1,12 +1,18 @@
 """E2B's ``sandbox.files.watch_dir`` from PyPI's SDK, unchanged, against real
 kernel containers (runc, and gVisor with KERNELGW_TEST_RUNTIME=runsc): the
-sync SDK polls a watch, the async SDK streams one; changes made through
+sync SDK polls a watch, the async SDK streams one, and so does the JavaScript
+SDK (``@e2b/code-interpreter`` from npm, in Node); changes made through
 ``sandbox.files``, by the code interpreter and by commands all reach it; bad
 paths get E2B's errors; a watch ends with its sandbox's pause."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from e2b import (
@@ -135,3 +141,30 @@ def test_bad_watches_and_a_pause(sbx: Sandbox) -> None:
         wait_until(collect(handle.get_new_events, []), "the pause to end the watch", timeout=30, interval=0.2)
     assert modes(sbx.sandbox_id) == []
     assert sbx.files.read("/home/user/f.txt") == "f"  # woken; its files are back
+
+
+NODE_DIR = Path(os.environ.get("KERNELGW_NODE_DIR", "/var/cache/kernelgw/node"))
+JS_SCRIPT = Path(__file__).parents[1] / "node" / "e2b_watch.js"
+
+
+def test_the_javascript_sdk_watches_and_writes_metadata(e2b_env: E2BGateway) -> None:
+    """@e2b/code-interpreter from npm (scripts/ensure-node-clients.sh), in Node."""
+    node = shutil.which("node")
+    if node is None or not (NODE_DIR / "node_modules" / "@e2b" / "code-interpreter").is_dir():
+        pytest.fail("No Node or @e2b/code-interpreter; run scripts/ensure-node-clients.sh", pytrace=False)
+    env = {**os.environ, **e2b_env.env(), "NODE_PATH": str(NODE_DIR / "node_modules")}
+    done = subprocess.run([node, str(JS_SCRIPT)], env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["writtenMetadata"] == {"from": "js"} and seen["info"] == {"from": "js"}, seen
+    for expected in [
+        ["sub", "create"],
+        ["sub/a.txt", "create"],
+        ["sub/a.txt", "write"],
+        ["z.txt", "create"],
+        ["z.txt", "write"],
+        ["z.txt", "remove"],
+    ]:
+        assert expected in seen["events"], (expected, seen["events"])
+    assert seen["entry"] == {"path": "/home/user/w/sub/a.txt", "size": 2, "metadata": {"from": "js"}}, seen
+    assert seen["zipped"] is False
