@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
@@ -181,9 +182,11 @@ class Watcher:
             self.ended = True
             self.error = error
             self.changed.set()
-        with contextlib.suppress(Exception):
-            await self.watch.close()
-        self.stopped.set()
+        try:
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await self.watch.close()
+        finally:
+            self.stopped.set()
 
     async def pump(self) -> None:
         """Keep the helper's events until it ends, or the events overflow."""

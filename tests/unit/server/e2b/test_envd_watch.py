@@ -6,13 +6,19 @@ containers (runc and gVisor): tests/integration/e2b/test_watch.py."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
 import stat
+import sys
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 import pytest
 from e2b import AsyncSandbox as BaseAsyncSandbox
 from e2b import (
@@ -30,7 +36,7 @@ from e2b.exceptions import FileNotFoundException
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.e2b import envd_watch
 from kernelgw.server.e2b.envd_watch import WatcherRegistry, filesystem_event
-from tests.support.local_backend import LocalBackend, image_helper
+from tests.support.local_backend import IMAGE_HELPERS, LocalBackend, image_helper
 from tests.support.waiting import until
 from tests.unit.server.e2b.test_envd_sdk import sdk, workspace
 from tests.unit.server.e2b.test_interpreter import Gateway, in_thread, serve
@@ -122,6 +128,57 @@ def test_helper_lines_as_envds_events() -> None:
     assert event["entry"]["size"] == "3" and event["entry"]["type"] == "FILE_TYPE_FILE"
     assert filesystem_event({"type": "remove", "name": "x\udcff"}) == {"name": "x\ufffd", "type": "EVENT_TYPE_REMOVE"}
     assert filesystem_event({"type": "open", "name": "x"}) is None
+
+
+@pytest.mark.parametrize("mode", ["inotify", "poll"])
+async def test_the_helper_watches_a_tree_until_it_goes(tmp_path: Path, mode: str) -> None:
+    """The image's helper as the gateway runs it (a process; its stdin kept open),
+    by inotify and by polling (where inotify is missing)."""
+    (tmp_path / "d" / "old").mkdir(parents=True)
+    (tmp_path / "d" / "old" / "f.txt").write_text("f")
+    boot = f"import sys; sys.path.insert(0, {str(IMAGE_HELPERS)!r}); from kernelgw_kernel.watch import main; main()"
+    args = ["--root", str(tmp_path), "--recursive", *(["--poll"] if mode == "poll" else []), "d"]
+    helper = await asyncio.create_subprocess_exec(
+        sys.executable, "-I", "-c", boot, *args, stdin=PIPE, stdout=PIPE, stderr=PIPE
+    )
+    assert helper.stdout is not None and helper.stdin is not None
+
+    async def line() -> dict[str, Any]:
+        async with asyncio.timeout(30):
+            return dict(json.loads(await helper.stdout.readline()))  # type: ignore[union-attr]
+
+    try:
+        assert (await line())["mode"] == mode
+        (tmp_path / "d" / "new").mkdir()
+        (tmp_path / "d" / "new" / "n.txt").write_text("n")
+        (tmp_path / "d" / "old" / "f.txt").unlink()
+        (tmp_path / ".kernelgw-upload-x").write_text("not in the watched directory")
+        events: list[tuple[str, str]] = []
+        while ("old/f.txt", "remove") not in events or ("new/n.txt", "write") not in events:
+            event = await line()
+            events.append((event["name"], event["type"]))
+        assert ("new", "create") in events and ("new/n.txt", "create") in events
+        shutil.rmtree(tmp_path / "d")
+        while "ok" not in (event := await line()):
+            pass
+        assert event == {"ok": False, "error": "gone", "message": event["message"]}
+        assert "removed" in event["message"]
+        assert await asyncio.wait_for(helper.wait(), 30) == 1
+    finally:
+        if helper.returncode is None:
+            helper.kill()
+            await helper.wait()
+
+
+async def test_the_helper_exits_when_the_gateway_goes(tmp_path: Path) -> None:
+    boot = f"import sys; sys.path.insert(0, {str(IMAGE_HELPERS)!r}); from kernelgw_kernel.watch import main; main()"
+    helper = await asyncio.create_subprocess_exec(
+        sys.executable, "-I", "-c", boot, "--root", str(tmp_path), "", stdin=PIPE, stdout=PIPE, stderr=PIPE
+    )
+    assert helper.stdout is not None and helper.stdin is not None
+    assert json.loads(await asyncio.wait_for(helper.stdout.readline(), 30))["ok"] is True
+    helper.stdin.close()  # what the engine does when the gateway drops the exec's connection
+    assert await asyncio.wait_for(helper.wait(), 30) == 0
 
 
 # ---------------------------------------------------------------- the SDKs
@@ -243,6 +300,16 @@ async def test_bad_watches_get_e2bs_errors(
     with pytest.raises(RateLimitException, match="the most it may"):
         await in_thread(lambda: sbx.files.watch_dir("/home/user"))
     await in_thread(handles[0].stop)
+    other, other_token = await gw.sandbox()
+    try:  # another sandbox's token reaches none of this sandbox's watchers
+        headers = gw.headers(other, other_token, port=49983)
+        async with httpx.AsyncClient(base_url=gw.url, headers=headers) as http:
+            for method in ("GetWatcherEvents", "RemoveWatcher"):
+                answer = await http.post(f"/filesystem.Filesystem/{method}", json={"watcherId": handles[1]._watcher_id})
+                assert answer.status_code == 404 and answer.json()["code"] == "not_found", answer.text
+    finally:
+        await gw.state.manager.delete(other.id)
+    assert len(watchers.watchers(session.id)) == 2
     again = await in_thread(lambda: sbx.files.watch_dir("/home/user"))  # room again
     await in_thread(again.stop)
     with pytest.raises(NotFoundException, match="not found"):
