@@ -701,7 +701,13 @@ def check_target(path: str, st: os.stat_result) -> None:
 
 
 def cmd_put(
-    root: str, path: str, max_bytes: int, quota: int, inp: BinaryIO, out: BinaryIO, metadata: Mapping[str, str] | None = None
+    root: str,
+    path: str,
+    max_bytes: int,
+    quota: int,
+    inp: BinaryIO,
+    out: BinaryIO,
+    metadata: Mapping[str, str] | None = None,
 ) -> None:
     parts = split_path(path)
     root_fd = open_root(root)
