@@ -13,6 +13,10 @@ watcher to read its end, then goes.
 
 A command ends with its container: killed, paused or restarted sessions take
 their commands with them (the engine ends the exec, the reader sees its end).
+
+A terminal is a command with a tty (``tty``: its size): its input goes to the
+terminal, its output is one stream (3) as the terminal shows it, and it can
+be resized. Everything else (ring, watchers, limits, kills) is a command's.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from itertools import count
 from typing import Any
 
 from kernelgw.errors import KernelGWError
-from kernelgw.runtime.backends.base import Backend, CommandProcess, CommandStream, KernelHandle
+from kernelgw.runtime.backends.base import Backend, CommandProcess, CommandStream, KernelHandle, TerminalSize
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +98,9 @@ class Command:
     handle: KernelHandle
     backend: Backend
     stdin: bool
+    """Its input is open (a terminal's always is)."""
+    tty: bool = False
+    """It runs in a terminal (`resize` works)."""
     _ring: deque[_Chunk] = field(default_factory=deque)
     _kept: int = 0
     _written: int = 0
@@ -229,7 +236,14 @@ class Command:
             return
         if signum == signal.SIGKILL and self._kill_reason is None:
             self._kill_reason = reason or "killed (SIGKILL)"
-        await self.backend.signal_command(self.handle, self.pid, signum)
+        # a terminal's jobs are process groups of their own: signal its whole session
+        await self.backend.signal_command(self.handle, self.pid, signum, session=self.tty)
+
+    async def resize(self, size: TerminalSize) -> None:
+        """Set the size of the command's terminal."""
+        if not self.tty:
+            raise KernelGWError(f"process {self.pid} was started without a terminal (pty): it has no size to set")
+        await self.process.resize(size)
 
     def kill_at(self, seconds: float, reason: str) -> None:
         """SIGKILL the command ``seconds`` from now, naming ``reason`` in its end."""
@@ -281,17 +295,19 @@ class CommandRegistry:
         cwd: str,
         stdin: bool,
         timeout_s: float | None,
+        tty: TerminalSize | None = None,
     ) -> Command:
-        """Start ``argv`` in the session's container; it runs until it ends, is
-        killed, its ``timeout_s`` passes (None: no limit) or its container goes."""
+        """Start ``argv`` in the session's container (in a terminal of size
+        ``tty``, if given); it runs until it ends, is killed, its ``timeout_s``
+        passes (None: no limit) or its container goes."""
         running = [c for c in self.commands(session_id) if c.running]
         if len(running) >= self.max_running:
             raise TooManyCommands(
                 f"This sandbox runs {len(running)} commands, the most it may at once; "
                 "wait for one to end or kill one (sandbox.commands.kill)"
             )
-        process = await self.backend.run_command(handle, argv, env=env, cwd=cwd, stdin=stdin)
-        command = Command(process.pid, config, process, handle, self.backend, stdin)
+        process = await self.backend.run_command(handle, argv, env=env, cwd=cwd, stdin=stdin, tty=tty)
+        command = Command(process.pid, config, process, handle, self.backend, stdin or tty is not None, tty is not None)
         self._sessions.setdefault(session_id, {})[command.pid] = command
         if timeout_s:
             command.kill_at(timeout_s, f"the command's timeout ({timeout_s:g} s) ran out: kernelgw killed it")

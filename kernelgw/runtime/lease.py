@@ -78,12 +78,14 @@ def check_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
     return dict(metadata)
 
 
-def check_lease_s(seconds: float, max_lease_s: float) -> float:
+def check_lease_s(seconds: float, max_lease_s: float, *, now: bool = False) -> float:
     """``seconds`` if a lease may last that long (more than 0, at most the gateway's
-    ``max_lease_s``); else `LimitExceeded` saying the range."""
-    if not isinstance(seconds, int | float) or not 0 < seconds <= max_lease_s:
+    ``max_lease_s``); else `LimitExceeded` saying the range. With ``now``, 0 is
+    accepted too: a lease moved to run out at once (E2B's ``set_timeout(0)``)."""
+    low = "0 or more" if now else "more than 0"
+    if not isinstance(seconds, int | float) or not (0 <= seconds if now else 0 < seconds) or seconds > max_lease_s:
         raise LimitExceeded(
-            f"a session's timeout (lease) must be more than 0 and at most {max_lease_s:g} seconds "
+            f"a session's timeout (lease) must be {low} and at most {max_lease_s:g} seconds "
             f"(the gateway's max_lease_s); got {seconds!r}. Ask for less, and extend it later if needed."
         )
     return float(seconds)

@@ -60,9 +60,15 @@ from kernelgw.runtime.lease import (
     check_metadata,
     lease_until,
 )
-from kernelgw.runtime.lineage import ReplayReport
+from kernelgw.runtime.lineage import LineageCell, ReplayReport
 from kernelgw.runtime.metrics import Metrics
-from kernelgw.runtime.pause import NamespaceSummary, PausedBudgetExceeded, SnapshotBudget, SnapshotTooLarge
+from kernelgw.runtime.pause import (
+    NamespaceSummary,
+    PausedBudgetExceeded,
+    SnapshotBudget,
+    SnapshotTooLarge,
+    remove_snapshot,
+)
 from kernelgw.runtime.pool import PoolProfile, WarmPool
 from kernelgw.runtime.recorder import Recorder, StoredSession
 from kernelgw.runtime.session import KernelSession, Paused, SessionConfig
@@ -520,16 +526,52 @@ class SessionManager:
         cells = source.lineage
         session = await self.create(self.fork_options(source, opts), principal)
         async with self._deleted_if_fork_fails(session):
-            target = session.handle
-            assert target is not None
+            return session, await self._fill_by_replay(source, handle, cells, session)
+
+    async def _fill_by_replay(
+        self, source: KernelSession, handle: KernelHandle, cells: tuple[LineageCell, ...], session: KernelSession
+    ) -> Fork:
+        target = session.handle
+        assert target is not None
+        started = time.perf_counter()
+        copied = await copy_session_files(
+            self.backend, handle, target, self.settings.file_io_timeout_s, tree_caps(session.spec)
+        )
+        await session.keep_files()
+        copy_ms = (time.perf_counter() - started) * 1000
+        report = await session.replay(cells, "fork")
+        return Fork(source.id, copied, copy_ms, report)
+
+    async def fork_state(
+        self, source: KernelSession, opts: SessionOptions, principal: Principal = ANONYMOUS
+    ) -> tuple[KernelSession, Fork]:
+        """A fork that copies the source's state instead of replaying its cells:
+        a running Python session between cells has its variables pickled and its
+        files copied, as a pause would keep them (what its cells did that no
+        replay would do again, random draws, reads of what changed since, is
+        kept); a paused one is forked from its snapshot. While a cell runs, or
+        for a kernel whose variables cannot be pickled, it is `fork`'s replay."""
+        await source.rebuilt()
+        if source.state == "paused":
+            return await self._fork_paused(source, opts, principal)
+        handle = source.handle
+        if handle is None or source.state == "dead":
+            raise KernelDied(f"Session {source.id} has no running kernel to fork; restart it first.")
+        cells = source.lineage
+        session = await self.create(self.fork_options(source, opts), principal)
+        async with self._deleted_if_fork_fails(session):
+            directory = self.snapshot_dir(session.id).with_name(f"{session.id}.copy")
             started = time.perf_counter()
-            copied = await copy_session_files(
-                self.backend, handle, target, self.settings.file_io_timeout_s, tree_caps(session.spec)
-            )
-            await session.keep_files()
+            try:
+                s = self.settings
+                done = await source.copy_state_into(session, directory, s.snapshot_max_bytes, s.file_io_timeout_s)
+            finally:
+                await remove_snapshot(directory)
+            if done is None:  # a cell ran meanwhile, or not Python
+                return session, await self._fill_by_replay(source, handle, cells, session)
+            copied, namespace = done
             copy_ms = (time.perf_counter() - started) * 1000
-            report = await session.replay(cells, "fork")
-        return session, Fork(source.id, copied, copy_ms, report)
+        return session, Fork(source.id, copied, copy_ms, ReplayReport("fork", (), 0.0), namespace)
 
     async def _fork_paused(
         self, source: KernelSession, opts: SessionOptions, principal: Principal
@@ -747,8 +789,10 @@ class SessionManager:
     async def set_lease(self, session: KernelSession, seconds: float) -> None:
         """The session's lease runs out ``seconds`` from now (set or moved, sooner or
         later); returns once the store has it. A paused session has no lease
-        (resume it first), nor has one whose lease ran out and is being ended."""
-        seconds = check_lease_s(seconds, self.settings.max_lease_s)
+        (resume it first), nor has one whose lease ran out and is being ended.
+        0 makes the lease run out now: the session ends (or pauses) as if its
+        timeout had run out, after this returns."""
+        seconds = check_lease_s(seconds, self.settings.max_lease_s, now=True)
         if self._sessions.get(session.id) is not session or session.state == "closed":
             raise SessionNotFound(session.id)
         if session.state == "paused":

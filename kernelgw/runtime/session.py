@@ -512,6 +512,7 @@ class KernelSession:
                     await self._link.stop()
                     await self.backend.end_session(self.id)
                     self.state = "paused"
+                    self.lineage_kernels = self._paused_kernels  # not the kernel that failed
                     if isinstance(exc, Exception) and not isinstance(exc, KernelGWError):
                         raise KernelStartFailed(f"The session could not be resumed: {exc}") from exc
                     raise
@@ -586,6 +587,35 @@ class KernelSession:
             copied = await restore_files(target.backend, handle, directory, timeout)
             await target.keep_files()
             return copied, await load_namespace(target._link, timeout)
+
+    async def copy_state_into(
+        self, target: KernelSession, directory: Path, max_bytes: int, timeout: float
+    ) -> tuple[int, NamespaceSummary] | None:
+        """A fork without replay from this running session: its variables pickled
+        (as a pause does), its files and packages copied through ``directory`` (the
+        caller removes it), then all of it put into ``target``'s new kernel, as
+        `fork_snapshot_into` does from a paused session. Cells are held for the
+        copy only; this session runs on. None when there is nothing to copy that
+        way: not a Python kernel, or not idle (a cell runs or waits), or no kernel."""
+        if not profile(self.spec.kernel).python or target.handle is None:
+            return None
+        async with self._lifecycle:
+            handle = self._link.handle
+            if self.state != "idle" or handle is None or self._executions.current is not None or self.queue_length:
+                return None
+            self._executions.hold()
+            try:
+                try:
+                    await save_namespace(self._link, max_bytes, timeout)
+                    await save_files(self.backend, handle, directory, timeout, tree_caps(self.spec))
+                finally:
+                    with contextlib.suppress(Exception):
+                        await discard_namespace(self._link)  # the pickle is the copy's, not this workspace's
+            finally:
+                self._executions.release()
+        copied = await restore_files(target.backend, target.handle, directory, timeout)
+        await target.keep_files()
+        return copied, await load_namespace(target._link, timeout)
 
     async def restart_after_death(self) -> str | None:
         """Replace a kernel that died under a cell, to replay into it

@@ -44,13 +44,16 @@ from kernelgw.errors import (
 from kernelgw.models import FileEntry, FileList, UploadResult
 from kernelgw.paths import validate_path
 from kernelgw.runtime.backends.base import (
+    HELPER_LOADER_RESET,
     PACKAGES_DIR,
     SESSION_DIRS,
     WORKSPACE_DIR,
     Backend,
+    CommandProcess,
     ExecProcess,
     KernelHandle,
     KernelSpec,
+    helper_command,
 )
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,7 @@ TAR = "/usr/bin/tar"
 DU = "/usr/bin/du"
 FS_HELPER = [PYTHON, "-I", "-m", "kernelgw_kernel.fs"]
 """``-I``: neither the working directory nor PYTHON* variables can substitute it."""
+WATCH_HELPER = [PYTHON, "-I", "-m", "kernelgw_kernel.watch"]
 SEND_CHUNK = 1 << 20
 """Upload bytes are batched to this size per write into the container."""
 MAX_LIST_ENTRIES = 10_000
@@ -148,13 +152,16 @@ class EntryDetails:
     owner: str
     group: str
     symlink_target: str | None = None
+    metadata: dict[str, str] | None = None
+    """E2B's metadata kept on the file (its ``user.e2b.*`` extended attributes)."""
     own_user: bool = False
     """The owner is the kernel's user (whose uid may be a session's own, unnamed in the container)."""
     own_group: bool = False
 
 
-def _details(data: dict[str, Any]) -> EntryDetails:
+def entry_details(data: dict[str, Any]) -> EntryDetails:
     target = data.get("symlink_target")
+    metadata = data.get("metadata")
     return EntryDetails(
         path=str(data["path"]),
         type=str(data["type"]),
@@ -164,6 +171,7 @@ def _details(data: dict[str, Any]) -> EntryDetails:
         owner=str(data["owner"]),
         group=str(data["group"]),
         symlink_target=str(target) if target is not None else None,
+        metadata={str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, dict) and metadata else None,
         own_user=bool(data.get("own_user")),
         own_group=bool(data.get("own_group")),
     )
@@ -238,7 +246,7 @@ def raise_for_answer(answer: dict[str, Any]) -> dict[str, Any]:
         raise FileNotFoundInWorkspace(message)
     if code in ("quota", "no_space"):
         raise QuotaExceeded(message)
-    if code == "aborted":
+    if code in ("aborted", "no_metadata", "metadata_too_large"):
         raise BadRequest(message)
     if code == "io_error" and ("(EACCES)" in message or "(EPERM)" in message):
         # user code changed the file's permissions (chmod 000): not a gateway fault
@@ -261,7 +269,7 @@ def quota_message(info: dict[str, Any], size: int | None) -> str:
     if room <= free:
         return (
             f"{what} would exceed the workspace quota of {_mib(quota)}: {_mib(used)} are in use, so at "
-            f"most {_mib(max(room, 0))} fit. Delete files (DELETE .../files/PATH) to make room."
+            f"most {_mib(max(room, 0))} fit. Delete files from the workspace to make room."
         )
     return f"{what} does not fit: the workspace file system has only {_mib(free)} free."
 
@@ -347,12 +355,18 @@ class WorkspaceFiles:
         *,
         quota_bytes: int,
         content_length: int | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> UploadResult:
         """Stream ``body`` into ``path``; a declared ``content_length`` over the
-        per-file limit is refused before anything starts."""
+        per-file limit is refused before anything starts. ``metadata``: E2B's,
+        kept on the file (as ``user.e2b.*`` extended attributes) from the moment
+        it appears."""
         rel = validate_path(path)
         self.check_length(content_length)
-        args = ["put", "--max-bytes", str(self.max_upload_bytes), "--quota", str(quota_bytes), "--", rel]
+        args = ["put", "--max-bytes", str(self.max_upload_bytes), "--quota", str(quota_bytes)]
+        if metadata:
+            args += ["--metadata", json.dumps(metadata)]
+        args += ["--", rel]
         proc = await self._exec(handle, args, stdin=True)
         committed = False
         try:
@@ -453,7 +467,7 @@ class WorkspaceFiles:
     async def stat(self, handle: KernelHandle, path: str) -> EntryDetails:
         """The entry ``path`` itself (``""``: the workspace); a link is described, not followed."""
         rel = validate_path(path, allow_root=True)
-        return _details(await self._ask(handle, ["stat", "--", rel], reads_only=True))
+        return entry_details(await self._ask(handle, ["stat", "--", rel], reads_only=True))
 
     async def list_dir(
         self, handle: KernelHandle, path: str, depth: int = 1
@@ -463,19 +477,98 @@ class WorkspaceFiles:
         rel = validate_path(path, allow_root=True)
         args = ["listdir", "--depth", str(max(1, depth)), "--max-entries", str(MAX_LIST_ENTRIES), "--", rel]
         data = await self._ask(handle, args, reads_only=True)
-        return [_details(e) for e in data.get("entries", [])], bool(data.get("truncated"))
+        return [entry_details(e) for e in data.get("entries", [])], bool(data.get("truncated"))
 
     async def make_dir(self, handle: KernelHandle, path: str) -> tuple[bool, EntryDetails]:
         """Make the directory and its missing parents; False when it existed already."""
         rel = validate_path(path)
         data = await self._ask(handle, ["mkdir", "--", rel], reads_only=False)
-        return bool(data.get("created")), _details(data)
+        return bool(data.get("created")), entry_details(data)
 
     async def move(self, handle: KernelHandle, source: str, destination: str) -> EntryDetails:
         """Rename ``source`` to ``destination`` (its missing parents are made; a file
         there is replaced); a link is moved itself. Returns the moved entry."""
         src, dst = validate_path(source), validate_path(destination)
-        return _details(await self._ask(handle, ["move", "--", src, dst], reads_only=False))
+        return entry_details(await self._ask(handle, ["move", "--", src, dst], reads_only=False))
+
+
+class DirWatch:
+    """A directory watch: the image's ``kernelgw_kernel.watch`` helper running in
+    the kernel's container, its answers as they come (`line`), until `close`.
+
+    It runs as long as the watch does, so it is started as a command is
+    (`Backend.run_command`, whose reads hold no thread of the backend's pool
+    while they wait), but as a helper: `helper_command` (absolute path, ``env -i``),
+    loader variables reset on the exec. Its stdin stays open: when it closes
+    (`close`, or the gateway going away) the helper exits."""
+
+    def __init__(self, process: CommandProcess) -> None:
+        self.process = process
+        self._buffer = bytearray()
+        self._stderr = bytearray()
+
+    @property
+    def stderr(self) -> str:
+        """The last of what the helper wrote to stderr (a Python traceback, say)."""
+        return self._stderr.decode("utf-8", "replace").strip()
+
+    async def line(self) -> dict[str, Any] | None:
+        """The helper's next answer, or None once it has ended."""
+        while (end := self._buffer.find(b"\n")) < 0:
+            if len(self._buffer) > MAX_ANSWER_BYTES:
+                raise BackendError("The watch helper in the kernel container answered with an oversized line.")
+            item = await self.process.read()
+            if item is None:
+                return None
+            stream, data = item
+            if stream == 1:
+                self._buffer += data
+            else:
+                self._stderr = (self._stderr + data)[-4096:]
+        raw = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise BackendError(f"The watch helper in the kernel container answered {raw[:200]!r}.") from None
+        if not isinstance(answer, dict):
+            raise BackendError(f"The watch helper in the kernel container answered {raw[:200]!r}.")
+        return answer
+
+    async def close(self) -> None:
+        await self.process.close()
+
+
+async def watch_dir(
+    backend: Backend, handle: KernelHandle, path: str, *, recursive: bool, entries: bool, timeout: float
+) -> tuple[DirWatch, str]:
+    """Start watching the workspace directory ``path`` (``""``: the workspace)
+    under the path rules of every workspace helper; returns the watch and how it
+    watches (``inotify``, or ``poll`` where inotify is missing). A missing
+    directory is `FileNotFoundInWorkspace`, anything else (a file, a link) an
+    `InvalidPath`."""
+    rel = validate_path(path, allow_root=True)
+    args = [*WATCH_HELPER, *(["--recursive"] if recursive else []), *(["--entries"] if entries else []), "--", rel]
+    process = await backend.run_command(
+        handle, helper_command(args), env=dict(HELPER_LOADER_RESET), cwd="/", stdin=True
+    )
+    watch = DirWatch(process)
+    try:
+        async with asyncio.timeout(timeout):
+            answer = await watch.line()
+        if answer is None:
+            raise BackendError(
+                f"The watch helper in the kernel container ended without an answer: {watch.stderr or 'no output'}"
+            )
+        raise_for_answer(answer)
+    except TimeoutError:
+        await watch.close()
+        raise BackendError(f"The watch helper in the kernel container did not answer within {timeout:g}s.") from None
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await watch.close()
+        raise
+    return watch, str(answer.get("mode", ""))
 
 
 async def copy_session_files(

@@ -74,6 +74,7 @@ def routers() -> tuple[APIRouter, ...]:
     from kernelgw.server.e2b import envd as e2b_envd
     from kernelgw.server.e2b import envd_files as e2b_envd_files
     from kernelgw.server.e2b import envd_process as e2b_envd_process
+    from kernelgw.server.e2b import envd_watch as e2b_envd_watch
     from kernelgw.server.e2b import interpreter as e2b_interpreter
     from kernelgw.server.jupyter import channels as jupyter_channels
     from kernelgw.server.jupyter import rest as jupyter_rest
@@ -94,6 +95,7 @@ def routers() -> tuple[APIRouter, ...]:
         # E2B's sandbox traffic: the code interpreter (/e2b/execute, /e2b/contexts) and envd's /e2b/health
         e2b_interpreter.router,
         # E2B's envd filesystem service (Connect RPC) and file transfers (/e2b/files)
+        e2b_envd_watch.router,  # its watches, before its {method} route
         e2b_envd.router,
         e2b_envd_files.router,
         e2b_envd_process.router,  # envd's process service: commands (Connect RPC)

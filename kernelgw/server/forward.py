@@ -28,7 +28,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import orjson
@@ -42,6 +44,7 @@ from kernelgw.errors import KernelGWError, SessionNotFound, Unauthorized
 from kernelgw.keys import Principal
 from kernelgw.server.e2b.auth import ACCESS_TOKEN_HEADERS, key_text
 from kernelgw.server.e2b.errors import error_body
+from kernelgw.server.e2b.snapshots import newest_named
 from kernelgw.server.jupyter.errors import reason
 from kernelgw.server.state import GatewayState, find_gateway_state
 from kernelgw.tasks import cancel_and_wait
@@ -87,6 +90,16 @@ CLOSE_CODES = {401: 4401, 403: 4403, 404: 4404}
 _UNSENDABLE_CLOSE = {1004, 1005, 1006, 1015}
 
 
+_TEMPLATE_DELETE = re.compile(r"^/e2b(?:/v2)?/templates/[^/]+$")
+"""E2B's SDK deletes a snapshot as a template, by its id or its name."""
+
+
+@dataclass(frozen=True)
+class _Named:
+    target: Gateway | None
+    """The gateway holding the named snapshot; None: this one."""
+
+
 class Forwarder:
     """Sends requests for other gateways' sessions to them (see the module docstring)."""
 
@@ -120,7 +133,8 @@ class Forwarder:
                 route = SessionRoute(source, face, "") if source is not None else None
                 target = await self._owner(state, cluster, scope, route) if route else None
                 if target is None and (route is None or not _runs_here(state, route)):
-                    target = cluster.placement_target()
+                    named = await self._named_snapshot(state, cluster, scope, route)
+                    target = cluster.placement_target() if named is None else named.target
             else:
                 target = await self._target(state, cluster, scope, method, path, headers)
         except KernelGWError as exc:
@@ -146,7 +160,26 @@ class Forwarder:
             return cluster.placement_target() if create_face(method, path) and scope["type"] == "http" else None
         if route.from_store(method):
             return None
-        return await self._owner(state, cluster, scope, route)
+        target = await self._owner(state, cluster, scope, route)
+        if target is None and method == "DELETE" and _TEMPLATE_DELETE.match(path) and not _runs_here(state, route):
+            named = await self._named_snapshot(state, cluster, scope, route)
+            return None if named is None else named.target
+        return target
+
+    async def _named_snapshot(
+        self, state: GatewayState, cluster: Cluster, scope: Scope, route: SessionRoute | None
+    ) -> _Named | None:
+        """Where the E2B snapshot ``route`` names by its *name* is (a create from
+        it, or its delete, must go there); None when no snapshot has that name
+        (a template, a snapshot id, or nothing: served where it lands)."""
+        if route is None or route.face != "e2b":
+            return None
+        named = await newest_named(state, await _principal(state, scope), route.session_id)
+        if named is None:
+            return None
+        if named.gateway_name is None or named.gateway_name == cluster.name:
+            return _Named(None)
+        return _Named(await self._owner(state, cluster, scope, SessionRoute(named.snapshot_id, "e2b", "")))
 
     async def _owner(self, state: GatewayState, cluster: Cluster, scope: Scope, route: SessionRoute) -> Gateway | None:
         """The live peer running ``route``'s session; None when it runs here or

@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
 import importlib
 import json
 import os
 import secrets
 import shutil
 import stat
+import struct
 import sys
 import tempfile
+import termios
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,6 +51,7 @@ from kernelgw.runtime.backends.base import (
     KernelHandle,
     KernelSpec,
     KernelState,
+    TerminalSize,
     connection_info,
 )
 
@@ -260,19 +265,34 @@ class LocalBackend:
         return LocalExec(process, timeout)
 
     async def run_command(
-        self, handle: KernelHandle, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bool = False
-    ) -> LocalCommand:
+        self,
+        handle: KernelHandle,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        stdin: bool = False,
+        tty: TerminalSize | None = None,
+    ) -> LocalCommand | LocalTerminal:
         """A user's command as a host subprocess in its own session, in the
-        kernel's workspace (``/workspace`` of ``cwd`` mapped to it)."""
+        kernel's workspace (``/workspace`` of ``cwd`` mapped to it); with
+        ``tty``, on a pseudo-terminal of that size (not its controlling one)."""
         kernel = self.kernels.get(handle.kernel_id)
         if kernel is None or kernel.process.returncode is not None:
             raise KernelDied("The local kernel is not running; restart the session.")
         workspace = handle.conn_dir / "workspace"
         rel = cwd[len(WORKSPACE_DIR) :].lstrip("/") if cwd.startswith(WORKSPACE_DIR) else ""
+        if argv[:2] == ["/usr/bin/env", "-i"] and "-m" in argv:  # an image helper run as a command (a watch)
+            module, rest = argv[argv.index("-m") + 1], argv[argv.index("-m") + 2 :]
+            argv = [self.python, "-c", HELPER_BOOT, str(workspace), module, *rest]
+            env = {"PYTHONPATH": str(IMAGE_HELPERS)}
+        environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workspace), **env}
+        if tty is not None:
+            return await LocalTerminal.start(argv, str(workspace / rel), environ, tty)
         process = await asyncio.create_subprocess_exec(
             *argv,
             cwd=str(workspace / rel),
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workspace), **env},
+            env=environ,
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -280,9 +300,13 @@ class LocalBackend:
         )
         return LocalCommand(process)
 
-    async def signal_command(self, handle: KernelHandle, pid: int, signum: int) -> None:
+    async def signal_command(self, handle: KernelHandle, pid: int, signum: int, *, session: bool = False) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signum)
+        for name in await asyncio.to_thread(os.listdir, "/proc") if session else ():
+            with contextlib.suppress(ValueError, OSError):
+                if os.getsid(int(name)) == pid:
+                    os.kill(int(name), signum)
 
     async def image_labels(self, image: str) -> dict[str, str] | None:
         version = f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
@@ -422,6 +446,9 @@ class LocalCommand:
         if self.process.stdin is not None:
             self.process.stdin.close()
 
+    async def resize(self, size: TerminalSize) -> None:
+        raise BackendError("The command has no terminal to resize.")
+
     async def exit_code(self) -> int | None:
         return await self.process.wait()
 
@@ -432,3 +459,88 @@ class LocalCommand:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, SIGKILL)
             await self.process.wait()
+
+
+class LocalTerminal:
+    """A `CommandProcess` with a terminal: a host subprocess on a pseudo-terminal
+    whose master the event loop reads and writes (non-blocking)."""
+
+    def __init__(self, process: asyncio.subprocess.Process, master: int) -> None:
+        self.process = process
+        self.master = master
+        self._closed = False
+
+    @classmethod
+    async def start(cls, argv: list[str], cwd: str, env: dict[str, str], size: TerminalSize) -> LocalTerminal:
+        master, slave = os.openpty()
+        try:
+            _set_size(master, size)
+            os.set_blocking(master, False)
+            process = await asyncio.create_subprocess_exec(
+                *argv, cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True
+            )
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)
+        return cls(process, master)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def _ready(self, add: str, remove: str) -> None:
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        getattr(loop, add)(self.master, ready.set_result, None)
+        try:
+            await ready
+        finally:
+            getattr(loop, remove)(self.master)
+
+    async def read(self) -> tuple[CommandStream, bytes] | None:
+        while not self._closed:
+            try:
+                data = os.read(self.master, 64 * 1024)
+            except BlockingIOError:
+                await self._ready("add_reader", "remove_reader")
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EIO:  # every holder of the terminal's other side is gone
+                    return None
+                raise BackendError(f"The terminal broke: {exc}") from exc
+            return (3, data) if data else None
+        return None
+
+    async def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.master, view) :]
+            except BlockingIOError:
+                await self._ready("add_writer", "remove_writer")
+            except OSError as exc:
+                raise BackendError(f"The terminal is closed: {exc}") from exc
+
+    async def close_stdin(self) -> None:
+        raise BackendError("A terminal's input cannot be closed.")
+
+    async def resize(self, size: TerminalSize) -> None:
+        _set_size(self.master, size)
+
+    async def exit_code(self) -> int | None:
+        return await self.process.wait()
+
+    async def close(self) -> None:
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, SIGKILL)
+            await self.process.wait()
+        if not self._closed:
+            self._closed = True
+            os.close(self.master)
+
+
+def _set_size(fd: int, size: TerminalSize) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", size.rows, size.cols, 0, 0))

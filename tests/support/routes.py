@@ -97,11 +97,11 @@ def sandbox_traffic() -> frozenset[tuple[str, str]]:
     """E2B's sandbox traffic (the code interpreter, envd's files and commands): no key, the
     sandbox's access token instead; without it, E2B's 502 of a sandbox not found
     (a Connect error of the same meaning on envd's RPC)."""
-    from kernelgw.server.e2b import envd, envd_files, envd_process, interpreter
+    from kernelgw.server.e2b import envd, envd_files, envd_process, envd_watch, interpreter
 
     return frozenset(
         (method, route.path)
-        for router in (interpreter.router, envd.router, envd_files.router, envd_process.router)
+        for router in (interpreter.router, envd_watch.router, envd.router, envd_files.router, envd_process.router)
         for route in router.routes
         if isinstance(route, APIRoute)
         for method in route.methods

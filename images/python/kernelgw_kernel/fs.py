@@ -1,7 +1,7 @@
 """Workspace file operations, run by the gateway with ``docker exec`` as the
 kernel's user::
 
-    python -I -m kernelgw_kernel.fs put    PATH --max-bytes N --quota N
+    python -I -m kernelgw_kernel.fs put    PATH --max-bytes N --quota N [--metadata JSON]
     python -I -m kernelgw_kernel.fs get    PATH [--exit-on-eof] [--idle-timeout S]
     python -I -m kernelgw_kernel.fs list   PATH [--recursive] [--max-entries N]
     python -I -m kernelgw_kernel.fs delete PATH
@@ -35,7 +35,8 @@ Answers are JSON lines on stdout: ``{"ok": true, ...}`` or
 ``{"ok": false, "error": CODE, "message": ...}`` with CODE one of
 ``invalid_path``, ``not_found``, ``symlink``, ``is_directory``,
 ``not_directory``, ``not_regular``, ``quota``, ``no_space``, ``io_error``,
-``aborted``. ``get`` sends one header line, then exactly ``size`` bytes.
+``aborted``, ``no_metadata``, ``metadata_too_large``. ``get`` sends one
+header line, then exactly ``size`` bytes.
 
 ``put`` protocol: the helper answers a first line with how many bytes the
 upload may have (``limit``) and the numbers it came from, then reads frames
@@ -43,7 +44,9 @@ from stdin: a 4-byte big-endian length and that many bytes; a zero-length frame
 commits. The data goes to a temporary file at the workspace root, and only on
 commit are missing parent directories made and the file moved into place
 (``rename``, atomic), so an upload that is refused, too large or cut off
-leaves the workspace as it was.
+leaves the workspace as it was. ``--metadata`` (E2B's file metadata) is kept
+on the file as ``user.e2b.<key>`` extended attributes, set on the temporary
+file, so the file never appears without them; `describe` reads them back.
 """
 
 from __future__ import annotations
@@ -496,7 +499,33 @@ def describe(rel: str, st: os.stat_result, dir_fd: int | None, name: str) -> dic
             entry["symlink_target"] = os.readlink(name, dir_fd=dir_fd)
         except OSError:
             pass  # changed meanwhile: listed without its target
+    elif dir_fd is not None and name:
+        metadata = read_metadata(dir_fd, name)
+        if metadata:
+            entry["metadata"] = metadata
     return entry
+
+
+METADATA_XATTR = "user.e2b."
+"""E2B's file metadata: extended attributes of this prefix (envd's)."""
+
+
+def read_metadata(dir_fd: int, name: str) -> dict[str, str]:
+    """The E2B metadata of the entry ``name`` of ``dir_fd`` (its ``user.e2b.*``
+    attributes), never following a link: read relative to the directory, from
+    within it (``fchdir``: the xattr calls take no directory descriptor)."""
+    found: dict[str, str] = {}
+    os.fchdir(dir_fd)
+    try:
+        for attr in os.listxattr(name, follow_symlinks=False):
+            if attr.startswith(METADATA_XATTR):
+                value = os.getxattr(name, attr, follow_symlinks=False)
+                found[attr[len(METADATA_XATTR) :]] = value.decode("utf-8", "replace")
+    except OSError:
+        return found  # gone meanwhile, or a file system without them
+    finally:
+        os.chdir("/")
+    return found
 
 
 def cmd_stat(root: str, path: str, out: BinaryIO) -> None:
@@ -671,7 +700,15 @@ def check_target(path: str, st: os.stat_result) -> None:
         raise refused
 
 
-def cmd_put(root: str, path: str, max_bytes: int, quota: int, inp: BinaryIO, out: BinaryIO) -> None:
+def cmd_put(
+    root: str,
+    path: str,
+    max_bytes: int,
+    quota: int,
+    inp: BinaryIO,
+    out: BinaryIO,
+    metadata: Mapping[str, str] | None = None,
+) -> None:
     parts = split_path(path)
     root_fd = open_root(root)
     tmp_name: str | None = None
@@ -696,6 +733,20 @@ def cmd_put(root: str, path: str, max_bytes: int, quota: int, inp: BinaryIO, out
         tmp_fd = os.open(
             tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=root_fd
         )
+        try:
+            for key, value in (metadata or {}).items():
+                os.setxattr(tmp_fd, METADATA_XATTR + key, value.encode())
+        except OSError as exc:
+            os.close(tmp_fd)
+            if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise Refused(
+                    "no_metadata", "the workspace's file system keeps no metadata (extended attributes)"
+                ) from None
+            if exc.errno in (errno.ENOSPC, errno.E2BIG, errno.ERANGE):
+                raise Refused(
+                    "metadata_too_large", "the file's metadata is larger than its file system keeps"
+                ) from None
+            raise
         say(
             out,
             {
@@ -751,7 +802,15 @@ def cmd_put(root: str, path: str, max_bytes: int, quota: int, inp: BinaryIO, out
             finally:
                 os.close(parent)
             done = os.fstat(tmp_fd)  # what was written, whatever is at the name by now
-        say(out, {"ok": True, "created": st is None, **_entry(path, done)})
+        say(
+            out,
+            {
+                "ok": True,
+                "created": st is None,
+                **_entry(path, done),
+                **({"metadata": dict(metadata)} if metadata else {}),
+            },
+        )
     finally:
         if tmp_name is not None:
             try:
@@ -777,6 +836,7 @@ def main(argv: list[str] | None = None) -> None:
     put.add_argument("path")
     put.add_argument("--max-bytes", type=int, required=True)
     put.add_argument("--quota", type=int, required=True)
+    put.add_argument("--metadata", default="{}", help="E2B metadata to keep on the file: a JSON object of strings")
     get = sub.add_parser("get")
     get.add_argument("path")
     get.add_argument("--exit-on-eof", action="store_true", help="exit when stdin ends (the gateway went away)")
@@ -804,7 +864,7 @@ def main(argv: list[str] | None = None) -> None:
     inp = sys.stdin.buffer
     try:
         if args.command == "put":
-            cmd_put(args.root, args.path, args.max_bytes, args.quota, inp, out)
+            cmd_put(args.root, args.path, args.max_bytes, args.quota, inp, out, json.loads(args.metadata))
         elif args.command == "get":
             if args.exit_on_eof:
                 exit_on_eof(inp)

@@ -243,8 +243,16 @@ its argv): the shell writes its pid, which the command keeps (``exec``), as the
 first line of stderr, so the gateway can signal the command's process group
 later (the engine starts each exec as its own session leader)."""
 
-CommandStream = Literal[1, 2]
-"""1: stdout, 2: stderr."""
+CommandStream = Literal[1, 2, 3]
+"""1: stdout, 2: stderr, 3: a terminal's one stream (a command with a tty)."""
+
+
+@dataclass(frozen=True)
+class TerminalSize:
+    """A terminal's size in characters (``rows`` lines of ``cols`` columns)."""
+
+    rows: int
+    cols: int
 
 
 class CommandProcess(Protocol):
@@ -261,8 +269,8 @@ class CommandProcess(Protocol):
         ...
 
     async def read(self) -> tuple[CommandStream, bytes] | None:
-        """The next bytes the command wrote (stdout or stderr), at most about
-        64 KiB; None once both have ended."""
+        """The next bytes the command wrote (stdout or stderr; with a terminal,
+        its one stream, 3), at most about 64 KiB; None once both have ended."""
         ...
 
     async def write(self, data: bytes) -> None:
@@ -271,6 +279,10 @@ class CommandProcess(Protocol):
 
     async def close_stdin(self) -> None:
         """End the command's stdin."""
+        ...
+
+    async def resize(self, size: TerminalSize) -> None:
+        """Set the size of the command's terminal (one started with a ``tty``)."""
         ...
 
     async def exit_code(self) -> int | None:
@@ -387,19 +399,31 @@ class Backend(Protocol):
         ...
 
     async def run_command(
-        self, handle: KernelHandle, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bool = False
+        self,
+        handle: KernelHandle,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        stdin: bool = False,
+        tty: TerminalSize | None = None,
     ) -> CommandProcess:
         """Start a user's command (not a helper: ``argv`` as given, looked up on
         the container's PATH) in the kernel's container, as the kernel's user,
         inside the container's limits, no network; its environment is the
         kernel's plus ``env`` (already checked with `kernelgw.models.check_env`),
         its working directory ``cwd`` (an absolute path in the container).
-        Raises :class:`~kernelgw.errors.KernelDied` when the container is gone."""
+        With ``tty`` (its size) the command gets a terminal: its input is the
+        terminal's (``stdin`` is implied) and its output one stream (3), as
+        the terminal shows it. Raises :class:`~kernelgw.errors.KernelDied` when
+        the container is gone."""
         ...
 
-    async def signal_command(self, handle: KernelHandle, pid: int, signum: int) -> None:
+    async def signal_command(self, handle: KernelHandle, pid: int, signum: int, *, session: bool = False) -> None:
         """Send ``signum`` to the process group of a command `run_command`
-        started (``pid``: its `CommandProcess.pid`); nothing if it has ended."""
+        started (``pid``: its `CommandProcess.pid`); nothing if it has ended.
+        ``session``: to every process of its session instead (a terminal's,
+        whose shell puts each job in a process group of its own)."""
         ...
 
     async def image_labels(self, image: str) -> dict[str, str] | None:

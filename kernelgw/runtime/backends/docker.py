@@ -12,7 +12,8 @@ at ``/conn``; that directory is the only thing the host shares with it.
 
 A session's workspace can outlive its kernel containers: its volumes and the
 store container that keeps them mounted are `WorkspaceStore`'s
-(:mod:`kernelgw.runtime.backends.workspace_store`).
+(:mod:`kernelgw.runtime.backends.workspace_store`). A user's command (or
+terminal) is a `DockerCommand` (:mod:`kernelgw.runtime.backends.docker_command`).
 
 The Docker SDK is blocking, so every call runs on a private thread pool.
 """
@@ -51,17 +52,18 @@ from kernelgw.runtime.backends.base import (
     HELPER_LOADER_RESET,
     IPC_PORTS,
     WORKSPACE_DIR,
-    CommandStream,
     EngineHealth,
     KernelContainer,
     KernelCounters,
     KernelHandle,
     KernelSpec,
     KernelState,
+    TerminalSize,
     connection_info,
     helper_command,
 )
 from kernelgw.runtime.backends.child_kernels import CHILD_CONN_PREFIX, ChildKernels
+from kernelgw.runtime.backends.docker_command import DockerCommand, exec_exit_code
 from kernelgw.runtime.backends.engine_stats import counters_from_stats
 from kernelgw.runtime.backends.labels import LABEL_GATEWAY, LABEL_KERNEL, LABEL_SESSION, LABEL_STORE, LABEL_UID
 from kernelgw.runtime.backends.oom_events import OomCounter
@@ -86,6 +88,22 @@ OOM_RECHECKS x OOM_RECHECK_S (5 s; seen 60 ms after the exit under gVisor; the
 count is in memory, so waiting costs no engine call)."""
 OOM_RECHECK_S = 0.1
 CONTAINER_CONN_DIR = "/conn"
+SIGNAL_GROUP = 'kill -s "$1" -- "-$2" 2>/dev/null || kill -s "$1" "$2" 2>/dev/null; exit 0'
+"""``sh -c`` this, signal and pid: the process group of a command, or the process if it leads none."""
+SIGNAL_PID = 'kill -s "$1" "$2" 2>/dev/null; exit 0'
+"""The process alone (a child kernel's interrupt: the kernel passes it on, as a main kernel's init does)."""
+SIGNAL_SESSION = """
+sig=$1 sid=$2
+for stat in /proc/[0-9]*/stat; do
+  IFS= read -r line < "$stat" 2>/dev/null || continue
+  set -- ${line##*) }
+  if [ "$4" = "$sid" ]; then pid=${stat#/proc/}; kill -s "$sig" "${pid%/stat}" 2>/dev/null; fi
+done
+exit 0
+"""
+"""Signal every process whose session is ``$2`` (field 6 of proc_pid_stat(5),
+the 4th after the command name, which may hold spaces but ends at the last
+``)``); the container has no ``pkill``."""
 KERNEL_ACCOUNT_ENV = {"USER": "kernel", "LOGNAME": "kernel"}
 """The images name only uid 61000 (``kernel``) and a session's uid has no account
 in them: ``getpass.getuser()`` (and what uses it) reads these first. A session's
@@ -697,11 +715,20 @@ class DockerBackend:
         return DockerExec(self, created["Id"], sock, timeout)
 
     async def run_command(
-        self, handle: KernelHandle, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bool = False
+        self,
+        handle: KernelHandle,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        stdin: bool = False,
+        tty: TerminalSize | None = None,
     ) -> DockerCommand:
-        sock, exec_id = await self._run(self._command_sync, handle, argv, env, cwd, stdin)
-        command = DockerCommand(self, exec_id, sock)
+        sock, exec_id = await self._run(self._command_sync, handle, argv, env, cwd, stdin or tty is not None, tty)
+        command = DockerCommand(self, exec_id, sock, tty=tty is not None)
         try:
+            if tty is not None:  # at once, before the pid line: the program most likely starts at this size
+                await command.resize(tty)
             await command.started()
         except BaseException:
             await command.close()
@@ -709,14 +736,27 @@ class DockerBackend:
         return command
 
     def _command_sync(
-        self, handle: KernelHandle, argv: list[str], env: dict[str, str], cwd: str, stdin: bool
+        self,
+        handle: KernelHandle,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        stdin: bool,
+        tty: TerminalSize | None,
     ) -> tuple[Any, str]:
         uid = self._session_uid(handle.session_id)
         full = ["/bin/sh", "-c", COMMAND_WRAPPER, "sh", *argv]
-        return self._exec_start_sync(handle, full, f"{uid}:{self._gid(uid)}", cwd, env, stdin)
+        return self._exec_start_sync(handle, full, f"{uid}:{self._gid(uid)}", cwd, env, stdin, tty is not None)
 
     def _exec_start_sync(
-        self, handle: KernelHandle, argv: list[str], user: str, cwd: str, env: dict[str, str], stdin: bool
+        self,
+        handle: KernelHandle,
+        argv: list[str],
+        user: str,
+        cwd: str,
+        env: dict[str, str],
+        stdin: bool,
+        tty: bool = False,
     ) -> tuple[Any, str]:
         """An exec with its hijacked connection: a command's, a child kernel's."""
         api = self._client().api
@@ -727,12 +767,13 @@ class DockerBackend:
                 stdin=stdin,
                 stdout=True,
                 stderr=True,
-                tty=False,
+                tty=tty,
                 user=user,
                 workdir=cwd,
                 environment=env,
             )
-            sock = api.exec_start(created["Id"], socket=True)
+            # the start says tty too, or the engine frames the terminal's stream as stdout
+            sock = api.exec_start(created["Id"], socket=True, tty=tty)
         except docker.errors.NotFound as exc:
             raise KernelDied("The kernel container no longer exists; restart the session.") from exc
         except docker.errors.APIError as exc:
@@ -745,15 +786,14 @@ class DockerBackend:
             raise EngineUnavailable(f"The Docker engine failed: {exc}") from exc
         return sock, str(created["Id"])
 
-    async def signal_command(self, handle: KernelHandle, pid: int, signum: int) -> None:
-        await self.signal_process(handle, pid, signum, group=True)
+    async def signal_command(self, handle: KernelHandle, pid: int, signum: int, *, session: bool = False) -> None:
+        await self._signal(handle, SIGNAL_SESSION if session else SIGNAL_GROUP, pid, signum)
 
     async def signal_process(self, host: KernelHandle, pid: int, signum: int, *, group: bool) -> None:
-        if group:
-            script = 'kill -s "$1" -- "-$2" 2>/dev/null || kill -s "$1" "$2" 2>/dev/null; exit 0'
-        else:
-            script = 'kill -s "$1" "$2" 2>/dev/null; exit 0'
-        process = await self.exec(host, ["/bin/sh", "-c", script, "sh", str(signum), str(pid)], timeout=30)
+        await self._signal(host, SIGNAL_GROUP if group else SIGNAL_PID, pid, signum)
+
+    async def _signal(self, handle: KernelHandle, script: str, pid: int, signum: int) -> None:
+        process = await self.exec(handle, ["/bin/sh", "-c", script, "sh", str(signum), str(pid)], timeout=30)
         try:
             while await process.read():
                 pass
@@ -827,25 +867,6 @@ class DockerBackend:
         self._pool.shutdown(wait=False, cancel_futures=True)
         with contextlib.suppress(OSError):
             self.base_dir.rmdir()  # empty once every kernel is stopped; else leave it
-
-
-async def exec_exit_code(backend: DockerBackend, exec_id: str) -> int | None:
-    """An exec's exit code once it has ended (asked for up to a second: the
-    engine marks it ended a moment after its output closes); None if unknown."""
-
-    def inspect() -> int | None:
-        for _ in range(20):
-            info = backend._client().api.exec_inspect(exec_id)
-            if not info.get("Running"):
-                code = info.get("ExitCode")
-                return int(code) if code is not None else None
-            time.sleep(0.05)
-        return None
-
-    try:
-        return await backend._run(inspect)
-    except docker.errors.DockerException:
-        return None
 
 
 class DockerExec:
@@ -958,118 +979,3 @@ class DockerExec:
                     self._holder.close()
 
         await self._backend._run(close)
-
-
-class DockerCommand:
-    """A user's command through ``docker exec`` (see ``CommandProcess``).
-
-    Its connection is read and written without a thread: the socket is put in
-    non-blocking mode and driven by the event loop, since a command may run
-    (and be read) as long as its sandbox does, and a thread each would drain
-    the backend's pool. Frames as in `DockerExec`; the first line of stderr is
-    the pid the wrapper (`COMMAND_WRAPPER`) wrote.
-    """
-
-    READ_SIZE = 64 * 1024
-
-    def __init__(self, backend: DockerBackend, exec_id: str, sock: Any) -> None:
-        self._backend = backend
-        self.exec_id = exec_id
-        self._holder = sock
-        raw = getattr(sock, "_sock", sock)
-        if not isinstance(raw, socket.socket) or type(raw) is not socket.socket:
-            raise EngineUnavailable("Commands need the Docker engine on a unix socket or plain TCP (not TLS).")
-        self._sock: socket.socket = raw
-        self._sock.setblocking(False)
-        self._buffer = bytearray()
-        self._eof = False
-        self._closed = False
-        self._pid = 0
-        self._pending: list[tuple[CommandStream, bytes]] = []
-
-    @property
-    def pid(self) -> int:
-        return self._pid
-
-    async def _recv(self) -> bytes:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.sock_recv(self._sock, self.READ_SIZE)
-        except OSError as exc:
-            if self._closed:
-                return b""
-            raise BackendError(f"The connection to a command in the kernel container broke: {exc}") from exc
-
-    async def _frame(self) -> tuple[int, bytes] | None:
-        """The next whole frame (stream id, payload), or None at the end."""
-        while True:
-            if len(self._buffer) >= 8:
-                size = int.from_bytes(self._buffer[4:8], "big")
-                if len(self._buffer) >= 8 + size:
-                    stream, payload = self._buffer[0], bytes(self._buffer[8 : 8 + size])
-                    del self._buffer[: 8 + size]
-                    return stream, payload
-            if self._eof:
-                return None
-            # a frame is at most what the engine read at once (32 KiB): the buffer stays small
-            data = await self._recv()
-            if not data:
-                self._eof = True
-            self._buffer += data
-
-    async def started(self) -> None:
-        """Read the wrapper's pid line (stderr's first); output before it is kept
-        (the engine copies stdout and stderr apart: stdout may come first)."""
-        err = bytearray()
-        while b"\n" not in err:
-            frame = await self._frame()
-            if frame is None:
-                raise BackendError("The command ended before it started (the kernel container stopped?).")
-            stream, payload = frame
-            if stream == 2:
-                err += payload
-            elif stream == 1 and payload:
-                self._pending.append((1, payload))
-        line, _, rest = bytes(err).partition(b"\n")
-        if not line.strip().isdigit():
-            raise BackendError(f"The command's wrapper did not name its pid: {line[:80]!r}")
-        self._pid = int(line)
-        if rest:
-            self._pending.append((2, rest))
-
-    async def read(self) -> tuple[CommandStream, bytes] | None:
-        if self._pending:
-            return self._pending.pop(0)
-        while True:
-            frame = await self._frame()
-            if frame is None:
-                return None
-            stream, payload = frame
-            if payload and stream in (1, 2):
-                return (1 if stream == 1 else 2), payload
-
-    async def write(self, data: bytes) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.sock_sendall(self._sock, data)
-        except OSError as exc:
-            raise BackendError(f"The command's stdin is closed: {exc}") from exc
-
-    async def close_stdin(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_WR)
-        except OSError as exc:
-            raise BackendError(f"The command's stdin is closed: {exc}") from exc
-
-    async def exit_code(self) -> int | None:
-        return await exec_exit_code(self._backend, self.exec_id)
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
-        with contextlib.suppress(Exception):
-            self._holder.close()

@@ -11,6 +11,9 @@ A server-streaming call (``Content-Type: application/connect+json``) takes
 its request message in one envelope (a flags byte, a 4-byte big-endian length,
 the JSON) and answers with status 200 and enveloped messages, ended by an
 end-of-stream envelope (flags 0x02) that is ``{}`` or carries the call's error.
+A client-streaming call sends its messages enveloped the same way, one after
+the other in the request body (``client_stream`` reads each as it comes), and
+gets one message and the end-of-stream envelope back.
 
 Hand-written on purpose: the `connectrpc` package would want generated server
 stubs and protobuf runtime classes for a few unary JSON calls whose whole
@@ -22,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import zlib
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Literal, TypeVar
 
 from fastapi import Request, Response
@@ -158,6 +161,34 @@ async def read_stream_message(request: Request, model: type[M]) -> M:
     if size != len(body) - 5:
         raise ConnectError("invalid_argument", "The request is not one enveloped message")
     return parse_message(bytes(body[5:]), model)
+
+
+async def client_stream(request: Request) -> AsyncIterator[bytes]:
+    """The request messages of a client-streaming call (enveloped JSON), each
+    as it arrives: the client may send the next only after the last took effect."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != STREAM_CONTENT_TYPE:
+        raise ConnectError(
+            "unimplemented",
+            f"Content-Type {media or '(none)'} is not served for a streaming call: kernelgw's envd takes "
+            f"{STREAM_CONTENT_TYPE}, as E2B's SDKs send it",
+        )
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        while len(body) >= 5:
+            flags, size = body[0], int.from_bytes(body[1:5], "big")
+            if size > MAX_REQUEST_BYTES:
+                raise ConnectError("resource_exhausted", f"A request message is larger than {MAX_REQUEST_BYTES} bytes")
+            if flags & 0x01:
+                raise ConnectError("unimplemented", "A compressed request message is not served")
+            if len(body) < 5 + size:
+                break
+            message = bytes(body[5 : 5 + size])
+            del body[: 5 + size]
+            yield message
+    if body:
+        raise ConnectError("invalid_argument", "The request stream ended inside a message")
 
 
 def parse_message(data: bytes, model: type[M]) -> M:

@@ -21,8 +21,8 @@ group, as E2B's do; other owners keep the container's names.
 
 Where envd follows symbolic links (``Stat``, ``ListDir`` of a link to a
 directory) kernelgw describes the link itself and never enters it. Watching
-a directory (``WatchDir``, the watcher calls) is not served: ``unimplemented``,
-naming the gap. ``Remove`` of what does not exist succeeds, as envd's does.
+a directory (``WatchDir``, the watcher calls) is `kernelgw.server.e2b.envd_watch`'s.
+``Remove`` of what does not exist succeeds, as envd's does.
 """
 
 from __future__ import annotations
@@ -179,6 +179,7 @@ class EntryInfo(BaseModel):
     group: str
     modified_time: str = Field(alias="modifiedTime")
     symlink_target: str | None = Field(None, alias="symlinkTarget")
+    metadata: dict[str, str] | None = None
     is_symlink: bool | None = Field(None, alias="isSymlink")
 
 
@@ -196,6 +197,7 @@ def entry_info(entry: EntryDetails) -> EntryInfo:
         group=USER if entry.own_group else clean(entry.group),
         modified_time=timestamp(entry.mtime),
         symlink_target=clean(link_target(entry.symlink_target or "")) if link else None,
+        metadata=entry.metadata or None,
         is_symlink=True if link else None,
     )
 
@@ -375,12 +377,6 @@ CALLS: dict[str, Call] = {
     "Move": move_call,
     "Remove": remove_call,
 }
-WATCHING = (
-    "Watching a directory (sandbox.files.watch_dir: filesystem.Filesystem/{method}) is not served by kernelgw yet; "
-    "list the directory (sandbox.files.list) to see what changed"
-)
-UNSERVED = {name: WATCHING for name in ("WatchDir", "CreateWatcher", "GetWatcherEvents", "RemoveWatcher")}
-
 router = APIRouter(route_class=ConnectRoute, tags=["e2b"])
 
 
@@ -390,7 +386,6 @@ async def filesystem(method: str, request: Request) -> Response:
     sandbox = await sandbox_for(request, ENVD_PORT)
     call = CALLS.get(method)
     if call is None:
-        message = UNSERVED.get(method, "filesystem.Filesystem has no method {method}")
-        raise ConnectError("unimplemented", message.format(method=method))
+        raise ConnectError("unimplemented", f"filesystem.Filesystem has no method {method}")
     check_user(basic_user(request.headers.get("authorization")))
     return message_response(await within_deadline(request, call(request, sandbox)))

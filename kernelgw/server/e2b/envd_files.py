@@ -9,7 +9,10 @@ name, or a raw ``application/octet-stream`` body for ``path``; either may be
 sent with ``Content-Encoding: gzip``. Each file streams into the workspace
 (`WorkspaceFiles.upload`): parts are parsed as they arrive, and neither
 direction holds more than about a megabyte of a file in the gateway. The
-answer is envd's: a list of ``{"name", "type", "path"}``.
+answer is envd's: a list of ``{"name", "type", "path"}``. E2B's file metadata
+(``X-Metadata-<key>`` headers, envd 0.6.2) is kept on every file of the upload
+as envd keeps it, ``user.e2b.<key>`` extended attributes (keys lowercased),
+which entries then carry as ``metadata``.
 
 Paths, the one user and the path rules are those of `kernelgw.server.e2b.envd`.
 Errors are envd's: ``{"code": <status>, "message": ...}``; a file over the
@@ -20,9 +23,10 @@ workspace quota or the per-file limit is a 507 (the SDK's
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -145,6 +149,7 @@ async def upload_files(request: Request, path: str | None = PATH_QUERY, username
     """Write one file (a raw body) or several (multipart) into the workspace."""
     sandbox = await sandbox_for(request, ENVD_PORT)
     check_user(username)
+    metadata = upload_metadata(request.headers.items())
     media, options = parse_options_header(request.headers.get("content-type", ""))
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity", "gzip"):
@@ -164,7 +169,12 @@ async def upload_files(request: Request, path: str | None = PATH_QUERY, username
             declared = int(length) if encoding != "gzip" and length and length.isdigit() else None
             files.check_length(declared)
             await files.upload(
-                await workspace_of(request, sandbox), rel, body, quota_bytes=quota, content_length=declared
+                await workspace_of(request, sandbox),
+                rel,
+                body,
+                quota_bytes=quota,
+                content_length=declared,
+                metadata=metadata,
             )
             written.append(rel)
         elif media.startswith(b"multipart/"):
@@ -184,7 +194,7 @@ async def upload_files(request: Request, path: str | None = PATH_QUERY, username
                     )
                 if len(written) >= MAX_FILES:
                     raise BadRequest(f"An upload takes at most {MAX_FILES} files; send the rest in another.")
-                await files.upload(handle, rel, part.data, quota_bytes=quota)
+                await files.upload(handle, rel, part.data, quota_bytes=quota, metadata=metadata)
                 written.append(rel)
         else:
             shown = media.decode("latin-1") or "(none)"
@@ -199,12 +209,49 @@ async def upload_files(request: Request, path: str | None = PATH_QUERY, username
         if written:
             session.touch()
             await session.keep_files()  # the sandbox has files now: they outlive its kernel
-    return JSONResponse([write_info(rel) for rel in written])
+    return JSONResponse([write_info(rel, metadata) for rel in written])
 
 
-def write_info(rel: str) -> dict[str, str]:
-    """envd's ``EntryInfo`` of a written file."""
-    return {"name": rel.rsplit("/", 1)[-1], "type": "file", "path": sandbox_path(rel)}
+def write_info(rel: str, metadata: dict[str, str] | None = None) -> dict[str, Any]:
+    """envd's ``EntryInfo`` of a written file (with the metadata it keeps, if any)."""
+    info: dict[str, Any] = {"name": rel.rsplit("/", 1)[-1], "type": "file", "path": sandbox_path(rel)}
+    if metadata:
+        info["metadata"] = metadata
+    return info
+
+
+METADATA_HEADER = "x-metadata-"
+"""E2B's file metadata comes as ``X-Metadata-<key>: <value>`` headers on an upload."""
+METADATA_KEY = re.compile(r"[A-Za-z0-9!#$%&'*+\-.^_`|~]+")
+MAX_METADATA_KEY = 255 - len("user.e2b.")
+"""The kernel's limit on an extended attribute's name, less envd's prefix."""
+MAX_METADATA_VALUE = 1024
+MAX_METADATA_BYTES = 4096
+"""All of one file's metadata (keys and values): what any file system keeps on one inode."""
+
+
+def upload_metadata(headers: Iterable[tuple[str, str]]) -> dict[str, str] | None:
+    """E2B's metadata of an upload (keys lowercased, as envd keeps them), every
+    file of it gets; None when there is none. Keys and values envd refuses are a
+    `BadRequest` naming them."""
+    metadata: dict[str, str] = {}
+    for name, value in headers:
+        if not name.lower().startswith(METADATA_HEADER):
+            continue
+        key = name[len(METADATA_HEADER) :].lower()
+        if not METADATA_KEY.fullmatch(key) or len(key) > MAX_METADATA_KEY:
+            raise BadRequest(
+                f"Metadata key {key[:80]!r} is not taken: 1 to {MAX_METADATA_KEY} characters of letters, digits "
+                "and !#$%&'*+-.^_`|~."
+            )
+        if len(value) > MAX_METADATA_VALUE or not all(" " <= c <= "~" for c in value):
+            raise BadRequest(
+                f"Metadata value of {key!r} is not taken: at most {MAX_METADATA_VALUE} printable ASCII characters."
+            )
+        metadata[key] = value
+    if sum(len(k) + len(v) for k, v in metadata.items()) > MAX_METADATA_BYTES:
+        raise BadRequest(f"The upload's metadata is larger than {MAX_METADATA_BYTES} bytes (keys and values).")
+    return metadata or None
 
 
 def quota_bytes(configured: int | None, workspace_size_mb: int) -> int:

@@ -16,8 +16,14 @@ no PATH or LD_*), its working directory ``/home/user`` (the workspace) or a
 ``cwd`` within it. The call's deadline (the SDK's ``timeout``, 60 s by
 default) kills a started command, and its end says so; a deadline on
 ``Connect`` only ends that stream. ``user="root"`` is refused: kernelgw's
-sandboxes have no root. The terminal (``pty``, ``Update``) and
-``StreamInput`` are not served (``unimplemented``, naming the gap).
+sandboxes have no root. ``stdin`` absent from ``Start`` opens it, as envd
+does (the SDK always says).
+
+A terminal (``sandbox.pty``) is a ``Start`` with ``pty.size``: the same kind
+of command, run with a tty of that size (``docker exec -t``); its output is
+``pty`` data, its input ``SendInput``'s ``input.pty``, and ``Update`` with
+``pty.size`` resizes it. ``StreamInput`` (client streaming: a start naming
+the process, then input, keepalives) writes each input as it arrives.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 from kernelgw.errors import KernelGWError
 from kernelgw.models import check_env
-from kernelgw.runtime.backends.base import WORKSPACE_DIR
+from kernelgw.runtime.backends.base import WORKSPACE_DIR, TerminalSize
 from kernelgw.runtime.commands import Command as RunningCommand
 from kernelgw.runtime.commands import (
     CommandConfig,
@@ -48,9 +54,11 @@ from kernelgw.runtime.commands import (
 from kernelgw.server.e2b.connect import (
     STREAM_CONTENT_TYPE,
     ConnectError,
+    client_stream,
     end_envelope,
     envelope,
     message_response,
+    parse_message,
     read_message,
     read_stream_message,
     timeout_s,
@@ -74,6 +82,8 @@ from kernelgw.server.state import gateway_state
 KEEPALIVE_HEADER = "keepalive-ping-interval"
 DEFAULT_KEEPALIVE_S = 50.0
 """The SDK asks for 50 s (``Keepalive-Ping-Interval``)."""
+MAX_TERMINAL_SIDE = 65535
+"""A terminal's rows and columns are 16-bit (the kernel's ``winsize``)."""
 SIGNALS = {"SIGNAL_SIGKILL": signal.SIGKILL, "SIGNAL_SIGTERM": signal.SIGTERM, 9: signal.SIGKILL, 15: signal.SIGTERM}
 _REGISTRY = "kernelgw_e2b_commands"
 
@@ -90,11 +100,24 @@ class ProcessConfig(BaseModel):
     cwd: StrictStr | None = None
 
 
+class PtySize(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    rows: StrictInt = 0
+    cols: StrictInt = 0
+
+
+class Pty(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    size: PtySize = PtySize()
+
+
 class StartRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     process: ProcessConfig = ProcessConfig()
-    pty: dict[str, Any] | None = None
+    pty: Pty | None = None
     tag: StrictStr | None = None
     stdin: StrictBool | None = None
 
@@ -129,6 +152,32 @@ class SendSignalRequest(SelectRequest):
     signal: StrictStr | StrictInt = "SIGNAL_UNSPECIFIED"
 
 
+class UpdateRequest(SelectRequest):
+    pty: Pty | None = None
+
+
+class StreamInputStart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    process: Selector = Selector()
+
+
+class StreamInputData(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input: ProcessInput = ProcessInput()
+
+
+class StreamInputRequest(BaseModel):
+    """One message of ``StreamInput``: exactly one of its events."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    start: StreamInputStart | None = None
+    data: StreamInputData | None = None
+    keepalive: dict[str, Any] | None = None
+
+
 # ---------------------------------------------------------------- events (pure)
 
 
@@ -140,9 +189,12 @@ def keepalive_event() -> dict[str, Any]:
     return {"event": {"keepalive": {}}}
 
 
+STREAM_NAMES = {1: "stdout", 2: "stderr", 3: "pty"}
+
+
 def output_event(output: Output) -> dict[str, Any]:
     """Output as envd's ``DataEvent``: bytes are base64 in proto3 JSON."""
-    name = "stdout" if output.stream == 1 else "stderr"
+    name = STREAM_NAMES[output.stream]
     return {"event": {"data": {name: base64.b64encode(output.data).decode("ascii")}}}
 
 
@@ -176,6 +228,16 @@ def signal_of(value: str | int) -> int:
             "invalid_argument", f"signal {value!r} is not one envd sends (SIGNAL_SIGKILL, SIGNAL_SIGTERM)"
         )
     return int(found)
+
+
+def terminal_size(pty: Pty) -> TerminalSize:
+    rows, cols = pty.size.rows, pty.size.cols
+    if not (1 <= rows <= MAX_TERMINAL_SIDE and 1 <= cols <= MAX_TERMINAL_SIDE):
+        raise ConnectError(
+            "invalid_argument",
+            f"pty.size: rows and cols must each be 1 to {MAX_TERMINAL_SIDE} (got rows={rows}, cols={cols})",
+        )
+    return TerminalSize(rows, cols)
 
 
 def keepalive_s(request: Request) -> float:
@@ -256,11 +318,7 @@ def stream(request: Request, command: RunningCommand, *, deadline_s: float | Non
 
 async def start(request: Request, sandbox: Sandbox) -> Response:
     msg = await read_stream_message(request, StartRequest)
-    if msg.pty is not None:
-        raise ConnectError(
-            "unimplemented",
-            "A terminal (sandbox.pty) is not served by kernelgw yet; run commands with sandbox.commands.run",
-        )
+    tty = terminal_size(msg.pty) if msg.pty is not None else None
     config = msg.process
     if not config.cmd:
         raise ConnectError("invalid_argument", "process.cmd is empty: name the program to run")
@@ -283,8 +341,9 @@ async def start(request: Request, sandbox: Sandbox) -> Response:
             CommandConfig(config.cmd, list(config.args), dict(config.envs), config.cwd or HOME, msg.tag),
             env={"PWD": sandbox_path(rel), **env},  # the shell's pwd names /home/user, as E2B's
             cwd=f"{WORKSPACE_DIR}/{rel}" if rel else WORKSPACE_DIR,
-            stdin=bool(msg.stdin),
+            stdin=msg.stdin is not False,  # envd: absent is open (a terminal's input always is)
             timeout_s=deadline,
+            tty=tty,
         )
     except TooManyCommands as exc:
         raise ConnectError("resource_exhausted", exc.message) from None
@@ -299,6 +358,34 @@ async def connect(request: Request, sandbox: Sandbox) -> Response:
     return stream(request, command, deadline_s=timeout_s(request))
 
 
+async def stream_input(request: Request, sandbox: Sandbox) -> Response:
+    """``StreamInput``: a start naming the process, then its input (stdin or
+    pty bytes) written as each message arrives, and keepalives; one empty
+    answer when the client ends its stream."""
+    limit = timeout_s(request)
+    command: RunningCommand | None = None
+    deadline = asyncio.timeout(limit)
+    try:
+        async with deadline:
+            async for message in client_stream(request):
+                msg = parse_message(message, StreamInputRequest)
+                if msg.start is not None:
+                    command = select(request, sandbox, msg.start.process)
+                elif msg.data is not None:
+                    if command is None:
+                        raise ConnectError("invalid_argument", "StreamInput: the first message must be the start")
+                    await write_input(command, msg.data.input)
+                elif msg.keepalive is None:
+                    raise ConnectError("invalid_argument", "StreamInput: a message is a start, data or a keepalive")
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise ConnectError("deadline_exceeded", f"The call did not end within its deadline ({limit:g} s)") from None
+    if command is not None:
+        sandbox.session.touch()
+    return Response(envelope({}) + end_envelope(), media_type=STREAM_CONTENT_TYPE)
+
+
 # ---------------------------------------------------------------- unary calls
 
 
@@ -311,14 +398,33 @@ async def list_call(request: Request, sandbox: Sandbox) -> dict[str, Any]:
 async def send_input_call(request: Request, sandbox: Sandbox) -> dict[str, Any]:
     msg = await read_message(request, SendInputRequest)
     command = select(request, sandbox, msg.process)
-    if msg.input.pty is not None:
-        raise ConnectError("unimplemented", "A terminal (sandbox.pty) is not served by kernelgw yet")
-    try:
-        data = base64.b64decode(msg.input.stdin or "", validate=True)
-    except binascii.Error:
-        raise ConnectError("invalid_argument", "input.stdin is not base64") from None
-    await write_stdin(command, data)
+    await write_input(command, msg.input)
     return {}
+
+
+async def write_input(command: RunningCommand, given: ProcessInput) -> None:
+    """``input.stdin`` to a command's stdin, ``input.pty`` to a terminal's (as envd: not crossed)."""
+    if given.pty is not None:
+        if not command.tty:
+            raise ConnectError(
+                "failed_precondition",
+                f"process {command.pid} has no terminal (pty): send its input as stdin (sandbox.commands.send_stdin)",
+            )
+        field, text = "input.pty", given.pty
+    elif given.stdin is not None:
+        if command.tty:
+            raise ConnectError(
+                "failed_precondition",
+                f"process {command.pid} runs in a terminal: send its input to the pty (sandbox.pty.send_stdin)",
+            )
+        field, text = "input.stdin", given.stdin
+    else:
+        raise ConnectError("invalid_argument", "input: give stdin or pty bytes")
+    try:
+        data = base64.b64decode(text, validate=True)
+    except binascii.Error:
+        raise ConnectError("invalid_argument", f"{field} is not base64") from None
+    await write_stdin(command, data)
 
 
 async def write_stdin(command: RunningCommand, data: bytes) -> None:
@@ -337,6 +443,11 @@ async def write_stdin(command: RunningCommand, data: bytes) -> None:
 async def close_stdin_call(request: Request, sandbox: Sandbox) -> dict[str, Any]:
     msg = await read_message(request, SelectRequest)
     command = select(request, sandbox, msg.process)
+    if command.tty:
+        raise ConnectError(
+            "failed_precondition",
+            f"process {command.pid} runs in a terminal, whose input cannot be closed: send Ctrl-D (0x04) instead",
+        )
     if command.stdin and command.running:
         try:
             await command.process.close_stdin()
@@ -355,6 +466,26 @@ async def send_signal_call(request: Request, sandbox: Sandbox) -> dict[str, Any]
     return {}
 
 
+async def update_call(request: Request, sandbox: Sandbox) -> dict[str, Any]:
+    msg = await read_message(request, UpdateRequest)
+    command = select(request, sandbox, msg.process)
+    if msg.pty is None:
+        return {}  # nothing to change, as envd
+    size = terminal_size(msg.pty)
+    if not command.tty:
+        raise ConnectError(
+            "failed_precondition",
+            f"process {command.pid} was started without a terminal (pty): it has no size to set",
+        )
+    if not command.running:
+        raise ConnectError("not_found", f"process with pid {command.pid} has ended")
+    try:
+        await command.resize(size)
+    except KernelGWError as exc:
+        raise ConnectError("failed_precondition", f"process {command.pid}: {exc.message}") from None
+    return {}
+
+
 class _Dict(BaseModel):
     """A unary answer already in proto3 JSON."""
 
@@ -366,10 +497,7 @@ UNARY = {
     "SendInput": send_input_call,
     "CloseStdin": close_stdin_call,
     "SendSignal": send_signal_call,
-}
-UNSERVED = {
-    "Update": "Resizing a terminal (sandbox.pty.resize) is not served: kernelgw has no terminal yet",
-    "StreamInput": "Streaming stdin (sandbox.commands.stream_input) is not served; send it with send_stdin",
+    "Update": update_call,
 }
 
 router = APIRouter(route_class=ConnectRoute, tags=["e2b"])
@@ -385,9 +513,11 @@ async def process(method: str, request: Request) -> Response:
             return await start(request, sandbox)
         if method == "Connect":
             return await connect(request, sandbox)
+        if method == "StreamInput":
+            return await stream_input(request, sandbox)
         call = UNARY.get(method)
         if call is None:
-            raise ConnectError("unimplemented", UNSERVED.get(method, f"process.Process has no method {method}"))
+            raise ConnectError("unimplemented", f"process.Process has no method {method}")
         answer = await within_deadline(request, _as_model(call(request, sandbox)))
     except CommandNotFound as exc:
         raise ConnectError("not_found", exc.message) from None

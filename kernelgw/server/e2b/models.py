@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from kernelgw.runtime.lease import MAX_METADATA_ENTRIES, MAX_METADATA_KEY, MAX_METADATA_VALUE
 from kernelgw.runtime.lease import RESERVED_PREFIX as RESERVED_PREFIX
@@ -23,13 +23,14 @@ MAX_METADATA_ITEMS = MAX_METADATA_ENTRIES
 the template, the token's nonce, a create's ``Idempotency-Key``, a snapshot's
 source and name, are not counted)."""
 
-ENVD_VERSION = "0.2.4"
-"""The envd version sandboxes claim. The SDKs gate features on it: below 0.1.0
-they refuse the sandbox, below 0.1.5 they refuse metrics themselves (saying to
-rebuild the template, which misleads here), below 0.2.4 they warn that disk
-metrics are missing. Features of later versions (commands' stdin switch, closing
-stdin, the default user, octet-stream uploads, file metadata) are envd's, which
-this face does not serve: the SDK refuses them itself with this version."""
+ENVD_VERSION = "0.6.4"
+"""The envd version sandboxes claim: the newest whose features E2B's SDKs
+(Python 2.63, JavaScript 2.51) check, all of which this face serves: recursive
+watches (0.1.4), metrics (0.1.5, disk 0.2.4), commands' stdin switch (0.3.0),
+the default user (0.4.0: the SDK names no user; the sandbox has one),
+closing stdin (0.5.2), raw and gzip-encoded uploads (0.5.7: octet-stream),
+file metadata (0.6.2), entries in watch events (0.6.3) and the network-mount
+switch of a watch (0.6.4: a workspace is never one)."""
 CLIENT_ID = "kernelgw"
 """``clientID`` of every sandbox (E2B's is a fixed placeholder too)."""
 
@@ -120,7 +121,14 @@ class NewSandboxV1(NewSandbox):
 
 
 class TimeoutRequest(_Request):
-    timeout: Timeout
+    timeout: StrictInt
+    """0 ends the sandbox now (or pauses it, with autoPause), as its timeout
+    running out would; E2B takes a negative timeout as 0."""
+
+    @field_validator("timeout")
+    @classmethod
+    def _negative_is_now(cls, value: int) -> int:
+        return max(value, 0)
 
 
 class ConnectRequest(_Request):

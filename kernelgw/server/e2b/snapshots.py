@@ -8,10 +8,11 @@ and variables without replaying anything; the snapshot stays as it is, for
 the next one. Deleting it (``DELETE /templates/{id}``, as E2B's SDK does) ends
 the session.
 
-What differs from E2B: the fork rebuilds a running sandbox's state by
-replaying its cells (kernelgw's fork; a paused sandbox's snapshot is copied
-instead), so what its cells did outside their variables is not captured as
-E2B's memory snapshot would; variables that cannot be pickled are not kept.
+What differs from E2B: the state kept is the variables a pause keeps
+(pickled; what cannot be pickled is not kept) and the files, taken between
+cells (`SessionManager.fork_state`); while a cell runs, the snapshot is made by
+replaying the finished cells instead (kernelgw's fork). E2B's memory snapshot
+keeps the running processes themselves.
 A snapshot holds a session: it counts against the key's and the gateway's
 session limits, and ends after ``paused_ttl_s`` like any paused session. It
 is not a sandbox: lists, get and connect do not show it, and it has no access
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -67,11 +70,43 @@ def lookup(state: GatewayState, principal: Principal, ref: str) -> KernelSession
     return session if is_snapshot(session) else None
 
 
+@dataclass(frozen=True)
+class NamedSnapshot:
+    snapshot_id: str
+    gateway_name: str | None
+    """The gateway of the cluster holding it; None: this one."""
+
+
+async def newest_named(state: GatewayState, principal: Principal, name: str) -> NamedSnapshot | None:
+    """The newest snapshot called ``name`` that ``principal`` has on any gateway
+    of the cluster: where a create from it (or its delete) must go, since
+    `lookup` on a gateway sees that gateway's snapshots only. None for a
+    template's id, or when no snapshot has that name."""
+    if name in templates.templates(state.settings):
+        return None
+    found: list[tuple[datetime, str, str | None]] = [
+        (utc(s.created_at), s.id, None)
+        for s in state.manager.list(principal)
+        if is_snapshot(s) and s.metadata.get(SNAPSHOT_NAME_KEY) == name
+    ]
+    if state.cluster is not None:
+        found += [
+            (utc(r.created_at), r.id, r.gateway_name)
+            for r in await state.cluster.remote_sessions(principal)
+            if SNAPSHOT_OF_KEY in r.metadata and r.metadata.get(SNAPSHOT_NAME_KEY) == name
+        ]
+    if not found:
+        return None
+    _, snapshot_id, gateway_name = max(found, key=lambda row: (row[0], row[1]))
+    return NamedSnapshot(snapshot_id, gateway_name)
+
+
 @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
 async def create_snapshot(
     sandbox_id: str, request: Request, body: SnapshotRequest | None = None, caller: Caller = Depends(authenticate)
 ) -> JSONResponse:
-    """Snapshot a sandbox (it runs on unchanged): a fork of it, paused."""
+    """Snapshot a sandbox (it runs on unchanged): a fork of its state (not of its
+    cells: `SessionManager.fork_state`), paused."""
     body = body or SnapshotRequest()
     refuse_unknown(body, "the snapshot request")
     if body.memory is False:
@@ -88,7 +123,7 @@ async def create_snapshot(
     metadata = {templates.TEMPLATE_KEY: templates.template_of(source, state.settings), SNAPSHOT_OF_KEY: source.id}
     if body.name:
         metadata[SNAPSHOT_NAME_KEY] = body.name
-    snapshot, _ = await state.manager.fork(source, SessionOptions(metadata=metadata), caller.principal)
+    snapshot, _ = await state.manager.fork_state(source, SessionOptions(metadata=metadata), caller.principal)
     try:
         await state.manager.pause(snapshot, reason="an E2B snapshot")
     except BaseException as exc:

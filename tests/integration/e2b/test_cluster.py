@@ -3,7 +3,7 @@
 for /v1. The control plane names the sandbox in the path, sandbox traffic in
 the ``E2b-Sandbox-Id`` header; both reach the gateway that runs it. Listings
 show every gateway's sandboxes and snapshots; a sandbox made from a snapshot
-is made where the snapshot is; an owner that is gone is a 503 to whoever holds
+is made where the snapshot is (named by its id or its name); an owner that is gone is a 503 to whoever holds
 the sandbox's token, and tells nothing to whoever does not."""
 
 from __future__ import annotations
@@ -80,6 +80,15 @@ def test_any_gateway_of_a_cluster_serves_any_sandbox(
         assert Sandbox.delete_snapshot(snapshot.snapshot_id, **on(b))
         assert Sandbox.list_snapshots(**on(a)).next_items() == []
         assert Sandbox.kill(copy.sandbox_id, **on(b))
+        # by its name too: B finds A's snapshot called "forty-one" in the store, and sends the create and the delete there
+        named = there.create_snapshot("forty-one")
+        assert named.names == ["forty-one"]
+        by_name = Sandbox.create("forty-one", timeout=600, **on(b))
+        assert by_name.run_code("x").text == "41"
+        assert [s.sandbox_id for s in Sandbox.list(**on(a)).next_items()].count(by_name.sandbox_id) == 1
+        assert Sandbox.kill(by_name.sandbox_id, **on(b))
+        assert Sandbox.delete_snapshot("forty-one", **on(b))
+        assert Sandbox.list_snapshots(**on(a)).next_items() == []
 
         # A gone (SIGKILL): B says so to the token's holder, in E2B's shape, and nothing to others
         a.kill9()

@@ -173,6 +173,7 @@ def test_a_snapshot_makes_sandboxes_with_its_state_and_outlives_its_source(e2b_e
     try:
         source.run_code("x = 41")
         source.run_code("open('kept.txt', 'w').write('on disk')")
+        drawn = source.run_code("import random\nr = random.random()\nr").text  # a replay would draw again
         snapshot = source.create_snapshot(name="answer")
         assert snapshot.names == ["answer"]
         source.run_code("x = 0")  # after the snapshot: not in it
@@ -189,6 +190,7 @@ def test_a_snapshot_makes_sandboxes_with_its_state_and_outlives_its_source(e2b_e
             made.append(sandbox)
             assert sandbox.run_code("x + 1").text == "42"
             assert sandbox.run_code("open('kept.txt').read()").text == "on disk"
+            assert sandbox.run_code("r").text == drawn  # the state itself, not its cells run again
             assert sandbox.get_info().template_id == ref
         made[0].run_code("x = 7")
         assert made[1].run_code("x").text == "41"  # each starts from the snapshot, not from another

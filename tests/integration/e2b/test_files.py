@@ -2,7 +2,7 @@
 through kernelgw's envd face against real kernel containers, configured by
 environment variables only: ``sandbox.files`` writes, reads, lists, stats,
 makes directories, renames and removes in the workspace the code interpreter
-sees as ``/home/user``; bad input (a path outside /home/user, traversal, a
+sees as ``/home/user``, with E2B's file metadata; bad input (a path outside /home/user, traversal, a
 link user code made, a missing file, an upload over the workspace quota) gets
 E2B's exception with a clear message and leaves the sandbox working; another
 sandbox's files are never reached."""
@@ -129,6 +129,20 @@ async def test_async_files_with_gzip(e2b: E2BGateway) -> None:
         await sbx.kill()
 
 
+def test_file_metadata_is_kept_as_envd_keeps_it(sbx: Sandbox) -> None:
+    """envd 0.6.2's metadata: user.e2b.* extended attributes of the file, which code sees too."""
+    info = sbx.files.write("/home/user/m.csv", "a,b\n", metadata={"Source": "upload", "run": "7"})
+    assert info.metadata == {"source": "upload", "run": "7"}
+    streamed = sbx.files.write("/home/user/s.bin", io.BytesIO(b"s" * 1000), metadata={"k": "v"}, gzip=True)
+    assert streamed.metadata == {"k": "v"}
+    assert sbx.files.get_info("/home/user/m.csv").metadata == {"source": "upload", "run": "7"}
+    assert {e.name: e.metadata for e in sbx.files.list("/home/user")} == {"m.csv": info.metadata, "s.bin": {"k": "v"}}
+    seen = sbx.run_code("import os\nos.getxattr('m.csv', 'user.e2b.source').decode()").text
+    assert seen == "upload", seen
+    assert sbx.run_code("os.setxattr('m.csv', 'user.e2b.by_code', b'yes')").error is None
+    assert sbx.files.get_info("/home/user/m.csv").metadata == {"source": "upload", "run": "7", "by_code": "yes"}
+
+
 def test_bad_input_gets_e2bs_errors_and_leaves_the_sandbox_working(sbx: Sandbox) -> None:
     made = sbx.run_code(
         "import os\nos.symlink('/etc', 'etc')\nos.symlink('/etc/passwd', 'pw')\nopen('f.txt', 'w').write('f')"
@@ -150,7 +164,8 @@ def test_bad_input_gets_e2bs_errors_and_leaves_the_sandbox_working(sbx: Sandbox)
         (InvalidArgumentException, lambda: sbx.files.list("/home/user/f.txt"), "not a directory"),
         (InvalidArgumentException, lambda: sbx.files.rename("/home/user/etc/passwd", "/home/user/p"), "symbolic link"),
         (SandboxException, lambda: sbx.files.write("/home/user/x.txt", "x", user="root"), "one user"),
-        (SandboxException, lambda: sbx.files.watch_dir("/home/user"), "not served"),
+        (InvalidArgumentException, lambda: sbx.files.watch_dir("/home/user/etc"), "symbolic link"),
+        (SandboxException, lambda: sbx.files.watch_dir("/etc"), "only /home/user"),
     ]
     for exc, call, words in refusals:
         with pytest.raises(exc) as info:

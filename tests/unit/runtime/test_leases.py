@@ -221,9 +221,20 @@ async def test_set_lease_is_bounded_by_max_lease_s(make_manager: ManagerFactory)
     manager = make_manager(max_lease_s=120)
     session = await manager.create(SessionOptions(lease_s=120))
     until_before = session.lease_until
-    for seconds in (0, -1, 121):
-        with pytest.raises(LimitExceeded, match="at most 120 seconds"):
+    for seconds in (-1, 121):
+        with pytest.raises(LimitExceeded, match="0 or more and at most 120 seconds"):
             await manager.set_lease(session, seconds)
     assert session.lease_until == until_before
     await manager.set_lease(session, 120)  # again the most, from now
     assert session.lease_until is not None and until_before is not None and session.lease_until >= until_before
+
+
+async def test_a_lease_set_to_0_ends_the_session_at_once(make_manager: ManagerFactory, store: Store) -> None:
+    """E2B's ``set_timeout(0)``: the lease runs out now, as if its timeout had."""
+    manager = make_manager()
+    await manager.start()
+    session = await manager.create(SessionOptions(lease_s=3600.0))
+    await manager.set_lease(session, 0)
+    await gone(manager, session)
+    record = await store.get_session(session.id)
+    assert record is not None and record.end_reason == LEASE_ENDED_REASON

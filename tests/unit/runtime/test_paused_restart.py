@@ -217,6 +217,25 @@ async def test_a_restart_that_fails_leaves_the_session_paused_with_its_snapshot(
     assert manager.snapshots.used == 0 == gauge(manager)
 
 
+@pytest.mark.parametrize("how", ["restart", "resume"])
+async def test_a_failed_restart_or_resume_keeps_the_paused_lineage(
+    make_manager: ManagerFactory, store: Store, gate: Gate, how: str
+) -> None:
+    """The kernel that failed is no part of the session's lineage: the stored
+    cells stay those of the kernels the session was paused from, and a replay
+    after the failure still finds them."""
+    manager = make_manager()
+    session = await paused_session(manager, store)
+    kernels = session.lineage_kernels
+    gate.fail = OSError("no room")
+    with pytest.raises(KernelStartFailed, match="no room"):
+        await (session.restart() if how == "restart" else session.resume())
+    assert session.lineage_kernels == kernels
+    gate.fail = None
+    report = await session.restart(replay=True)
+    assert report is not None and report.replayed == 1
+
+
 async def test_a_delete_during_the_restart_waits_for_it_then_leaves_nothing(
     make_manager: ManagerFactory, store: Store, local_backend: LocalBackend, gate: Gate
 ) -> None:
@@ -333,3 +352,41 @@ async def test_a_fork_during_a_restarts_replay_waits_for_the_replay(
     assert stdout(await run(child, "print(x + 1)")) == "42\n"
     replayed = await restart
     assert replayed is not None and replayed.complete and replayed.replayed == 1
+
+
+async def test_a_state_fork_copies_the_variables_themselves_and_leaves_the_source_as_it_was(
+    make_manager: ManagerFactory, gate: Gate, tmp_path: Path
+) -> None:
+    """`SessionManager.fork_state` (E2B's snapshots): a value no replay would
+    give again (a random draw) is the same in the fork; nothing is replayed; the
+    source runs on without the pickle in its workspace, and no copy is left on disk."""
+    manager = make_manager()
+    await manager.start()
+    source = await manager.create()
+    assert status(await run(source, "open('kept.txt', 'w').write('mine')")) == "ok"
+    assert status(await run(source, "import random\nx = random.random()\nprint(repr(x))")) == "ok"
+    drawn = stdout(await run(source, "print(repr(x))"))
+    fork, report = await manager.fork_state(source, SessionOptions())
+    assert report.replay.replayed == 0 and "x" in (report.namespace.done if report.namespace else [])
+    assert stdout(await run(fork, "print(repr(x))")) == drawn
+    assert stdout(await run(fork, CHECK.replace("globals().get('x')", "'x' in globals()"))) == "True mine False\n"
+    assert stdout(await run(source, CHECK.replace("globals().get('x')", "'x' in globals()"))) == "True mine False\n"
+    assert not list((tmp_path / "paused").glob("*.copy"))
+
+
+async def test_a_state_fork_of_a_busy_session_replays_its_cells_instead(
+    make_manager: ManagerFactory, gate: Gate
+) -> None:
+    manager = make_manager()
+    await manager.start()
+    source = await manager.create()
+    assert status(await run(source, "x = 41")) == "ok"
+    busy = source.submit("import time\ntime.sleep(1.5)")
+    async def running() -> bool:
+        return source.current_execution is busy
+
+    await until(running, "the slow cell to run")
+    fork, report = await manager.fork_state(source, SessionOptions())
+    assert report.replay.replayed == 1 and report.namespace is None
+    assert stdout(await run(fork, "print(x)")) == "41\n"
+    await busy.done

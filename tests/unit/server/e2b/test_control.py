@@ -23,6 +23,7 @@ from e2b.exceptions import (
 from e2b_code_interpreter import AsyncSandbox as AsyncCodeSandbox
 
 from kernelgw.server.e2b.auth import ACCESS_NONCE_KEY
+from kernelgw.server.e2b.models import ENVD_VERSION
 from kernelgw.server.e2b.templates import TEMPLATE_KEY
 from tests.support.local_backend import LocalBackend
 from tests.support.waiting import until
@@ -57,7 +58,7 @@ async def test_create_gives_a_running_sandbox_with_its_metadata_lease_and_token(
     sbx = await AsyncSandbox.create(metadata={"user": "alice", "run": "1"}, timeout=120)
     after = datetime.now(UTC)
     try:
-        assert str(sbx._envd_version) == "0.2.4"
+        assert str(sbx._envd_version) == ENVD_VERSION
         assert sbx._envd_access_token and sbx.traffic_access_token == sbx._envd_access_token
         info = await sbx.get_info()
         assert info.sandbox_id == sbx.sandbox_id
@@ -238,6 +239,25 @@ async def test_set_timeout_moves_the_end_both_ways(gw: Gateway) -> None:
         assert too_long.value.status_code == 400 and "max_lease_s" in str(too_long.value)
     finally:
         await sbx.kill()
+
+
+async def test_set_timeout_0_ends_the_sandbox_as_its_timeout_would(gw: Gateway) -> None:
+    """E2B's meaning: the lease runs out now (a negative timeout is taken as 0)."""
+    for timeout in (0, -5):
+        sbx = await AsyncSandbox.create(timeout=600)
+        await sbx.set_timeout(timeout)
+
+        async def gone(sbx: AsyncSandbox = sbx) -> bool:
+            try:
+                await sbx.get_info()
+            except SandboxNotFoundException:
+                return True
+            return False
+
+        await until(gone, f"set_timeout({timeout}) to end the sandbox")
+        async with e2b(gw, gw.alice) as http:
+            resp = await http.get(f"/sandboxes/{sbx.sandbox_id}")
+            assert resp.status_code == 404 and "killed when its timeout ran out" in resp.json()["message"]
 
 
 async def test_connect_gives_the_same_token_and_only_extends_a_running_lease(gw: Gateway) -> None:

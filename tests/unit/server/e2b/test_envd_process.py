@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kernelgw.runtime.backends.base import CommandStream, KernelHandle, KernelState
+from kernelgw.runtime.backends.base import CommandStream, KernelHandle, KernelState, TerminalSize
 from kernelgw.runtime.commands import (
     OUTPUT_RING_BYTES,
     CommandConfig,
@@ -97,6 +97,9 @@ class Scripted:
     async def close_stdin(self) -> None:
         pass
 
+    async def resize(self, size: TerminalSize) -> None:
+        pass
+
     async def exit_code(self) -> int | None:
         return self.code
 
@@ -110,7 +113,14 @@ class ScriptedBackend:
         self.signals: list[tuple[int, int]] = []
 
     async def run_command(
-        self, handle: KernelHandle, argv: list[str], *, env: dict[str, str], cwd: str, stdin: bool = False
+        self,
+        handle: KernelHandle,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        stdin: bool = False,
+        tty: TerminalSize | None = None,
     ) -> Scripted:
         self.made.append(Scripted(100 + len(self.made)))
         return self.made[-1]
@@ -118,7 +128,7 @@ class ScriptedBackend:
     async def state(self, handle: KernelHandle, oom_seen: int = 0) -> KernelState:
         return KernelState("running")
 
-    async def signal_command(self, handle: KernelHandle, pid: int, signum: int) -> None:
+    async def signal_command(self, handle: KernelHandle, pid: int, signum: int, *, session: bool = False) -> None:
         self.signals.append((pid, signum))
         for command in self.made:
             if command.pid == pid:

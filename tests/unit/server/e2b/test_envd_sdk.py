@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import io
+import os
 import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from e2b.exceptions import FileNotFoundException
 from packaging.version import Version
 
 from kernelgw.runtime.session import KernelSession
+from kernelgw.server.e2b.models import ENVD_VERSION
 from tests.support.local_backend import LocalBackend
 from tests.unit.server.e2b.test_interpreter import Gateway, in_thread, serve
 
@@ -137,8 +139,8 @@ async def test_async_sdk_writes_many_files_and_reads_them(gw: Gateway, sandbox: 
     assert names == ["d", "one.txt", "three.txt", "two"]
     with pytest.raises(FileNotFoundException):
         await sbx.files.get_info("/home/user/missing")
-    with pytest.raises(SandboxException, match="not served"):  # the streaming call: its error ends the stream
-        await sbx.files.watch_dir("/home/user", on_event=lambda event: None)
+    with pytest.raises(FileNotFoundException):  # the streaming call: its error ends the stream
+        await sbx.files.watch_dir("/home/user/missing", on_event=lambda event: None)
 
 
 @pytest.mark.parametrize("envd", ["0.2.4", "0.6.0"])
@@ -153,6 +155,41 @@ async def test_gzip_both_ways_and_octet_stream_uploads(
     assert (workspace(sandbox[0]) / "big.txt").read_bytes() == data
     assert (workspace(sandbox[0]) / "streamed.bin").read_bytes() == b"a" * 1000 + b"b" * 1000
     assert await in_thread(lambda: sbx.files.read("/home/user/big.txt", format="bytes", gzip=True)) == data
+
+
+async def test_file_metadata_at_the_claimed_envd_version(gw: Gateway, sandbox: tuple[KernelSession, str]) -> None:
+    """The version sandboxes claim: the SDK names no user, and keeps metadata on files
+    (``user.e2b.*`` extended attributes, as envd keeps them)."""
+    session, token = sandbox
+    sbx = sdk(BaseSandbox, gw, session, token, envd=ENVD_VERSION)
+    info = await in_thread(lambda: sbx.files.write("/home/user/m.txt", "m", metadata={"Owner": "ann", "k-2": "v 2"}))
+    assert info.metadata == {"owner": "ann", "k-2": "v 2"}
+    assert os.getxattr(workspace(session) / "m.txt", "user.e2b.owner") == b"ann"
+    many = await in_thread(
+        lambda: sbx.files.write_files(
+            [{"path": "a/one.txt", "data": "1"}, {"path": "a/two.txt", "data": io.BytesIO(b"2")}],
+            metadata={"batch": "7"},
+        )
+    )
+    assert [i.metadata for i in many] == [{"batch": "7"}, {"batch": "7"}]
+    assert (await in_thread(lambda: sbx.files.get_info("/home/user/m.txt"))).metadata == {"owner": "ann", "k-2": "v 2"}
+    listed = {e.name: e.metadata for e in await in_thread(lambda: sbx.files.list("/home/user/a"))}
+    assert listed == {"one.txt": {"batch": "7"}, "two.txt": {"batch": "7"}}
+    moved = await in_thread(lambda: sbx.files.rename("/home/user/m.txt", "/home/user/n.txt"))
+    assert moved.metadata == {"owner": "ann", "k-2": "v 2"}
+    plain = await in_thread(lambda: sbx.files.write("/home/user/plain.txt", "p"))
+    assert plain.metadata is None and (await in_thread(lambda: sbx.files.get_info("plain.txt"))).metadata is None
+    headers = {**gw.headers(session, token, port=49983), "Content-Type": "application/octet-stream"}
+    async with httpx.AsyncClient(base_url=gw.url, headers=headers) as http:
+        refusals = [
+            ({"X-Metadata-" + "k" * 250: "v"}, "not taken"),
+            ({"X-Metadata-k": "caf\u00e9".encode("latin-1")}, "printable ASCII"),
+            ({"X-Metadata-k": "v" * 2000}, "at most 1024"),
+        ]
+        for extra, words in refusals:
+            refused = await http.post("/files", params={"path": "r.txt"}, content=b"r", headers=extra)
+            assert refused.status_code == 400 and words in refused.json()["message"], refused.text
+    assert not (workspace(session) / "r.txt").exists()
 
 
 async def test_the_wire_gzip_is_real(gw: Gateway, sandbox: tuple[KernelSession, str]) -> None:
@@ -211,7 +248,7 @@ async def test_errors_are_e2bs(gw: Gateway, sandbox: tuple[KernelSession, str]) 
         (InvalidArgumentException, lambda: sbx.files.make_dir("/home/user/f.txt"), ("not a directory",)),
         (InvalidArgumentException, lambda: sbx.files.remove("/home/user"), ("cannot be removed",)),
         (SandboxException, lambda: sbx.files.read("/home/user/f.txt", user="root"), ("one user",)),
-        (SandboxException, lambda: sbx.files.watch_dir("/home/user"), ("not served",)),
+        (InvalidArgumentException, lambda: sbx.files.watch_dir("/home/user/out"), ("symbolic link",)),
     ]
     for exc, call, words in checks:
         await raises(exc, call, *words)
