@@ -35,7 +35,7 @@ import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
@@ -265,6 +265,14 @@ def command_user_is_root(request: Request, sandbox: Sandbox) -> bool:
     user than the sandbox's own is refused."""
     user = basic_user(request.headers.get("authorization"))
     return check_command_user(user, gateway_state(request).settings.e2b_root_commands, sandbox.session.spec.runtime)
+
+
+async def close_commands(app: FastAPI) -> None:
+    """Stop reading the gateway's commands (it is stopping): their connections
+    to the engine close, as they would when the process exits."""
+    found = getattr(app.state, _REGISTRY, None)
+    if isinstance(found, CommandRegistry):
+        await found.close()
 
 
 def check_command_user(user: str | None, root_allowed: bool, runtime: str) -> bool:
