@@ -352,6 +352,13 @@ class Settings(BaseSettings):
     what it runs: a kernel name of ``kernels`` (``{"deno-v1": "deno"}``: that
     kernel's image) or an image of ``allowed_images`` (run with the Python kernel).
     An entry may also remap those two. Any other template id is E2B's 404."""
+    e2b_root_commands: bool = False
+    """Whether E2B's ``commands.run(..., user="root")`` (and ``pty``) may run as
+    root in sandboxes under gVisor (``runsc``). Off: refused. Under runc, always
+    refused: root in a runc container is the host's uid 0, which every tenant and
+    the host share (docs/security.md, "Root in a sandbox"). On, the containers of
+    runsc sessions also keep the file capabilities root needs to use the
+    sandbox's files (the kernel drops them all)."""
 
     @field_validator("package_allowlist")
     @classmethod

@@ -215,6 +215,14 @@ class WorkspaceCopyFailed(KernelGWError):
     code = "workspace_copy_failed"
 
 
+class WorkspaceUnreadable(KernelGWError):
+    """A copy of the workspace (pause, fork, snapshot) met a file the session's
+    user may not read: made so by the session itself (a root command, chmod)."""
+
+    status_code = 409
+    code = "workspace_unreadable"
+
+
 class PackageNotAllowed(BadRequest):
     code = "package_not_allowed"
 

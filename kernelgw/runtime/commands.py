@@ -101,6 +101,8 @@ class Command:
     """Its input is open (a terminal's always is)."""
     tty: bool = False
     """It runs in a terminal (`resize` works)."""
+    root: bool = False
+    """It runs as root (signalled as root: another uid's processes)."""
     _ring: deque[_Chunk] = field(default_factory=deque)
     _kept: int = 0
     _written: int = 0
@@ -237,7 +239,7 @@ class Command:
         if signum == signal.SIGKILL and self._kill_reason is None:
             self._kill_reason = reason or "killed (SIGKILL)"
         # a terminal's jobs are process groups of their own: signal its whole session
-        await self.backend.signal_command(self.handle, self.pid, signum, session=self.tty)
+        await self.backend.signal_command(self.handle, self.pid, signum, session=self.tty, root=self.root)
 
     async def resize(self, size: TerminalSize) -> None:
         """Set the size of the command's terminal."""
@@ -296,6 +298,7 @@ class CommandRegistry:
         stdin: bool,
         timeout_s: float | None,
         tty: TerminalSize | None = None,
+        root: bool = False,
     ) -> Command:
         """Start ``argv`` in the session's container (in a terminal of size
         ``tty``, if given); it runs until it ends, is killed, its ``timeout_s``
@@ -306,8 +309,10 @@ class CommandRegistry:
                 f"This sandbox runs {len(running)} commands, the most it may at once; "
                 "wait for one to end or kill one (sandbox.commands.kill)"
             )
-        process = await self.backend.run_command(handle, argv, env=env, cwd=cwd, stdin=stdin, tty=tty)
-        command = Command(process.pid, config, process, handle, self.backend, stdin or tty is not None, tty is not None)
+        process = await self.backend.run_command(handle, argv, env=env, cwd=cwd, stdin=stdin, tty=tty, root=root)
+        command = Command(
+            process.pid, config, process, handle, self.backend, stdin or tty is not None, tty is not None, root
+        )
         self._sessions.setdefault(session_id, {})[command.pid] = command
         if timeout_s:
             command.kill_at(timeout_s, f"the command's timeout ({timeout_s:g} s) ran out: kernelgw killed it")
@@ -334,13 +339,15 @@ class CommandRegistry:
                     self._sessions.pop(session_id, None)
 
     async def close(self) -> None:
-        """Stop watching every command (the gateway is stopping)."""
+        """Stop watching every command (the gateway is stopping): each one's
+        connection closes."""
+        # taken first: a cancelled reader's task unlists its command as it ends
+        every = [command for commands in self._sessions.values() for command in commands.values()]
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for commands in self._sessions.values():
-            for command in commands.values():
-                with contextlib.suppress(Exception):
-                    await command.process.close()
+        for command in every:
+            with contextlib.suppress(Exception):
+                await command.process.close()
         self._sessions.clear()

@@ -40,6 +40,7 @@ from kernelgw.errors import (
     KernelGWError,
     QuotaExceeded,
     WorkspaceCopyFailed,
+    WorkspaceUnreadable,
 )
 from kernelgw.models import FileEntry, FileList, UploadResult
 from kernelgw.paths import validate_path
@@ -240,7 +241,7 @@ def raise_for_answer(answer: dict[str, Any]) -> dict[str, Any]:
     message = message[:1].upper() + message[1:]
     if not message.endswith("."):
         message += "."
-    if code in ("invalid_path", "symlink", "is_directory", "not_directory", "not_regular"):
+    if code in ("invalid_path", "symlink", "is_directory", "not_directory", "not_regular", "too_many"):
         raise InvalidPath(message)
     if code == "not_found":
         raise FileNotFoundInWorkspace(message)
@@ -639,7 +640,13 @@ async def read_tree(
             yield chunk
         # tar c exits 1 when a file changed while it was read: still a copy
         if (await proc.exit_code()) not in (0, 1):
-            raise WorkspaceCopyFailed(f"Reading {path} from the kernel failed: {_last_line(proc.stderr)}")
+            if b"Permission denied" in proc.stderr:
+                raise WorkspaceUnreadable(
+                    f"{path} cannot be copied: {_tar_errors(proc.stderr)}. The session's user may not read "
+                    "what the session made unreadable to it (a root command's file, a chmod); make it readable "
+                    "or remove it, then try again."
+                )
+            raise WorkspaceCopyFailed(f"Reading {path} from the kernel failed: {_tar_errors(proc.stderr)}")
     finally:
         await proc.close()
 
@@ -724,6 +731,17 @@ async def write_tree(
         return moved
     finally:
         await proc.close()
+
+
+def _tar_errors(stderr: bytes) -> str:
+    """What tar said went wrong (its first three complaints), without its
+    closing "Exiting with failure status due to previous errors"."""
+    lines = [
+        line
+        for line in stderr.decode("utf-8", "replace").strip().splitlines()
+        if line and "Exiting with failure status" not in line
+    ]
+    return "; ".join(lines[:3]) if lines else _last_line(stderr)
 
 
 def _last_line(stderr: bytes) -> str:

@@ -257,6 +257,9 @@ def create_app(
             yield
         finally:
             await cancel_and_wait(warming, trimming)
+            from kernelgw.server.e2b.envd_process import close_commands  # with the routers: imported late
+
+            await close_commands(app)  # E2B's running commands: their readers stop, their connections close
             if cluster is not None:
                 await cluster.close()
             if lone is not None:

@@ -128,12 +128,12 @@ def make_key(data_dir: Path, name: str) -> str:
 
 @contextmanager
 def gateway_with_key(
-    docker_client: docker.DockerClient, data_dir: Path, name: str
+    docker_client: docker.DockerClient, data_dir: Path, name: str, **overrides: Any
 ) -> Iterator[tuple[RunningGateway, str]]:
-    """A gateway that requires API keys, and one key's text; afterwards no
-    container of its name may be left."""
+    """A gateway that requires API keys (with ``overrides`` of its settings), and
+    one key's text; afterwards no container of its name may be left."""
     key = make_key(data_dir, name)
-    gw = start_gateway(gateway_settings(gateway_name=name, data_dir=data_dir, auth="required"))
+    gw = start_gateway(gateway_settings(gateway_name=name, data_dir=data_dir, auth="required", **overrides))
     try:
         yield gw, key
     finally:

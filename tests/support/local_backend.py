@@ -40,7 +40,7 @@ from pathlib import Path
 from signal import SIGKILL
 from types import ModuleType
 
-from kernelgw.errors import BackendError, KernelDied, KernelStartFailed
+from kernelgw.errors import BackendError, BadRequest, KernelDied, KernelStartFailed
 from kernelgw.runtime.backends.base import (
     IPC_PORTS,
     WORKSPACE_DIR,
@@ -273,10 +273,14 @@ class LocalBackend:
         cwd: str,
         stdin: bool = False,
         tty: TerminalSize | None = None,
+        root: bool = False,
     ) -> LocalCommand | LocalTerminal:
         """A user's command as a host subprocess in its own session, in the
         kernel's workspace (``/workspace`` of ``cwd`` mapped to it); with
-        ``tty``, on a pseudo-terminal of that size (not its controlling one)."""
+        ``tty``, on a pseudo-terminal of that size (not its controlling one).
+        No root here: a host process is never started as another user."""
+        if root:
+            raise BadRequest("the local backend runs no command as root")
         kernel = self.kernels.get(handle.kernel_id)
         if kernel is None or kernel.process.returncode is not None:
             raise KernelDied("The local kernel is not running; restart the session.")
@@ -300,7 +304,9 @@ class LocalBackend:
         )
         return LocalCommand(process)
 
-    async def signal_command(self, handle: KernelHandle, pid: int, signum: int, *, session: bool = False) -> None:
+    async def signal_command(
+        self, handle: KernelHandle, pid: int, signum: int, *, session: bool = False, root: bool = False
+    ) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signum)
         for name in await asyncio.to_thread(os.listdir, "/proc") if session else ():

@@ -25,4 +25,5 @@ def create_backend(settings: Settings) -> Backend:
         kernel_uids=parse_uid_range(settings.kernel_uid_range) if settings.kernel_uid_range else None,
         uid_state_dir=settings.uid_state_dir,
         keep_workspaces=settings.persistent_workspace,
+        root_commands=settings.e2b_root_commands,
     )

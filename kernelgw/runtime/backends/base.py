@@ -58,6 +58,13 @@ def helper_command(argv: list[str]) -> list[str]:
     return ["/usr/bin/env", "-i", *HELPER_ENV, *argv]
 
 
+ROOT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER")
+"""What root needs to use a sandbox's files (owned by the session's uid, the
+workspace mode 0700), added to the containers of gVisor sessions when the
+gateway allows root commands (``e2b_root_commands``); the kernel drops every
+capability (`setpriv --bounding-set=-all`), so only a root command has them."""
+
+
 IPC_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 """With ipc transport a "port" only names a socket file: ``{ip}-{port}``."""
 
@@ -237,11 +244,15 @@ class ExecProcess(Protocol):
         ...
 
 
-COMMAND_WRAPPER = 'printf "%s\\n" "$$" >&2; exec "$@"'
-"""How a user command starts in a kernel's container (``/bin/sh -c`` this, then
-its argv): the shell writes its pid, which the command keeps (``exec``), as the
-first line of stderr, so the gateway can signal the command's process group
-later (the engine starts each exec as its own session leader)."""
+COMMAND_WRAPPER = 'printf "%s\\n" "$$" >&2; cd -- "$1" || exit 1; PWD=$2; export PWD; shift 2; exec "$@"'
+"""How a user command starts in a kernel's container (``/bin/sh -c`` this, its
+working directory, the ``PWD`` it shows, then its argv): the shell writes its
+pid, which the command keeps (``exec``), as the first line of stderr, so the
+gateway can signal the command's process group later (the engine starts each
+exec as its own session leader). The shell changes directory itself, after
+the exec dropped its privileges: under gVisor the engine's own change of
+directory happens with the exec's capabilities, before the drop to the
+session's uid, and a root without them cannot enter the session's 0700 workspace."""
 
 CommandStream = Literal[1, 2, 3]
 """1: stdout, 2: stderr, 3: a terminal's one stream (a command with a tty)."""
@@ -407,9 +418,12 @@ class Backend(Protocol):
         cwd: str,
         stdin: bool = False,
         tty: TerminalSize | None = None,
+        root: bool = False,
     ) -> CommandProcess:
         """Start a user's command (not a helper: ``argv`` as given, looked up on
-        the container's PATH) in the kernel's container, as the kernel's user,
+        the container's PATH) in the kernel's container, as the kernel's user
+        (``root``: as uid 0 of the container, which the caller allows only
+        under gVisor, with the file capabilities of `ROOT_CAPABILITIES` only),
         inside the container's limits, no network; its environment is the
         kernel's plus ``env`` (already checked with `kernelgw.models.check_env`),
         its working directory ``cwd`` (an absolute path in the container).
@@ -419,11 +433,14 @@ class Backend(Protocol):
         the container is gone."""
         ...
 
-    async def signal_command(self, handle: KernelHandle, pid: int, signum: int, *, session: bool = False) -> None:
+    async def signal_command(
+        self, handle: KernelHandle, pid: int, signum: int, *, session: bool = False, root: bool = False
+    ) -> None:
         """Send ``signum`` to the process group of a command `run_command`
         started (``pid``: its `CommandProcess.pid`); nothing if it has ended.
         ``session``: to every process of its session instead (a terminal's,
-        whose shell puts each job in a process group of its own)."""
+        whose shell puts each job in a process group of its own). ``root``: the
+        command runs as root (only root may signal it)."""
         ...
 
     async def image_labels(self, image: str) -> dict[str, str] | None:

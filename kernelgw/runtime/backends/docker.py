@@ -51,6 +51,7 @@ from kernelgw.runtime.backends.base import (
     COMMAND_WRAPPER,
     HELPER_LOADER_RESET,
     IPC_PORTS,
+    ROOT_CAPABILITIES,
     WORKSPACE_DIR,
     EngineHealth,
     KernelContainer,
@@ -218,6 +219,26 @@ def security_options(runtime: str = "runc") -> list[str]:
     return ["no-new-privileges", "seccomp=" + seccomp_profile(runtime)]
 
 
+def command_privileges(uid: int, gid: int, root: bool) -> list[str]:
+    """How a user's command leaves the root ``docker exec`` it starts in: as the
+    kernel does (`DockerBackend._command`), the session's uid with every
+    capability set empty; root keeps only `ROOT_CAPABILITIES` (those the
+    container has: a gVisor sandbox's when the gateway allows root commands).
+    Without it an exec as the uid kept the container's bounding set."""
+    if root:
+        keep = ",".join(f"+{cap.lower()}" for cap in ROOT_CAPABILITIES)
+        return ["/usr/bin/setpriv", "--clear-groups", f"--bounding-set=-all,{keep}", "--inh-caps=-all", "--"]
+    return [
+        "/usr/bin/setpriv",
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        "--clear-groups",
+        "--bounding-set=-all",
+        "--inh-caps=-all",
+        "--",
+    ]
+
+
 class DockerBackend:
     def __init__(
         self,
@@ -229,11 +250,14 @@ class DockerBackend:
         kernel_uids: range | None = None,
         uid_state_dir: Path = Path("/run/kernelgw/.uids"),
         keep_workspaces: bool = True,
+        root_commands: bool = False,
         max_workers: int = 32,
         client_factory: Callable[[], docker.DockerClient] | None = None,
     ) -> None:
         self.gateway_name = gateway_name
         self.base_dir = Path(runtime_dir) / gateway_name
+        self.root_commands = root_commands
+        """gVisor sessions' containers keep `ROOT_CAPABILITIES` (``e2b_root_commands``)."""
         if os.geteuid() == 0:
             self.uid, self.gid = kernel_uid, kernel_gid
             warn_if_host_account(kernel_uid)
@@ -371,9 +395,12 @@ class DockerBackend:
         kernel itself is configured to run as root (there is nothing to keep apart)."""
         return uid != 0
 
-    def _identity(self, uid: int) -> dict[str, Any]:
+    def _identity(self, uid: int, runtime: str = "runc") -> dict[str, Any]:
         if self._init_apart(uid):
-            return {"user": "0:0", "cap_drop": ["ALL"], "cap_add": ["SETUID", "SETGID", "SETPCAP", "KILL"]}
+            caps = ["SETUID", "SETGID", "SETPCAP", "KILL"]
+            if self.root_commands and runtime == "runsc":  # the kernel drops them all; root commands keep them
+                caps += ROOT_CAPABILITIES
+            return {"user": "0:0", "cap_drop": ["ALL"], "cap_add": caps}
         return {"user": f"{uid}:{self._gid(uid)}", "cap_drop": ["ALL"]}
 
     def _command(self, uid: int) -> list[str]:
@@ -438,7 +465,7 @@ class DockerBackend:
                 shm_size=f"{spec.shm_size_mb}m",
                 volumes=volumes,
                 working_dir=WORKSPACE_DIR,
-                **self._identity(uid),
+                **self._identity(uid, spec.runtime),
                 security_opt=security_options(spec.runtime),
                 **process_limits(spec),
                 mem_limit=f"{spec.memory_mb}m",
@@ -686,9 +713,11 @@ class DockerBackend:
     ) -> DockerExec:
         return await self._run(self._exec_sync, handle, argv, stdin, timeout)
 
-    def _exec_sync(self, handle: KernelHandle, argv: list[str], stdin: bool, timeout: float) -> DockerExec:
+    def _exec_sync(
+        self, handle: KernelHandle, argv: list[str], stdin: bool, timeout: float, as_root: bool = False
+    ) -> DockerExec:
         api = self._client().api
-        uid = self._session_uid(handle.session_id)
+        uid = 0 if as_root else self._session_uid(handle.session_id)
         try:
             created = api.exec_create(
                 handle.container_id,
@@ -723,8 +752,9 @@ class DockerBackend:
         cwd: str,
         stdin: bool = False,
         tty: TerminalSize | None = None,
+        root: bool = False,
     ) -> DockerCommand:
-        sock, exec_id = await self._run(self._command_sync, handle, argv, env, cwd, stdin or tty is not None, tty)
+        sock, exec_id = await self._run(self._command_sync, handle, argv, env, cwd, stdin or tty is not None, tty, root)
         command = DockerCommand(self, exec_id, sock, tty=tty is not None)
         try:
             if tty is not None:  # at once, before the pid line: the program most likely starts at this size
@@ -743,10 +773,14 @@ class DockerBackend:
         cwd: str,
         stdin: bool,
         tty: TerminalSize | None,
+        root: bool,
     ) -> tuple[Any, str]:
         uid = self._session_uid(handle.session_id)
-        full = ["/bin/sh", "-c", COMMAND_WRAPPER, "sh", *argv]
-        return self._exec_start_sync(handle, full, f"{uid}:{self._gid(uid)}", cwd, env, stdin, tty is not None)
+        user, drop = "0:0", command_privileges(uid, self._gid(uid), root)
+        if not self._init_apart(uid):  # the kernel itself runs as root: nothing to drop to
+            user, drop = f"{uid}:{self._gid(uid)}", []
+        full = [*drop, "/bin/sh", "-c", COMMAND_WRAPPER, "sh", cwd, env.get("PWD", cwd), *argv]
+        return self._exec_start_sync(handle, full, user, "/", env, stdin, tty is not None)
 
     def _exec_start_sync(
         self,
@@ -786,14 +820,17 @@ class DockerBackend:
             raise EngineUnavailable(f"The Docker engine failed: {exc}") from exc
         return sock, str(created["Id"])
 
-    async def signal_command(self, handle: KernelHandle, pid: int, signum: int, *, session: bool = False) -> None:
-        await self._signal(handle, SIGNAL_SESSION if session else SIGNAL_GROUP, pid, signum)
+    async def signal_command(
+        self, handle: KernelHandle, pid: int, signum: int, *, session: bool = False, root: bool = False
+    ) -> None:
+        await self._signal(handle, SIGNAL_SESSION if session else SIGNAL_GROUP, pid, signum, root=root)
 
     async def signal_process(self, host: KernelHandle, pid: int, signum: int, *, group: bool) -> None:
         await self._signal(host, SIGNAL_GROUP if group else SIGNAL_PID, pid, signum)
 
-    async def _signal(self, handle: KernelHandle, script: str, pid: int, signum: int) -> None:
-        process = await self.exec(handle, ["/bin/sh", "-c", script, "sh", str(signum), str(pid)], timeout=30)
+    async def _signal(self, handle: KernelHandle, script: str, pid: int, signum: int, *, root: bool = False) -> None:
+        argv = ["/bin/sh", "-c", script, "sh", str(signum), str(pid)]
+        process = await self._run(self._exec_sync, handle, argv, False, 30.0, root)
         try:
             while await process.read():
                 pass
@@ -808,10 +845,8 @@ class DockerBackend:
         loader's variables reset on the exec itself."""
         uid = await self._run(self._session_uid, host.session_id)
         user = "0:0" if self._init_apart(uid) else f"{uid}:{self._gid(uid)}"
-        drop = self._drop_root(uid) if self._init_apart(uid) else []
-        if drop:
-            drop[0] = "/usr/bin/setpriv"
-        full = ["/bin/sh", "-c", COMMAND_WRAPPER, "sh", *drop, *argv]
+        drop = command_privileges(uid, self._gid(uid), root=False) if self._init_apart(uid) else []
+        full = ["/bin/sh", "-c", COMMAND_WRAPPER, "sh", "/", "/", *drop, *argv]
         sock, exec_id = await self._run(self._exec_start_sync, host, full, user, "/", HELPER_LOADER_RESET, True)
         command = DockerCommand(self, exec_id, sock)
         try:

@@ -193,8 +193,8 @@ class DockerCommand:
 
         try:
             await self._backend._run(resize)
-        except docker.errors.NotFound as exc:
-            raise BackendError("The command has ended: its terminal is gone.") from exc
+        except docker.errors.APIError as exc:
+            raise BackendError(f"The Docker engine did not resize the terminal: {exc.explanation or exc}") from exc
         except docker.errors.DockerException as exc:
             raise BackendError(f"The Docker engine did not resize the terminal: {exc}") from exc
 

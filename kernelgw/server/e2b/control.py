@@ -25,7 +25,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from kernelgw.cluster.listing import RemoteSession
-from kernelgw.errors import KernelGWError, NotForThisKernel, SessionBusy, SessionNotFound
+from kernelgw.errors import KernelGWError, NotForThisKernel, SessionBusy, SessionNotFound, WorkspaceUnreadable
 from kernelgw.kernels import profile
 from kernelgw.models import check_env
 from kernelgw.runtime.manager import SessionOptions
@@ -333,7 +333,7 @@ async def pause(
         raise E2BError(409, f"Sandbox {sandbox_id} is already paused")
     try:
         await state.manager.pause(session)
-    except NotForThisKernel as exc:
+    except (NotForThisKernel, WorkspaceUnreadable) as exc:  # a 409 would be the SDK's "already paused"
         raise E2BError(400, exc.message, error_code=exc.code) from None
     except SessionBusy as exc:
         if sandbox_state(session) == "paused":

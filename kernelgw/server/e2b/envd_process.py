@@ -15,8 +15,8 @@ call's ``envs`` under kernelgw's rule for them (`kernelgw.models.check_env`:
 no PATH or LD_*), its working directory ``/home/user`` (the workspace) or a
 ``cwd`` within it. The call's deadline (the SDK's ``timeout``, 60 s by
 default) kills a started command, and its end says so; a deadline on
-``Connect`` only ends that stream. ``user="root"`` is refused: kernelgw's
-sandboxes have no root. ``stdin`` absent from ``Start`` opens it, as envd
+``Connect`` only ends that stream. ``user="root"`` is refused unless the
+gateway allows it (``e2b_root_commands``) and the sandbox runs under gVisor. ``stdin`` absent from ``Start`` opens it, as envd
 does (the SDK always says).
 
 A terminal (``sandbox.pty``) is a ``Start`` with ``pty.size``: the same kind
@@ -35,7 +35,7 @@ import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
@@ -259,14 +259,46 @@ def registry(request: Request) -> CommandRegistry:
     return found
 
 
-def check_command_user(authorization: str | None) -> None:
-    user = basic_user(authorization)
-    if user and user != USER:
+def command_user_is_root(request: Request, sandbox: Sandbox) -> bool:
+    """Whether the call names root (E2B's ``user="root"``), which only a gateway
+    with ``e2b_root_commands`` allows, and only in a gVisor sandbox; any other
+    user than the sandbox's own is refused."""
+    user = basic_user(request.headers.get("authorization"))
+    return check_command_user(user, gateway_state(request).settings.e2b_root_commands, sandbox.session.spec.runtime)
+
+
+async def close_commands(app: FastAPI) -> None:
+    """Stop reading the gateway's commands (it is stopping): their connections
+    to the engine close, as they would when the process exits."""
+    found = getattr(app.state, _REGISTRY, None)
+    if isinstance(found, CommandRegistry):
+        await found.close()
+
+
+def check_command_user(user: str | None, root_allowed: bool, runtime: str) -> bool:
+    """True for root where it may run; False for the sandbox's own user (named
+    or not); `ConnectError` ``permission_denied`` saying why for anyone else."""
+    if not user or user == USER:
+        return False
+    if user != "root":
         raise ConnectError(
             "permission_denied",
-            f"user={user!r}: kernelgw's sandboxes run commands as their one unprivileged user, {USER!r} "
-            "(there is no root, nor sudo); leave the user out",
+            f"user={user!r}: kernelgw's sandboxes run commands as their one unprivileged user, {USER!r}; "
+            "leave the user out",
         )
+    if not root_allowed:
+        raise ConnectError(
+            "permission_denied",
+            "user='root': this gateway runs commands as the sandbox's one unprivileged user, 'user' (there is "
+            "no sudo); leave the user out. An operator may allow root in gVisor sandboxes (e2b_root_commands).",
+        )
+    if runtime != "runsc":
+        raise ConnectError(
+            "permission_denied",
+            f"user='root': root commands run only in gVisor (runsc) sandboxes; this one runs under {runtime}, "
+            "where root would be the host's own uid 0. Leave the user out.",
+        )
+    return True
 
 
 def select(request: Request, sandbox: Sandbox, selector: Selector) -> RunningCommand:
@@ -316,7 +348,7 @@ def stream(request: Request, command: RunningCommand, *, deadline_s: float | Non
     return StreamingResponse(body(), media_type=STREAM_CONTENT_TYPE)
 
 
-async def start(request: Request, sandbox: Sandbox) -> Response:
+async def start(request: Request, sandbox: Sandbox, *, root: bool = False) -> Response:
     msg = await read_stream_message(request, StartRequest)
     tty = terminal_size(msg.pty) if msg.pty is not None else None
     config = msg.process
@@ -344,6 +376,7 @@ async def start(request: Request, sandbox: Sandbox) -> Response:
             stdin=msg.stdin is not False,  # envd: absent is open (a terminal's input always is)
             timeout_s=deadline,
             tty=tty,
+            root=root,
         )
     except TooManyCommands as exc:
         raise ConnectError("resource_exhausted", exc.message) from None
@@ -507,10 +540,10 @@ router = APIRouter(route_class=ConnectRoute, tags=["e2b"])
 async def process(method: str, request: Request) -> Response:
     """One call of envd's process service (port 49983) on the sandbox's commands."""
     sandbox = await sandbox_for(request, ENVD_PORT)
-    check_command_user(request.headers.get("authorization"))
+    root = command_user_is_root(request, sandbox)
     try:
         if method == "Start":
-            return await start(request, sandbox)
+            return await start(request, sandbox, root=root)
         if method == "Connect":
             return await connect(request, sandbox)
         if method == "StreamInput":

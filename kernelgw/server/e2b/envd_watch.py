@@ -39,7 +39,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from kernelgw.errors import KernelGWError
+from kernelgw.errors import FileNotFoundInWorkspace, InvalidPath, KernelGWError
 from kernelgw.runtime.backends.base import KernelHandle
 from kernelgw.runtime.session import KernelSession
 from kernelgw.runtime.workspace import DirWatch, entry_details, watch_dir
@@ -263,6 +263,7 @@ class WatcherRegistry:
         self.idle_s = idle_s
         self.grace_s = grace_s
         self._sandboxes: dict[str, dict[str, Watcher]] = {}
+        self._starting: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def watchers(self, sandbox_id: str) -> list[Watcher]:
@@ -281,14 +282,15 @@ class WatcherRegistry:
     ) -> Watcher:
         rel = workspace_path(msg.path)
         path = sandbox_path(rel)
-        if len(self.watchers(sandbox.id)) >= self.max_watchers:
+        if len(self.watchers(sandbox.id)) + self._starting.get(sandbox.id, 0) >= self.max_watchers:
             raise ConnectError(
                 "resource_exhausted",
                 f"This sandbox has {self.max_watchers} watches, the most it may at once; stop one "
                 "(handle.stop()) first",
             )
-        handle = await workspace_of(request, sandbox)
+        self._starting[sandbox.id] = self._starting.get(sandbox.id, 0) + 1  # its slot, while it starts
         try:
+            handle = await workspace_of(request, sandbox)
             watch, mode = await watch_dir(
                 gateway_state(request).backend,
                 handle,
@@ -297,13 +299,14 @@ class WatcherRegistry:
                 entries=msg.include_entry,
                 timeout=timeout,
             )
-        except KernelGWError as exc:
-            error = connect_error(exc)
-            if error.code == "not_found":
-                error = ConnectError("not_found", f"path {path} not found: {exc.message}")
-            elif error.code == "invalid_argument":
-                error = ConnectError("invalid_argument", f"path {path} is not a directory to watch: {exc.message}")
-            raise error from None
+        except FileNotFoundInWorkspace as exc:
+            raise ConnectError("not_found", f"path {path} not found: {exc.message}") from None
+        except InvalidPath as exc:
+            raise ConnectError("invalid_argument", f"path {path} cannot be watched: {exc.message}") from None
+        finally:
+            left = self._starting.pop(sandbox.id, 1) - 1
+            if left:
+                self._starting[sandbox.id] = left
         watcher = Watcher(
             "w" + secrets.token_hex(8),
             sandbox.id,

@@ -85,6 +85,20 @@ def test_exit_code_root_refused_and_a_crossed_call(sbx: Sandbox) -> None:
         sbx.pty.create(PtySize(rows=24, cols=80), user="root")
 
 
+def test_close_stdin_ends_a_commands_input_and_is_refused_for_a_terminal(sbx: Sandbox) -> None:
+    # the sandbox claims an envd that closes stdin (0.5.2 and later): the SDK sends CloseStdin
+    cat = sbx.commands.run("cat; echo closed", background=True, stdin=True)
+    sbx.commands.send_stdin(cat.pid, "x\n")
+    sbx.commands.close_stdin(cat.pid)
+    assert cat.wait().stdout == "x\nclosed\n"
+    terminal = sbx.pty.create(PtySize(rows=24, cols=80))
+    with pytest.raises(SandboxException, match="Ctrl-D"):
+        sbx.commands.close_stdin(terminal.pid)
+    read_until(terminal, "$ ")  # the prompt: the shell reads its input
+    sbx.pty.send_stdin(terminal.pid, b"\x04")  # Ctrl-D at the prompt: the shell's input ends, and the shell
+    assert terminal.wait().exit_code == 0
+
+
 def test_endless_output_is_bounded(sbx: Sandbox) -> None:
     terminal = sbx.pty.create(PtySize(rows=24, cols=80), timeout=0)
     terminal.disconnect()  # nobody watches: the ring keeps the latest output only

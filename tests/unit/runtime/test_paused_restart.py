@@ -382,6 +382,7 @@ async def test_a_state_fork_of_a_busy_session_replays_its_cells_instead(
     source = await manager.create()
     assert status(await run(source, "x = 41")) == "ok"
     busy = source.submit("import time\ntime.sleep(1.5)")
+
     async def running() -> bool:
         return source.current_execution is busy
 

@@ -69,11 +69,18 @@ def test_requests_and_signals() -> None:
     assert envd_process.signal_of(15) == signal.SIGTERM
     with pytest.raises(ConnectError):
         envd_process.signal_of("SIGNAL_UNSPECIFIED")
-    with pytest.raises(ConnectError) as root:
-        envd_process.check_command_user("Basic " + base64.b64encode(b"root:").decode())
-    assert root.value.code == "permission_denied" and "unprivileged" in root.value.message
-    envd_process.check_command_user("Basic " + base64.b64encode(b"user:").decode())
-    envd_process.check_command_user(None)
+    check = envd_process.check_command_user
+    for runtime in ("runc", "runsc"):
+        with pytest.raises(ConnectError) as root:
+            check("root", False, runtime)  # not allowed by the gateway
+        assert root.value.code == "permission_denied" and "e2b_root_commands" in root.value.message
+        assert check("user", True, runtime) is False and check(None, True, runtime) is False
+        with pytest.raises(ConnectError, match="one unprivileged user"):
+            check("postgres", True, runtime)
+    with pytest.raises(ConnectError) as runc:
+        check("root", True, "runc")  # allowed, but root under runc is the host's uid 0
+    assert runc.value.code == "permission_denied" and "gVisor" in runc.value.message
+    assert check("root", True, "runsc") is True
 
 
 class Scripted:
@@ -121,6 +128,7 @@ class ScriptedBackend:
         cwd: str,
         stdin: bool = False,
         tty: TerminalSize | None = None,
+        root: bool = False,
     ) -> Scripted:
         self.made.append(Scripted(100 + len(self.made)))
         return self.made[-1]
@@ -128,7 +136,9 @@ class ScriptedBackend:
     async def state(self, handle: KernelHandle, oom_seen: int = 0) -> KernelState:
         return KernelState("running")
 
-    async def signal_command(self, handle: KernelHandle, pid: int, signum: int, *, session: bool = False) -> None:
+    async def signal_command(
+        self, handle: KernelHandle, pid: int, signum: int, *, session: bool = False, root: bool = False
+    ) -> None:
         self.signals.append((pid, signum))
         for command in self.made:
             if command.pid == pid:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -169,3 +171,28 @@ async def test_crossed_calls_are_refused_with_a_message(gw: Gateway, sandbox: Sb
     finally:
         await in_thread(lambda: sbx.pty.kill(terminal.pid))
         await in_thread(lambda: sbx.commands.kill(command.pid))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_a_stopping_gateway_ends_its_commands_and_terminals(tmp_path: Path) -> None:
+    backend = LocalBackend()
+    try:
+        async with serve(tmp_path, backend) as gateway:
+            session, token = await gateway.sandbox()
+            sbx = sdk(BaseSandbox, gateway, session, token)
+            command = await in_thread(lambda: sbx.commands.run("sleep 600", background=True, timeout=0))
+            terminal = await in_thread(lambda: sbx.pty.create(PtySize(rows=24, cols=80), timeout=0))
+            for handle in (command, terminal):
+                await in_thread(handle.disconnect)  # nobody watches: they run on
+            assert alive(command.pid) and alive(terminal.pid)
+        # the gateway stopped: its readers of them closed (here the local backend's processes end with them)
+        assert not alive(command.pid) and not alive(terminal.pid)
+    finally:
+        await backend.kill_all()

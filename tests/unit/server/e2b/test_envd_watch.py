@@ -291,6 +291,10 @@ async def test_bad_watches_get_e2bs_errors(
         with pytest.raises(exc) as info:
             await in_thread(call)
         assert words in str(info.value), (words, str(info.value))
+    for i in range(1000):  # with the directory itself, one more than a recursive watch takes
+        (workspace(session) / "many" / str(i)).mkdir(parents=True)
+    with pytest.raises(InvalidArgumentException, match="more than 1000 directories"):
+        await in_thread(lambda: sbx.files.watch_dir("/home/user/many", recursive=True))
     asbx = sdk(BaseAsyncSandbox, gw, session, token, envd="0.6.4")
     with pytest.raises(FileNotFoundException, match="nope"):  # the stream's error, before its start
         await asbx.files.watch_dir("/home/user/nope", lambda event: None)
@@ -380,3 +384,19 @@ def _gone(pid: int) -> Any:
         return False
 
     return gone
+
+
+async def test_watches_started_at_once_keep_to_the_limit(
+    gw: Gateway, sandbox: tuple[KernelSession, str], watchers: WatcherRegistry
+) -> None:
+    session, token = sandbox
+    sbx = sdk(BaseAsyncSandbox, gw, session, token, envd="0.6.4")
+    started = await asyncio.gather(
+        *(sbx.files.watch_dir("/home/user", lambda event: None, timeout=0) for _ in range(6)), return_exceptions=True
+    )
+    handles = [h for h in started if not isinstance(h, BaseException)]
+    refused = [e for e in started if isinstance(e, BaseException)]
+    assert len(handles) == 3 and len(watchers.watchers(session.id)) == 3, started
+    assert all(isinstance(e, RateLimitException) for e in refused), refused
+    for handle in handles:
+        await handle.stop()  # type: ignore[union-attr]
