@@ -506,7 +506,12 @@ class SessionManager:
         )
 
     async def fork(
-        self, source: KernelSession, opts: SessionOptions, principal: Principal = ANONYMOUS
+        self,
+        source: KernelSession,
+        opts: SessionOptions,
+        principal: Principal = ANONYMOUS,
+        *,
+        copy_state: bool = False,
     ) -> tuple[KernelSession, Fork]:
         """A new session from a live one: its workspace and packages copied, then
         the cells that built its kernel's state replayed (files first: the cells
@@ -516,7 +521,14 @@ class SessionManager:
         forked from its snapshot instead (files, packages and variables; no
         replay), and stays paused. A restart, pause or resume of the source under
         way ends first (its files are in or out of its kernel by then), and the
-        replay of a restart too (the cells it has not run yet would be missing)."""
+        replay of a restart too (the cells it has not run yet would be missing).
+
+        ``copy_state`` (E2B's snapshots): a running Python source between cells
+        has its variables pickled and its files copied, as a pause would keep
+        them, instead of its cells replayed (what its cells did that no replay
+        would do again, random draws, reads of what changed since, is kept);
+        while a cell runs, or for a kernel whose variables cannot be pickled, it
+        is the replay."""
         await source.rebuilt()
         if source.state == "paused":
             return await self._fork_paused(source, opts, principal)
@@ -526,7 +538,8 @@ class SessionManager:
         cells = source.lineage
         session = await self.create(self.fork_options(source, opts), principal)
         async with self._deleted_if_fork_fails(session):
-            return session, await self._fill_by_replay(source, handle, cells, session)
+            copied = await self._fill_by_copy(source, session) if copy_state else None
+            return session, copied or await self._fill_by_replay(source, handle, cells, session)
 
     async def _fill_by_replay(
         self, source: KernelSession, handle: KernelHandle, cells: tuple[LineageCell, ...], session: KernelSession
@@ -542,36 +555,21 @@ class SessionManager:
         report = await session.replay(cells, "fork")
         return Fork(source.id, copied, copy_ms, report)
 
-    async def fork_state(
-        self, source: KernelSession, opts: SessionOptions, principal: Principal = ANONYMOUS
-    ) -> tuple[KernelSession, Fork]:
-        """A fork that copies the source's state instead of replaying its cells:
-        a running Python session between cells has its variables pickled and its
-        files copied, as a pause would keep them (what its cells did that no
-        replay would do again, random draws, reads of what changed since, is
-        kept); a paused one is forked from its snapshot. While a cell runs, or
-        for a kernel whose variables cannot be pickled, it is `fork`'s replay."""
-        await source.rebuilt()
-        if source.state == "paused":
-            return await self._fork_paused(source, opts, principal)
-        handle = source.handle
-        if handle is None or source.state == "dead":
-            raise KernelDied(f"Session {source.id} has no running kernel to fork; restart it first.")
-        cells = source.lineage
-        session = await self.create(self.fork_options(source, opts), principal)
-        async with self._deleted_if_fork_fails(session):
-            directory = self.snapshot_dir(session.id).with_name(f"{session.id}.copy")
-            started = time.perf_counter()
-            try:
-                s = self.settings
-                done = await source.copy_state_into(session, directory, s.snapshot_max_bytes, s.file_io_timeout_s)
-            finally:
-                await remove_snapshot(directory)
-            if done is None:  # a cell ran meanwhile, or not Python
-                return session, await self._fill_by_replay(source, handle, cells, session)
-            copied, namespace = done
-            copy_ms = (time.perf_counter() - started) * 1000
-        return session, Fork(source.id, copied, copy_ms, ReplayReport("fork", (), 0.0), namespace)
+    async def _fill_by_copy(self, source: KernelSession, session: KernelSession) -> Fork | None:
+        """``source``'s state copied into ``session`` (`KernelSession.copy_state_into`);
+        None when it cannot be now (a cell runs, not Python)."""
+        directory = self.snapshot_dir(session.id).with_name(f"{session.id}.copy")
+        started = time.perf_counter()
+        try:
+            s = self.settings
+            done = await source.copy_state_into(session, directory, s.snapshot_max_bytes, s.file_io_timeout_s)
+        finally:
+            await remove_snapshot(directory)
+        if done is None:
+            return None
+        copied, namespace = done
+        copy_ms = (time.perf_counter() - started) * 1000
+        return Fork(source.id, copied, copy_ms, ReplayReport("fork", (), 0.0), namespace)
 
     async def _fork_paused(
         self, source: KernelSession, opts: SessionOptions, principal: Principal

@@ -10,7 +10,7 @@ the session.
 
 What differs from E2B: the state kept is the variables a pause keeps
 (pickled; what cannot be pickled is not kept) and the files, taken between
-cells (`SessionManager.fork_state`); while a cell runs, the snapshot is made by
+cells (`SessionManager.fork` with ``copy_state``); while a cell runs, the snapshot is made by
 replaying the finished cells instead (kernelgw's fork). E2B's memory snapshot
 keeps the running processes themselves.
 A snapshot holds a session: it counts against the key's and the gateway's
@@ -106,7 +106,7 @@ async def create_snapshot(
     sandbox_id: str, request: Request, body: SnapshotRequest | None = None, caller: Caller = Depends(authenticate)
 ) -> JSONResponse:
     """Snapshot a sandbox (it runs on unchanged): a fork of its state (not of its
-    cells: `SessionManager.fork_state`), paused."""
+    cells: `SessionManager.fork`'s ``copy_state``), paused."""
     body = body or SnapshotRequest()
     refuse_unknown(body, "the snapshot request")
     if body.memory is False:
@@ -123,7 +123,7 @@ async def create_snapshot(
     metadata = {templates.TEMPLATE_KEY: templates.template_of(source, state.settings), SNAPSHOT_OF_KEY: source.id}
     if body.name:
         metadata[SNAPSHOT_NAME_KEY] = body.name
-    snapshot, _ = await state.manager.fork_state(source, SessionOptions(metadata=metadata), caller.principal)
+    snapshot, _ = await state.manager.fork(source, SessionOptions(metadata=metadata), caller.principal, copy_state=True)
     try:
         await state.manager.pause(snapshot, reason="an E2B snapshot")
     except BaseException as exc:

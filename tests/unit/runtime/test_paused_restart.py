@@ -357,7 +357,7 @@ async def test_a_fork_during_a_restarts_replay_waits_for_the_replay(
 async def test_a_state_fork_copies_the_variables_themselves_and_leaves_the_source_as_it_was(
     make_manager: ManagerFactory, gate: Gate, tmp_path: Path
 ) -> None:
-    """`SessionManager.fork_state` (E2B's snapshots): a value no replay would
+    """`SessionManager.fork` with ``copy_state`` (E2B's snapshots): a value no replay would
     give again (a random draw) is the same in the fork; nothing is replayed; the
     source runs on without the pickle in its workspace, and no copy is left on disk."""
     manager = make_manager()
@@ -366,7 +366,7 @@ async def test_a_state_fork_copies_the_variables_themselves_and_leaves_the_sourc
     assert status(await run(source, "open('kept.txt', 'w').write('mine')")) == "ok"
     assert status(await run(source, "import random\nx = random.random()\nprint(repr(x))")) == "ok"
     drawn = stdout(await run(source, "print(repr(x))"))
-    fork, report = await manager.fork_state(source, SessionOptions())
+    fork, report = await manager.fork(source, SessionOptions(), copy_state=True)
     assert report.replay.replayed == 0 and "x" in (report.namespace.done if report.namespace else [])
     assert stdout(await run(fork, "print(repr(x))")) == drawn
     assert stdout(await run(fork, CHECK.replace("globals().get('x')", "'x' in globals()"))) == "True mine False\n"
@@ -387,7 +387,7 @@ async def test_a_state_fork_of_a_busy_session_replays_its_cells_instead(
         return source.current_execution is busy
 
     await until(running, "the slow cell to run")
-    fork, report = await manager.fork_state(source, SessionOptions())
+    fork, report = await manager.fork(source, SessionOptions(), copy_state=True)
     assert report.replay.replayed == 1 and report.namespace is None
     assert stdout(await run(fork, "print(x)")) == "41\n"
     await busy.done

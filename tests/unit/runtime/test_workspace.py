@@ -150,7 +150,11 @@ def test_quota_messages_name_the_binding_limit() -> None:
     assert "per-file limit of 1000 bytes" in quota_message(base, 5000)
     quota = dict(base, max_bytes=100_000, used=9_500)
     msg = quota_message(quota, 5000)
-    assert "workspace quota of 10000 bytes" in msg and "at most 500 bytes fit" in msg and "Delete files from the workspace" in msg
+    assert (
+        "workspace quota of 10000 bytes" in msg
+        and "at most 500 bytes fit" in msg
+        and "Delete files from the workspace" in msg
+    )
     full = dict(base, max_bytes=100_000, quota=100_000, free=300)
     assert "only 300 bytes free" in quota_message(full, None)
 
