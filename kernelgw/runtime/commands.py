@@ -45,6 +45,12 @@ CONTAINER_CHECKS, CONTAINER_CHECK_S = 10, 0.1
 """How long a command killed by a signal waits to learn whether its container went too."""
 ENDED_GRACE_S = 60.0
 """How long an ended command stays for a watcher to read its end."""
+ENDED_RING_BYTES = 64 << 10
+"""What an ended command nobody watches keeps of its output (the latest)."""
+MAX_ENDED = 64
+"""Ended commands a session keeps for late watchers; past it the oldest go at once.
+Without both, a sandbox starting short loud commands in a loop held a ring of
+up to 1 MiB for each of its last minute's commands in the gateway (hundreds)."""
 
 
 class CommandNotFound(KernelGWError):
@@ -175,6 +181,18 @@ class Command:
                 self._kept -= len(self._ring.popleft().output.data)
             self._changed.notify_all()
 
+    def trim(self, limit: int) -> None:
+        """Keep the latest ``limit`` bytes of output (whole chunks: up to one
+        more), as the ring does while the command runs, never dropping what a
+        watcher has not been sent yet."""
+        floor = min(self._cursors.values(), default=self._written)
+        while self._ring:
+            first = len(self._ring[0].output.data)
+            if self._kept - first < limit or self._ring[0].start + first > floor:
+                break
+            self._kept -= first
+            self._ring.popleft()
+
     async def _finish(self, end: End) -> None:
         async with self._changed:
             self.end = end
@@ -270,9 +288,17 @@ _BACKGROUND: set[asyncio.Task[None]] = set()
 class CommandRegistry:
     """Every session's commands, by session id and pid."""
 
-    def __init__(self, backend: Backend, *, max_running: int = MAX_RUNNING, grace_s: float = ENDED_GRACE_S) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        max_running: int = MAX_RUNNING,
+        grace_s: float = ENDED_GRACE_S,
+        max_ended: int = MAX_ENDED,
+    ) -> None:
         self.backend = backend
         self.max_running = max_running
+        self.max_ended = max_ended
         self.grace_s = grace_s
         self._sessions: dict[str, dict[int, Command]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -327,6 +353,8 @@ class CommandRegistry:
     async def _run(self, session_id: str, command: Command) -> None:
         try:
             await command.pump()
+            command.trim(ENDED_RING_BYTES)
+            self._drop_oldest_ended(session_id)
             while True:  # the end stays for a late watcher, and while one reads it
                 await asyncio.sleep(self.grace_s)
                 if not command.watched:
@@ -337,6 +365,13 @@ class CommandRegistry:
                 del commands[command.pid]
                 if not commands:
                     self._sessions.pop(session_id, None)
+
+    def _drop_oldest_ended(self, session_id: str) -> None:
+        """Forget the oldest ended commands nobody watches past ``max_ended``."""
+        commands = self._sessions.get(session_id, {})
+        ended = [c for c in commands.values() if c.end is not None and not c.watched]
+        for command in ended[: max(len(ended) - self.max_ended, 0)]:  # started first, listed first
+            del commands[command.pid]
 
     async def close(self) -> None:
         """Stop watching every command (the gateway is stopping): each one's

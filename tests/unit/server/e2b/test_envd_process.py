@@ -16,6 +16,7 @@ import pytest
 
 from kernelgw.runtime.backends.base import CommandStream, KernelHandle, KernelState, TerminalSize
 from kernelgw.runtime.commands import (
+    ENDED_RING_BYTES,
     OUTPUT_RING_BYTES,
     CommandConfig,
     CommandNotFound,
@@ -215,7 +216,49 @@ async def test_nobody_watching_keeps_only_the_latest_output() -> None:
     await until(ended, "the command read to its end")
     items = await collect(command.watch(5))
     data = b"".join(i.data for i in items if isinstance(i, Output))
-    assert data.endswith(b"END") and OUTPUT_RING_BYTES <= len(data) <= OUTPUT_RING_BYTES + len(chunk)
+    # ended with nobody watching: its ring shrank to the tail a late watcher may want
+    assert data.endswith(b"END") and ENDED_RING_BYTES <= len(data) <= ENDED_RING_BYTES + len(chunk)
+
+
+async def test_a_running_command_keeps_a_whole_ring_for_late_watchers() -> None:
+    commands, backend = registry()
+    command = await start(commands)
+    process = backend.made[0]
+    chunk = b"x" * 60_000
+    for _ in range(50):  # ~3 MB
+        process.queue.put_nowait((1, chunk))
+
+    async def read() -> bool:
+        return process.queue.empty() and not command._changed.locked()
+
+    await until(read, "the output read")
+    watching = command.watch(5)
+    got = 0
+    while got < OUTPUT_RING_BYTES:
+        item = await anext(watching)
+        assert isinstance(item, Output)
+        got += len(item.data)
+    assert got <= OUTPUT_RING_BYTES + len(chunk)
+    await watching.aclose()
+
+
+async def test_a_sandbox_keeps_a_bounded_number_of_ended_commands() -> None:
+    """Short loud commands in a loop: the gateway keeps the latest few ended ones
+    for late watchers, each with a small ring, not every one of the last minute."""
+    commands, backend = registry(grace_s=60, max_ended=3)
+    started = [await start(commands) for _ in range(8)]
+    for process in backend.made:
+        process.queue.put_nowait((1, b"z" * 200_000))
+        process.queue.put_nowait(None)
+
+    async def ended() -> bool:
+        return all(c.end is not None for c in started) and len(commands.commands("s")) == 3
+
+    await until(ended, "the oldest ended commands forgotten")
+    assert [c.pid for c in commands.commands("s")] == [c.pid for c in started[-3:]]
+    assert all(c._kept <= ENDED_RING_BYTES + 200_000 for c in commands.commands("s"))
+    with pytest.raises(CommandNotFound):
+        commands.get("s", started[0].pid)
 
 
 async def test_a_slow_watcher_holds_the_reader_back_instead_of_losing_output() -> None:
