@@ -64,7 +64,7 @@ from kernelgw.runtime.backends.base import (
     helper_command,
 )
 from kernelgw.runtime.backends.child_kernels import CHILD_CONN_PREFIX, ChildKernels
-from kernelgw.runtime.backends.docker_command import DockerCommand, exec_exit_code
+from kernelgw.runtime.backends.docker_command import DockerCommand, exec_exit_code, read_ahead
 from kernelgw.runtime.backends.engine_stats import counters_from_stats
 from kernelgw.runtime.backends.labels import LABEL_GATEWAY, LABEL_KERNEL, LABEL_SESSION, LABEL_STORE, LABEL_UID
 from kernelgw.runtime.backends.oom_events import OomCounter
@@ -921,6 +921,9 @@ class DockerExec:
         self.exec_id = exec_id
         self._holder = sock  # keeps docker-py's response (and so the connection) alive
         self._sock: socket.socket = getattr(sock, "_sock", sock)
+        self._sock.setblocking(False)
+        self._head = bytearray(read_ahead(sock))
+        """What the HTTP client read of the stream with the headers (`read_ahead`): read first."""
         self._sock.settimeout(timeout)
         self._timeout = timeout
         self._frame_left = 0
@@ -961,10 +964,17 @@ class DockerExec:
         except OSError as exc:
             raise self._io_error(exc) from exc
 
+    def _recv(self, n: int) -> bytes:
+        if self._head:
+            data = bytes(self._head[:n])
+            del self._head[:n]
+            return data
+        return self._sock.recv(n)
+
     def _recv_exact(self, n: int) -> bytes | None:
         buf = b""
         while len(buf) < n:
-            data = self._sock.recv(n - len(buf))
+            data = self._recv(n - len(buf))
             if not data:
                 return None
             buf += data
@@ -984,7 +994,7 @@ class DockerExec:
                 self._frame_stream = header[0]
                 self._frame_left = int.from_bytes(header[4:8], "big")
                 continue
-            data = self._sock.recv(min(self._frame_left, self.READ_SIZE))
+            data = self._recv(min(self._frame_left, self.READ_SIZE))
             if not data:
                 self._eof = True
                 break

@@ -50,6 +50,24 @@ async def exec_exit_code(backend: ExecEngine, exec_id: str) -> int | None:
         return None
 
 
+def read_ahead(sock: Any) -> bytes:
+    """The stream's first bytes that the HTTP client already read with the
+    engine's response headers: docker-py hands back the raw socket behind
+    http.client's buffered reader, whose ``readline`` of the headers may take in
+    what the engine sent right after them (a command that writes its pid at
+    once, under load). Read from the socket alone, they were lost: the pid line
+    with them ("ended before it started"). ``sock`` must be non-blocking here."""
+    try:
+        reader = sock._response.raw._fp.fp
+    except AttributeError:
+        return b""
+    try:
+        head = reader.peek()  # buffered bytes, or one non-blocking read (nothing)
+    except (BlockingIOError, OSError, ValueError):
+        return b""
+    return bytes(reader.read(len(head))) if head else b""
+
+
 class DockerCommand:
     """A user's command through ``docker exec`` (see ``CommandProcess``).
 
@@ -74,7 +92,7 @@ class DockerCommand:
             raise EngineUnavailable("Commands need the Docker engine on a unix socket or plain TCP (not TLS).")
         self._sock: socket.socket = raw
         self._sock.setblocking(False)
-        self._buffer = bytearray()
+        self._buffer = bytearray(read_ahead(sock))
         self._eof = False
         self._closed = False
         self._pid = 0
