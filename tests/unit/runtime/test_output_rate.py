@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -128,6 +129,7 @@ async def test_a_display_flood_is_paced_while_another_session_runs_and_loses_not
 
     n = int(FLOOD_MESSAGES_PER_S * (FLOOD_OUTPUT_BURST_S + 5))  # five seconds' worth over the burst
     other = asyncio.create_task(keep_running())
+    started = time.perf_counter()
     try:
         events = await run(flood, f"for i in range({n}):\n    display({{'text/plain': str(i)}}, raw=True)")
     finally:
@@ -139,9 +141,15 @@ async def test_a_display_flood_is_paced_while_another_session_runs_and_loses_not
     assert events[-1]["type"] == "done" and events[-1]["status"] == "ok"
     rate = flood._link.output_rate
     assert rate is not None
-    print(f"{n} displays: the reader waited {rate.waits} times, {rate.waited_s:.2f}s in all")
-    # a kernel sends raw displays at thousands a second: most of the five seconds is waited out
-    assert rate.waited_s > 1.0
+    took = time.perf_counter() - started
+    print(f"{n} displays in {took:.2f}s: the reader waited {rate.waits} times, {rate.waited_s:.2f}s in all")
+    # The flood is read no faster than its rate allows once its burst is spent:
+    # about five seconds (4.6 to 4.7 s here; the bucket refills meanwhile). A
+    # kernel sends raw displays at thousands a second (0.3 s unpaced), so here
+    # that is the reader's waits; a kernel starved of CPU (a loaded CI run: 600
+    # displays took five seconds by themselves, and nothing was ever owed) keeps
+    # under the rate unpaced, which is the same promise kept.
+    assert took >= 4.0
 
 
 async def test_a_display_flood_alone_is_not_paced(new_session: SessionFactory) -> None:
