@@ -219,17 +219,21 @@ def security_options(runtime: str = "runc") -> list[str]:
     return ["no-new-privileges", "seccomp=" + seccomp_profile(runtime)]
 
 
-def command_privileges(uid: int, gid: int, root: bool) -> list[str]:
-    """How a user's command leaves the root ``docker exec`` it starts in: as the
-    kernel does (`DockerBackend._command`), the session's uid with every
-    capability set empty; root keeps only `ROOT_CAPABILITIES` (those the
-    container has: a gVisor sandbox's when the gateway allows root commands).
-    Without it an exec as the uid kept the container's bounding set."""
+def command_privileges(uid: int, gid: int, root: bool, setpriv: str = "/usr/bin/setpriv") -> list[str]:
+    """How a process leaves the root it starts as in a kernel's container: the
+    session's uid with every capability set empty (changing the uid from 0
+    clears the effective and permitted sets, the bounding and inheritable sets
+    are emptied, no-new-privileges does the rest). The kernel itself
+    (`DockerBackend._command`, which names ``setpriv`` as the image's PATH finds
+    it) and every user command, context and terminal (a root ``docker exec``:
+    an exec as the uid kept the container's bounding set). ``root`` keeps uid 0
+    and only `ROOT_CAPABILITIES` (those the container has: a gVisor sandbox's
+    when the gateway allows root commands)."""
     if root:
         keep = ",".join(f"+{cap.lower()}" for cap in ROOT_CAPABILITIES)
-        return ["/usr/bin/setpriv", "--clear-groups", f"--bounding-set=-all,{keep}", "--inh-caps=-all", "--"]
+        return [setpriv, "--clear-groups", f"--bounding-set=-all,{keep}", "--inh-caps=-all", "--"]
     return [
-        "/usr/bin/setpriv",
+        setpriv,
         f"--reuid={uid}",
         f"--regid={gid}",
         "--clear-groups",
@@ -406,22 +410,8 @@ class DockerBackend:
     def _command(self, uid: int) -> list[str]:
         if not self._init_apart(uid):
             return KERNEL_COMMAND
-        return [*self._drop_root(uid), *KERNEL_COMMAND]
-
-    def _drop_root(self, uid: int) -> list[str]:
-        # setpriv (util-linux, in every Debian base) gives up root for the kernel's
-        # uid: changing the uid from 0 clears the effective and permitted sets, the
-        # bounding and inheritable sets are emptied, no-new-privileges does the rest
-        drop = [
-            "setpriv",
-            f"--reuid={uid}",
-            f"--regid={self._gid(uid)}",
-            "--clear-groups",
-            "--bounding-set=-all",
-            "--inh-caps=-all",
-            "--",
-        ]
-        return drop
+        # setpriv (util-linux, in every Debian base) gives up root for the kernel's uid
+        return [*command_privileges(uid, self._gid(uid), root=False, setpriv="setpriv"), *KERNEL_COMMAND]
 
     # ---------------------------------------------------------------- protocol
     async def start(self, spec: KernelSpec) -> KernelHandle:
