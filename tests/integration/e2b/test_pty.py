@@ -8,29 +8,17 @@ prints without end costs the gateway its ring only; it ends with its sandbox."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from typing import Any
 
 import pytest
 from e2b import CommandExitException, PtySize, SandboxException
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 from tests.integration.e2b.conftest import E2BGateway
+from tests.support.terminal import read_until
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 RING = 1 << 20
-
-
-def read_until(handle: Iterable[tuple[Any, Any, Any]], text: str) -> str:
-    """What a sync handle's terminal printed, up to and with ``text``."""
-    seen = b""
-    for _, _, pty in handle:
-        if pty:
-            seen += pty
-            if text.encode() in seen:
-                return seen.decode(errors="replace")
-    raise AssertionError(f"the terminal ended before printing {text!r}: {seen[-300:]!r}")
 
 
 def running(sbx: Sandbox) -> str:

@@ -11,9 +11,8 @@ import asyncio
 import base64
 import json
 import os
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -26,6 +25,7 @@ from kernelgw.runtime.session import KernelSession
 from kernelgw.server.e2b import envd_process
 from kernelgw.server.e2b.connect import ConnectError, parse_message
 from tests.support.local_backend import LocalBackend
+from tests.support.terminal import read_until
 from tests.unit.server.e2b.test_envd_sdk import sdk
 from tests.unit.server.e2b.test_interpreter import WAIT_S, Gateway, in_thread, serve
 
@@ -60,17 +60,6 @@ def test_terminal_messages() -> None:
     assert update.process.pid == 5 and update.pty is not None and update.pty.size.rows == 40
     msg = parse_message(b'{"data":{"input":{"pty":"YWI="}}}', envd_process.StreamInputRequest)
     assert msg.data is not None and msg.data.input.pty == "YWI="
-
-
-def read_until(handle: Iterable[tuple[Any, Any, Any]], text: str) -> str:
-    """What a sync handle's terminal printed, up to and with ``text``."""
-    seen = b""
-    for _, _, pty in handle:
-        if pty:
-            seen += pty
-            if text.encode() in seen:
-                return seen.decode(errors="replace")
-    raise AssertionError(f"the terminal ended before printing {text!r}: {seen[-300:]!r}")
 
 
 async def test_sync_create_input_resize_connect_and_exit(gw: Gateway, sandbox: Sbx) -> None:
