@@ -45,6 +45,7 @@ from kernelgw.keys import Principal
 from kernelgw.server.e2b.auth import ACCESS_TOKEN_HEADERS, key_text
 from kernelgw.server.e2b.errors import error_body
 from kernelgw.server.e2b.snapshots import newest_named
+from kernelgw.server.e2b.templates import templates
 from kernelgw.server.jupyter.errors import reason
 from kernelgw.server.state import GatewayState, find_gateway_state
 from kernelgw.tasks import cancel_and_wait
@@ -172,8 +173,8 @@ class Forwarder:
         """Where the E2B snapshot ``route`` names by its *name* is (a create from
         it, or its delete, must go there); None when no snapshot has that name
         (a template, a snapshot id, or nothing: served where it lands)."""
-        if route is None or route.face != "e2b":
-            return None
+        if route is None or route.face != "e2b" or route.session_id in templates(state.settings):
+            return None  # a create from a template (most are) costs no key lookup here
         named = await newest_named(state, await _principal(state, scope), route.session_id)
         if named is None:
             return None

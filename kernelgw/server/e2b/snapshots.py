@@ -80,10 +80,10 @@ class NamedSnapshot:
 async def newest_named(state: GatewayState, principal: Principal, name: str) -> NamedSnapshot | None:
     """The newest snapshot called ``name`` that ``principal`` has on any gateway
     of the cluster: where a create from it (or its delete) must go, since
-    `lookup` on a gateway sees that gateway's snapshots only. None for a
-    template's id, or when no snapshot has that name."""
-    if name in templates.templates(state.settings):
-        return None
+    `lookup` on a gateway sees that gateway's snapshots only. None when no
+    snapshot has that name. A template's id names none (no snapshot may be
+    called so): the caller asks `templates.templates` first, before it
+    authenticates anyone."""
     found: list[tuple[datetime, str, str | None]] = [
         (utc(s.created_at), s.id, None)
         for s in state.manager.list(principal)
