@@ -139,6 +139,7 @@ runsc_tests=(
   tests/integration/e2b/test_interpreter.py  # E2B's run_code: interrupts, per-cell env, a paused sandbox's restart
   tests/integration/e2b/test_metrics.py  # E2B's metrics: the engine's stats and the workspace tmpfs of a gVisor sandbox
   tests/integration/e2b/test_pty.py  # E2B's terminal: docker exec -t, resized, its session killed, under gVisor too
+  tests/integration/e2b/test_sandbox_end.py  # commands, terminals and watches end with their sandbox: the engine keeps gVisor exec streams open
   tests/security
   -k "not postgres")
 

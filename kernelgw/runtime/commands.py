@@ -12,7 +12,8 @@ pipe); with nobody watching, the oldest output goes. A session has at most
 watcher to read its end, then goes.
 
 A command ends with its container: killed, paused or restarted sessions take
-their commands with them (the engine ends the exec, the reader sees its end).
+their commands with them (the backend ends each exec's stream as it removes
+the container: under gVisor the engine may not, `OpenCommands`).
 
 A terminal is a command with a tty (``tty``: its size): its input goes to the
 terminal, its output is one stream (3) as the terminal shows it, and it can

@@ -64,7 +64,7 @@ from kernelgw.runtime.backends.base import (
     helper_command,
 )
 from kernelgw.runtime.backends.child_kernels import CHILD_CONN_PREFIX, ChildKernels
-from kernelgw.runtime.backends.docker_command import DockerCommand, exec_exit_code, read_ahead
+from kernelgw.runtime.backends.docker_command import DockerCommand, OpenCommands, exec_exit_code, read_ahead
 from kernelgw.runtime.backends.engine_stats import counters_from_stats
 from kernelgw.runtime.backends.labels import LABEL_GATEWAY, LABEL_KERNEL, LABEL_SESSION, LABEL_STORE, LABEL_UID
 from kernelgw.runtime.backends.oom_events import OomCounter
@@ -282,6 +282,8 @@ class DockerBackend:
         self._docker: docker.DockerClient | None = None
         self._ooms = OomCounter(gateway_name, self._client)
         """Out-of-memory kills by container (`kernelgw.runtime.backends.oom_events`)."""
+        self._commands = OpenCommands()
+        """Commands and child kernels' processes by container, ended with it."""
         self.children = ChildKernels(self, self._run, self._session_ids)
         """Child kernels (E2B contexts): processes in another kernel's container
         (`kernelgw.runtime.backends.child_kernels`)."""
@@ -522,6 +524,7 @@ class DockerBackend:
             await self.children.stop(handle)
             return
         await self._run(self._stop_sync, handle)
+        self._commands.hang_up(handle.container_id)
 
     def _stop_sync(self, handle: KernelHandle) -> None:
         try:
@@ -746,6 +749,7 @@ class DockerBackend:
     ) -> DockerCommand:
         sock, exec_id = await self._run(self._command_sync, handle, argv, env, cwd, stdin or tty is not None, tty, root)
         command = DockerCommand(self, exec_id, sock, tty=tty is not None)
+        self._commands.add(handle.container_id, command)
         try:
             if tty is not None:  # at once, before the pid line: the program most likely starts at this size
                 await command.resize(tty)
@@ -839,6 +843,7 @@ class DockerBackend:
         full = ["/bin/sh", "-c", COMMAND_WRAPPER, "sh", "/", "/", *drop, *argv]
         sock, exec_id = await self._run(self._exec_start_sync, host, full, user, "/", HELPER_LOADER_RESET, True)
         command = DockerCommand(self, exec_id, sock)
+        self._commands.add(host.container_id, command)
         try:
             await command.started()
         except BaseException:

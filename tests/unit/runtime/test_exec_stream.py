@@ -6,6 +6,7 @@ the socket to that reader is built here (``sock._response.raw._fp``)."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import socket
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from kernelgw.runtime.backends.docker import DockerExec
-from kernelgw.runtime.backends.docker_command import DockerCommand, read_ahead
+from kernelgw.runtime.backends.docker_command import DockerCommand, OpenCommands, read_ahead
 
 HEADERS = b"HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker.raw-stream\r\nUpgrade: tcp\r\n\r\n"
 
@@ -69,3 +70,28 @@ def test_a_helper_reads_them_first(hijacked: tuple[Any, socket.socket]) -> None:
     assert helper._read_frames() == b"later\n"
     assert helper._read_frames() == b""
     assert helper.stderr == b"4242\n"
+
+
+async def test_a_hung_up_command_ends_though_the_engine_keeps_its_stream_open(
+    hijacked: tuple[Any, socket.socket],
+) -> None:
+    """Under gVisor the engine keeps a removed container's exec streams open:
+    the backend hangs them up itself, and a reader waiting on one sees the end
+    (the engine's side, ``engine``, stays open and silent throughout)."""
+    sock, _engine = hijacked
+    command = DockerCommand(SimpleNamespace(), "exec-id", sock)  # type: ignore[arg-type]
+    await command.started()
+    assert await command.read() == (1, b"early\n")
+    reading = asyncio.create_task(command.read())
+    await asyncio.sleep(0.05)
+    assert not reading.done()  # nothing comes, and the engine never ends it
+    open_commands = OpenCommands()
+    open_commands.add("container-a", command)
+    assert open_commands.hang_up("container-b") == 0  # another container's removal leaves it be
+    assert not reading.done()
+    assert open_commands.hang_up("container-a") == 1
+    async with asyncio.timeout(5):
+        assert await reading is None
+    assert await command.exit_code() is None  # unknown; the engine is not asked (it has no engine here)
+    assert open_commands.hang_up("container-a") == 0  # hung up once
+    await command.close()
