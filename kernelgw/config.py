@@ -348,10 +348,13 @@ class Settings(BaseSettings):
     # --- E2B's API (/e2b)
     e2b_templates: dict[str, str] = Field(default_factory=dict)
     """E2B template ids a sandbox may be created from, besides ``code-interpreter-v1``
-    and ``base`` (both: the default Python kernel and ``image``), each mapped to
-    what it runs: a kernel name of ``kernels`` (``{"deno-v1": "deno"}``: that
-    kernel's image) or an image of ``allowed_images`` (run with the Python kernel).
-    An entry may also remap those two. Any other template id is E2B's 404."""
+    and ``base`` (both: the default Python kernel and ``image``; unmapped,
+    ``code-interpreter-v1`` runs ``kernelgw/code-interpreter:latest`` instead
+    where the engine has it: every language of E2B's code interpreter, built by
+    ``kernelgw image build --kernel code-interpreter``), each mapped to what it
+    runs: a kernel name of ``kernels`` (``{"deno-v1": "deno"}``: that kernel's
+    image) or an image of ``allowed_images`` (run with the Python kernel). An
+    entry may also remap those two. Any other template id is E2B's 404."""
     e2b_root_commands: bool = False
     """Whether E2B's ``commands.run(..., user="root")`` (and ``pty``) may run as
     root in sandboxes under gVisor (``runsc``). Off: refused. Under runc, always

@@ -106,8 +106,35 @@ def profile(name: str) -> KernelProfile:
         raise UnknownKernel(f"unknown kernel {name!r}; kernelgw knows {sorted(PROFILES)}") from None
 
 
-def image_kernels(image_kernel: str) -> tuple[str, ...]:
-    """The kernels an image made for ``image_kernel`` holds: its own, and Python
-    (every language image is built on the Python image, so its interpreter and
-    ipykernel are there too). A sandbox's contexts can run these, and no other."""
+CODE_INTERPRETER_BUNDLE = "code-interpreter"
+"""The image that holds every kernel E2B's code interpreter runs, Python first."""
+BUNDLES: dict[str, tuple[str, ...]] = {CODE_INTERPRETER_BUNDLE: ("python3", "deno", "bash", "java", "ir")}
+"""Images of several kernels (``kernelgw/<name>:latest``), by name: the first is
+the one a container of it starts; each other one starts as a context (a child
+kernel) from ``BUNDLE_START_DIR/<kernel>/start-kernel``. They are installed in
+this order: R's install leaves apt unwilling to install more (it drops Tk,
+which r-base-core names), so it comes last."""
+BUNDLE_START_DIR = "/opt/kernelgw/kernels"
+
+
+def bundle_image(name: str) -> str:
+    return f"kernelgw/{name}:latest"
+
+
+def bundle_of(image: str | None) -> str | None:
+    """The bundle an image is (by its name), if any."""
+    for name in BUNDLES:
+        if image == bundle_image(name):
+            return name
+    return None
+
+
+def image_kernels(image_kernel: str, image: str | None = None) -> tuple[str, ...]:
+    """The kernels an image made for ``image_kernel`` holds: a bundle's (``image``
+    names one) or its own, and Python (every language image is built on the
+    Python image, so its interpreter and ipykernel are there too). A sandbox's
+    contexts can run these, and no other."""
+    bundle = bundle_of(image)
+    if bundle is not None:
+        return BUNDLES[bundle]
     return (image_kernel,) if image_kernel == DEFAULT_KERNEL else (image_kernel, DEFAULT_KERNEL)

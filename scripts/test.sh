@@ -173,7 +173,7 @@ languages_log=test-output/languages/pytest.log
 run_languages_pass() {
   echo "==> kernel images of the other languages"
   .venv/bin/kernelgw image build --kernel deno --kernel ir --kernel bash --kernel java --kernel go \
-    --kernel cpp --kernel ruby || return 1
+    --kernel cpp --kernel ruby --kernel code-interpreter || return 1
   local status=0
   KERNELGW_TEST_OUTPUT=test-output/languages run_pytest -p no:cacheprovider --durations=10 "${language_tests[@]}" "$@" ||
     status=$?

@@ -42,7 +42,8 @@ def _default_image() -> str | None:
     "kernels",
     multiple=True,
     metavar="NAME",
-    help="Build the image of this kernel (python3, deno, ir, bash, java, go, cpp, ruby) on the Python one; repeatable.",
+    help="Build the image of this kernel (python3, deno, ir, bash, java, go, cpp, ruby) on the Python one; repeatable. "
+    "code-interpreter: one image of python3, deno, bash, java and ir (E2B's code interpreter).",
 )
 @click.option(
     "--python-image",
@@ -56,15 +57,16 @@ def image_build(tag: str | None, base: str, kernels: tuple[str, ...], python_ima
         from rich.console import Console
 
         from kernelgw.config import DEFAULT_IMAGE
-        from kernelgw.image import build_image, build_kernel_image
-        from kernelgw.kernels import UnknownKernel, profile
+        from kernelgw.image import build_bundle_image, build_image, build_kernel_image
+        from kernelgw.kernels import BUNDLES, UnknownKernel, profile
 
     console = Console(stderr=True)
     if tag and len(kernels) > 1:
         raise click.UsageError("--tag names one image: give one --kernel with it")
     try:
         for name in kernels:
-            profile(name)
+            if name not in BUNDLES:
+                profile(name)
     except UnknownKernel as exc:
         raise click.BadParameter(str(exc), param_hint="--kernel") from exc
     results: list[Any] = []  # ImageBuildResult
@@ -72,9 +74,8 @@ def image_build(tag: str | None, base: str, kernels: tuple[str, ...], python_ima
         if not kernels:
             results.append(build_image(tag=tag or DEFAULT_IMAGE, base=base, force=force, console=console))
         for name in kernels:
-            results.append(
-                build_kernel_image(name, tag, python_image=python_image or DEFAULT_IMAGE, force=force, console=console)
-            )
+            build = build_bundle_image if name in BUNDLES else build_kernel_image
+            results.append(build(name, tag, python_image=python_image or DEFAULT_IMAGE, force=force, console=console))
     except KernelGWError as exc:
         raise click.ClickException(str(exc)) from exc
     _echo_builds(results)

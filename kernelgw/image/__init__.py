@@ -9,13 +9,14 @@ One module a job: :mod:`.builder` runs a build from :mod:`.base` (with
 :mod:`.debootstrap` and :mod:`.apt_mirror` for the offline base), :mod:`.context`
 (inputs and their hash), :mod:`.wheels` (pip on the host) and
 :mod:`.docker_build`; :mod:`.language` builds other languages' kernels on that
-image (with :mod:`.debs` for their Debian packages); :mod:`.engine`, :mod:`.cache`, :mod:`.names`,
+image (with :mod:`.debs` for their Debian packages), :mod:`.bundle` several in one; :mod:`.engine`, :mod:`.cache`, :mod:`.names`,
 :mod:`.errors` and :mod:`.progress` serve them. :mod:`.gateway` builds the gateway's
 own container image (images/gateway) the same way, :mod:`.standins` the PostgreSQL
 and HAProxy images compose.yaml can use where no registry answers.
 """
 
 from kernelgw.image.builder import ImageBuildResult, build_image
+from kernelgw.image.bundle import build_bundle_image
 from kernelgw.image.cache import cache_dir
 from kernelgw.image.engine import image_exists
 from kernelgw.image.errors import BaseImageError, ImageBuildError, WheelDownloadError
@@ -30,6 +31,7 @@ __all__ = [
     "ImageBuildError",
     "ImageBuildResult",
     "WheelDownloadError",
+    "build_bundle_image",
     "build_image",
     "build_kernel_image",
     "cache_dir",

@@ -120,10 +120,10 @@ def build_kernel_image(
                 for rel, data in ctx.files.items():
                     (context / rel).parent.mkdir(parents=True, exist_ok=True)
                     (context / rel).write_bytes(data)
-                debs = _debs(client, ctx, python_image, context, root, console, timings)
-                wheels = _wheels(ctx, labels, context, root, console, timings)
+                debs = fetch_debs(client, ctx, python_image, context, root, console, timings)
+                wheels = fetch_wheels(ctx, labels, context, root, console, timings)
                 t0 = time.monotonic()
-                image_id = _install_and_commit(
+                image_id = install_and_commit(
                     client,
                     python_image,
                     context,
@@ -141,7 +141,7 @@ def build_kernel_image(
                 )
                 timings.append(("install", time.monotonic() - t0))
                 if existing is not None and id_of(existing) != image_id:
-                    _remove_quietly(client, id_of(existing))  # the tag moved on; used by a container: kept
+                    remove_quietly(client, id_of(existing))  # the tag moved on; used by a container: kept
             finally:
                 shutil.rmtree(context, ignore_errors=True)
             seconds = time.monotonic() - t_start
@@ -151,7 +151,7 @@ def build_kernel_image(
         client.close()
 
 
-def _debs(
+def fetch_debs(
     client: docker.DockerClient,
     ctx: LanguageContext,
     python_image: str,
@@ -175,7 +175,7 @@ def _debs(
     return debs
 
 
-def _wheels(
+def fetch_wheels(
     ctx: LanguageContext,
     labels: dict[str, str],
     context: Path,
@@ -206,7 +206,7 @@ def _wheels(
     return wheels
 
 
-def _install_and_commit(
+def install_and_commit(
     client: docker.DockerClient,
     python_image: str,
     context: Path,
@@ -270,7 +270,7 @@ def _install_and_commit(
             pass
 
 
-def _remove_quietly(client: docker.DockerClient, image_id: str) -> None:
+def remove_quietly(client: docker.DockerClient, image_id: str) -> None:
     try:
         client.images.remove(image_id)
     except docker.errors.APIError:

@@ -46,7 +46,7 @@ from kernelgw.errors import (
     SessionNotFound,
     StorageUnavailable,
 )
-from kernelgw.kernels import DEFAULT_KERNEL, image_kernels, profile
+from kernelgw.kernels import BUNDLES, DEFAULT_KERNEL, bundle_image, image_kernels, profile
 from kernelgw.keys import ANONYMOUS, KeyQuotas, Principal
 from kernelgw.runtime.backends.base import Backend, KernelContainer, KernelHandle, KernelHost, KernelSpec
 from kernelgw.runtime.child_audit import ChildAudit
@@ -357,7 +357,11 @@ class SessionManager:
                 "(GET /v1/kernels lists them; the gateway's setting `kernels` chooses them)"
             )
         image = opts.image or s.kernel_image(kernel)
-        allowed = {s.kernel_image(kernel)} | ({s.image, *s.allowed_images} if kernel == DEFAULT_KERNEL else set())
+        # a bundle (built by the operator, every kernel in it kernelgw's) runs Python as its own kernel
+        bundles = {bundle_image(name) for name in BUNDLES if BUNDLES[name][0] == kernel}
+        allowed = {s.kernel_image(kernel), *bundles} | (
+            {s.image, *s.allowed_images} if kernel == DEFAULT_KERNEL else set()
+        )
         if image not in allowed:
             raise LimitExceeded(f"image {image!r} is not allowed; allowed images: {sorted(allowed)}")
         return KernelSpec(
@@ -610,7 +614,7 @@ class SessionManager:
             raise BadRequest("A context cannot hold contexts of its own.")
         if not cwd.startswith("/"):
             raise BadRequest(f"A context's working directory must be an absolute path, not {cwd!r}.")
-        held = image_kernels(parent.spec.kernel)
+        held = image_kernels(parent.spec.kernel, parent.spec.image)
         if kernel not in held:
             raise KernelNotInImage(
                 f"This sandbox's image ({parent.spec.image}) holds the {' and '.join(held)} kernels, not {kernel}."

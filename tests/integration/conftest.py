@@ -53,6 +53,11 @@ def gateway_settings(**overrides: Any) -> Settings:
         on_shutdown="stop",  # in-process test gateways leave no kernel behind
         pool_size=0,  # tests that want a pool ask for one
     )
+    # E2B's default template runs the code-interpreter image where the engine has
+    # it, which scripts/test.sh's languages pass builds while the others run: it
+    # is pinned to the Python image unless a test names its templates, so a test
+    # sees one image whenever it runs (languages/test_code_interpreter.py has the other)
+    base["e2b_templates"] = {"code-interpreter-v1": "python3"}
     base.update(overrides)
     return Settings(**base)
 

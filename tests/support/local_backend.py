@@ -41,6 +41,7 @@ from signal import SIGKILL
 from types import ModuleType
 
 from kernelgw.errors import BackendError, BadRequest, KernelDied, KernelStartFailed
+from kernelgw.kernels import bundle_of
 from kernelgw.runtime.backends.base import (
     IPC_PORTS,
     WORKSPACE_DIR,
@@ -315,6 +316,8 @@ class LocalBackend:
                     os.kill(int(name), signum)
 
     async def image_labels(self, image: str) -> dict[str, str] | None:
+        if bundle_of(image) is not None:
+            return None  # a bundle's other kernels (Deno, R, Java) are not on this host
         version = f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
         return {"kernelgw.python": version}
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from kernelgw.errors import KernelStartFailed
-from kernelgw.kernels import DEFAULT_KERNEL, image_kernels
+from kernelgw.kernels import BUNDLE_START_DIR, DEFAULT_KERNEL, bundle_of, image_kernels
 from kernelgw.runtime.backends.base import CommandProcess, KernelHandle, KernelSpec, KernelState, connection_info
 
 log = logging.getLogger(__name__)
@@ -80,15 +80,16 @@ def child_dir_name(kernel_id: str) -> str:
     return CHILD_CONN_PREFIX + kernel_id
 
 
-def kernel_argv(kernel: str, image_kernel: str, connection_file: str) -> list[str]:
-    """The argv that starts ``kernel`` in a container of ``image_kernel``'s image,
-    on ``connection_file`` (a path in the container)."""
-    if kernel not in image_kernels(image_kernel):
-        raise KernelNotInImage(
-            f"the {image_kernel} image holds {' and '.join(image_kernels(image_kernel))} kernels, not {kernel}"
-        )
+def kernel_argv(kernel: str, image_kernel: str, connection_file: str, image: str | None = None) -> list[str]:
+    """The argv that starts ``kernel`` in a container of ``image`` (made for
+    ``image_kernel``), on ``connection_file`` (a path in the container)."""
+    held = image_kernels(image_kernel, image)
+    if kernel not in held:
+        raise KernelNotInImage(f"the {image or image_kernel} image holds {' and '.join(held)} kernels, not {kernel}")
     if kernel == image_kernel:
         return [IMAGE_START, connection_file]
+    if bundle_of(image) is not None:
+        return [f"{BUNDLE_START_DIR}/{kernel}/start-kernel", connection_file]
     assert kernel == DEFAULT_KERNEL
     return ["/bin/sh", "-c", PYTHON_START, "sh", connection_file]
 
@@ -184,7 +185,7 @@ class ChildKernels:
         kernel_id = secrets.token_hex(4)
         name = child_dir_name(kernel_id)
         try:
-            argv = kernel_argv(spec.kernel, host.image_kernel, f"{container_conn_dir}/{name}/kernel.json")
+            argv = kernel_argv(spec.kernel, host.image_kernel, f"{container_conn_dir}/{name}/kernel.json", spec.image)
         except KernelNotInImage as exc:
             raise KernelStartFailed(f"No {spec.kernel} kernel in this sandbox: {exc}.") from None
         if not await self._ops.host_running(host.handle):

@@ -33,6 +33,7 @@ from kernelgw.runtime.session import KernelSession
 from kernelgw.server.availability import check_available
 from kernelgw.server.e2b import listing, metrics, snapshots, templates, unserved
 from kernelgw.server.e2b.auth import ACCESS_NONCE_KEY, Caller, access_token, authenticate, new_access
+from kernelgw.server.e2b.envd import HOME
 from kernelgw.server.e2b.errors import E2BError, E2BRoute
 from kernelgw.server.e2b.models import (
     RESERVED_PREFIX,
@@ -152,6 +153,7 @@ async def _create(request: Request, body: NewSandbox, caller: Caller) -> JSONRes
         image, kernel = None, snapshot.spec.kernel  # the fork runs its source's
     else:
         template = templates.resolve(state.settings, body.template_id)
+        template = await templates.for_create(state.settings, state.backend, template)
         image, kernel = template.image, template.kernel
     if body.auto_pause and not profile(kernel).python:
         raise E2BError(
@@ -160,7 +162,8 @@ async def _create(request: Request, body: NewSandbox, caller: Caller) -> JSONRes
             "Leave autoPause out: the sandbox is killed when its timeout runs out.",
         )
     try:
-        env = check_env(dict(body.env_vars or {}))
+        # E2B's layout: HOME is the user's directory (kernelgw's own sessions keep theirs in /tmp)
+        env = {"HOME": HOME, **check_env(dict(body.env_vars or {}))}
     except ValueError as exc:
         raise E2BError(400, f"envVars: {exc}") from None
     access = new_access(caller)

@@ -14,8 +14,9 @@ language) runs there, and it cannot be removed (kill the sandbox instead).
 Every other context is a child session (`SessionManager.create_child`): a
 kernel of its own, a process in the sandbox's container, so it shares the
 sandbox's files, uid and limits. ``POST /contexts`` makes one (a language the
-sandbox's image holds: its own and Python, `kernelgw.kernels.image_kernels`;
-another is a 400 naming the templates that hold it); ``run_code`` with a
+sandbox's image holds: its own and Python, or every language of the
+code-interpreter image, `kernelgw.kernels.image_kernels`; another is a 400
+naming the templates that hold it); ``run_code`` with a
 language the default context does not run makes that language's default
 context on first use, as E2B's server does; ``DELETE`` and ``restart`` act on
 that kernel alone. Contexts end with the sandbox's kernel: a restart of the
@@ -40,7 +41,7 @@ from starlette.types import Receive, Scope, Send
 
 from kernelgw import events as ev
 from kernelgw.errors import ChildNotFound
-from kernelgw.kernels import image_kernels, profile
+from kernelgw.kernels import BUNDLES, CODE_INTERPRETER_BUNDLE, bundle_image, image_kernels, profile
 from kernelgw.models import check_env
 from kernelgw.runtime.backends.base import WORKSPACE_DIR
 from kernelgw.runtime.execution import QueuedExecution
@@ -161,17 +162,22 @@ def kernel_for(language: str, session: KernelSession, request: Request) -> str:
     kernel = LANGUAGE_KERNELS.get(language)
     if kernel is None:
         raise _unknown_language(language)
-    held = image_kernels(session.spec.kernel)
+    held = image_kernels(session.spec.kernel, session.spec.image)
     if kernel in held:
         return kernel
     settings = gateway_state(request).settings
-    offered = sorted(t.id for t in templates(settings).values() if kernel in image_kernels(t.kernel))
+    offered = sorted(t.id for t in templates(settings).values() if kernel in image_kernels(t.kernel, t.image))
     where = (
         f"templates {offered} on this gateway do"
         if offered
         else f"no template of this gateway does (its e2b_templates setting can map one to the {kernel} kernel, "
         f'e.g. {{"{kernel}-v1": "{kernel}"}})'
     )
+    if kernel in BUNDLES[CODE_INTERPRETER_BUNDLE] and session.spec.image != bundle_image(CODE_INTERPRETER_BUNDLE):
+        where += (
+            "; or build the image of every language E2B's code interpreter runs (kernelgw image build --kernel "
+            "code-interpreter), which new code-interpreter-v1 sandboxes then run"
+        )
     raise E2BError(
         HTTPStatus.BAD_REQUEST,
         f"language {language!r} needs the {kernel} kernel, which this sandbox's image ({session.spec.image}) "

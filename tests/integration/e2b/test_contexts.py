@@ -58,7 +58,7 @@ def _gateway(
         data_dir=data_dir,
         auth="required",
         kernels=["python3", "deno"],
-        e2b_templates={DENO_TEMPLATE: "deno"},
+        e2b_templates={DENO_TEMPLATE: "deno", "code-interpreter-v1": "python3"},  # pinned (gateway_settings)
         **overrides,
     )
     gw = start_gateway(settings)

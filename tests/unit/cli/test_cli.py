@@ -151,17 +151,23 @@ def test_image_build_prints_a_summary(monkeypatch):
         calls.append((name, tag, python_image, force))
         return SimpleNamespace(tag=tag or f"kernelgw/{name}:latest", image_id="sha256:def", built=True, seconds=3.0)
 
+    def build_bundle_image(name, tag, python_image, force, console):
+        calls.append(("bundle", name, tag, python_image, force))
+        return SimpleNamespace(tag=tag or f"kernelgw/{name}:latest", image_id="sha256:fed", built=False, seconds=1.0)
+
     fake = ModuleType("kernelgw.image")
     fake.build_image = build_image
     fake.build_kernel_image = build_kernel_image
+    fake.build_bundle_image = build_bundle_image
     monkeypatch.setitem(sys.modules, "kernelgw.image", fake)
 
-    result = invoke("image", "build", "--kernel", "deno", "--kernel", "ruby")
+    result = invoke("image", "build", "--kernel", "deno", "--kernel", "ruby", "--kernel", "code-interpreter")
     assert result.exit_code == 0, result.output
-    assert (
-        result.stdout
-        == "built kernelgw/deno:latest (sha256:def) in 3.0s\nbuilt kernelgw/ruby:latest (sha256:def) in 3.0s\n"
+    assert result.stdout == (
+        "built kernelgw/deno:latest (sha256:def) in 3.0s\nbuilt kernelgw/ruby:latest (sha256:def) in 3.0s\n"
+        "kernelgw/code-interpreter:latest is up to date (sha256:fed); --force rebuilds it\n"
     )
+    assert calls[-1] == ("bundle", "code-interpreter", None, "kernelgw/python:latest", False)
     result = invoke("image", "build", "--kernel", "cobol")
     assert result.exit_code == 2 and "unknown kernel 'cobol'" in result.output
     result = invoke("image", "build", "--kernel", "go", "--kernel", "cpp", "--tag", "x:1")

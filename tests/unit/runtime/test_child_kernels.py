@@ -16,7 +16,8 @@ import pytest
 
 from kernelgw.config import Settings
 from kernelgw.errors import ChildNotFound, KernelNotInImage, SessionLimitReached
-from kernelgw.kernels import image_kernels
+from kernelgw.image.bundle import bundle_script
+from kernelgw.kernels import BUNDLE_START_DIR, CODE_INTERPRETER_BUNDLE, bundle_image, image_kernels
 from kernelgw.keys import KeyQuotas, Principal
 from kernelgw.runtime.backends.base import KernelState
 from kernelgw.runtime.backends.child_kernels import (
@@ -48,6 +49,29 @@ def test_a_kernel_starts_by_its_image_s_entry_point_or_as_python() -> None:
     assert "kernelgw_kernel.launcher" in python[2] and '-f "$1"' in python[2]
     with pytest.raises(NotInImage, match="the python3 image holds python3 kernels, not deno"):
         kernel_argv("deno", "python3", "/conn/c1/kernel.json")
+
+
+def test_the_code_interpreter_image_holds_every_e2b_language_each_started_from_its_own_path() -> None:
+    image = bundle_image(CODE_INTERPRETER_BUNDLE)
+    assert image_kernels("python3", image) == ("python3", "deno", "bash", "java", "ir")
+    assert image_kernels("python3", "kernelgw/python:latest") == ("python3",)  # by its name, not its kernel
+    assert kernel_argv("python3", "python3", "/conn/c1/kernel.json", image) == [IMAGE_START, "/conn/c1/kernel.json"]
+    for kernel in ("deno", "ir", "java", "bash"):
+        argv = kernel_argv(kernel, "python3", "/conn/c1/kernel.json", image)
+        assert argv == [f"{BUNDLE_START_DIR}/{kernel}/start-kernel", "/conn/c1/kernel.json"]
+    with pytest.raises(NotInImage, match=r"kernelgw/code-interpreter:latest image holds .* not ruby"):
+        kernel_argv("ruby", "python3", "/conn/c1/kernel.json", image)
+
+
+def test_the_bundle_script_installs_each_language_from_build_and_keeps_python_s_start() -> None:
+    script = bundle_script(("python3", "deno", "ir"))
+    lines = script.splitlines()
+    assert lines[1] == f"install -D -m 0755 /opt/kernelgw/start-kernel {BUNDLE_START_DIR}/python3/start-kernel"
+    deno, ir = lines.index("ln -sfn /bundle/deno /build"), lines.index("ln -sfn /bundle/ir /build")
+    assert deno < ir and lines[deno + 1] == lines[ir + 1] == "sh -eu /build/install.sh"
+    assert lines[deno + 2].endswith(f"/opt/kernelgw/start-kernel {BUNDLE_START_DIR}/deno/start-kernel")
+    # Python's start is the image's own again at the end
+    assert f"install -m 0755 {BUNDLE_START_DIR}/python3/start-kernel /opt/kernelgw/start-kernel" in lines[-2]
 
 
 def test_a_child_s_death_is_named_with_what_is_known() -> None:

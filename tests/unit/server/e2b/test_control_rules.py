@@ -25,6 +25,7 @@ from kernelgw.errors import (
     SessionNotFound,
     Unauthorized,
 )
+from kernelgw.kernels import CODE_INTERPRETER_BUNDLE, bundle_image
 from kernelgw.runtime.lease import SessionTerms
 from kernelgw.runtime.session import KernelSession
 from kernelgw.server.e2b import auth, control, listing, templates, unserved
@@ -210,6 +211,36 @@ def test_a_sandbox_answers_with_its_template_else_what_runs_it() -> None:
     assert templates.template_of(session_running("python3", "py:1"), settings) == "code-interpreter-v1"
     assert templates.template_of(session_running("python3", "py:science"), settings) == "science"
     assert templates.template_of(session_running("python3", "other:2"), settings) == "other:2"
+
+
+class Engine:
+    """What `templates.has_bundle` asks of a backend: which images it has."""
+
+    def __init__(self, *images: str) -> None:
+        self.images = set(images)
+        self.asked = 0
+
+    async def image_labels(self, image: str) -> dict[str, str] | None:
+        self.asked += 1
+        return {} if image in self.images else None
+
+
+async def test_code_interpreter_v1_runs_the_code_interpreter_image_where_the_engine_has_it() -> None:
+    bundle = bundle_image(CODE_INTERPRETER_BUNDLE)
+    settings = Settings(image="py:1", e2b_templates={"science": "py:science"})
+    default = templates.resolve(settings, "code-interpreter-v1")
+    with_it, without = Engine(bundle), Engine()
+    assert (await templates.for_create(settings, cast(Any, with_it), default)).image == bundle
+    assert (await templates.for_create(settings, cast(Any, without), default)).image is None  # the Python one
+    await templates.for_create(settings, cast(Any, with_it), default)
+    assert with_it.asked == 1  # the engine's answer is kept a while
+    # other templates, and a code-interpreter-v1 the setting maps, run what they name
+    base, science = templates.resolve(settings, "base"), templates.resolve(settings, "science")
+    assert await templates.for_create(settings, cast(Any, with_it), base) == base
+    assert await templates.for_create(settings, cast(Any, with_it), science) == science
+    pinned = Settings(image="py:1", e2b_templates={"code-interpreter-v1": "python3"})
+    mapped = templates.resolve(pinned, "code-interpreter-v1")
+    assert await templates.for_create(pinned, cast(Any, with_it), mapped) == mapped
 
 
 def test_the_template_setting_needs_both_sides() -> None:
