@@ -6,7 +6,13 @@ Rows, interleaved in shuffled order every round so load drift hits all alike:
     (``Sandbox.create()`` + ``run_code``), each create served by the warm pool
     (the benchmark waits for the pool to refill between rounds, as a gateway with
     spare capacity would be);
-  - warm ``1+1`` on a running session: ``session.run`` against ``sandbox.run_code``.
+  - warm ``1+1`` on a running session: ``session.run`` against ``sandbox.run_code``;
+  - where the engine has the code-interpreter image (every E2B language, which an
+    unmapped ``code-interpreter-v1`` runs), its create + first ``1+1`` from a pool
+    of that image, and the first JavaScript cell of such a sandbox (its Deno
+    context starts then), against the next JavaScript cell (the floor).
+The Python rows create from ``base`` (the Python image), so the E2B and
+kernelgw paths run the same kernels whatever images the engine has.
 Goal (issue 29): on a warm pool, E2B's create + first ``run_code`` within 2x of
 kernelgw's own path. E2B states 80-200 ms for its cloud's sandbox start; that
 figure is theirs (published), not measured here.
@@ -18,6 +24,7 @@ A benchmark, not a test: numbers vary with the machine's load (printed with them
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -42,6 +49,10 @@ OWN_START = "kernelgw SDK: create + first 1+1 (floor)"
 E2B_START = "E2B SDK: Sandbox.create + first run_code"
 OWN_WARM = "kernelgw SDK: warm 1+1 (floor)"
 E2B_WARM = "E2B SDK: warm run_code"
+BUNDLE_START = "E2B SDK: create + first run_code, code-interpreter image"
+JS_FIRST = "E2B SDK: first JavaScript cell (its context starts)"
+JS_NEXT = "E2B SDK: next JavaScript cell (floor)"
+BUNDLE = "kernelgw/code-interpreter:latest"
 POOL = 2
 WARM_PER_ROUND = 10
 
@@ -55,6 +66,16 @@ def e2b_environment(gw: Gateway) -> None:
         E2B_API_KEY="kgw_bench",
         E2B_HTTP_VERSION="1.1",
     )
+
+
+def has_image(tag: str) -> bool:
+    import docker
+
+    client = docker.from_env()
+    try:
+        return bool(client.images.list(name=tag))
+    finally:
+        client.close()
 
 
 def main() -> None:
@@ -76,12 +97,18 @@ def main() -> None:
 
     started = now_iso()
     samples: dict[str, list[float]] = {OWN_START: [], E2B_START: [], OWN_WARM: [], E2B_WARM: []}
-    with Gateway("e2b", image=args.image, env={"KERNELGW_POOL_SIZE": str(POOL)}) as gw:
+    bundle = has_image(BUNDLE)
+    env = {"KERNELGW_POOL_SIZE": str(POOL)}
+    if bundle:
+        samples |= {BUNDLE_START: [], JS_FIRST: [], JS_NEXT: []}
+        env["KERNELGW_POOL_PROFILES"] = json.dumps([{"image": BUNDLE, "size": POOL}])
+    pools = POOL * (2 if bundle else 1)
+    with Gateway("e2b", image=args.image, env=env) as gw:
         e2b_environment(gw)
         client = Client(gw.url, api_key=None)
 
         def own_start() -> None:
-            gw.wait_pool_ready(POOL)
+            gw.wait_pool_ready(pools)
             t0 = time.perf_counter()
             session = client.create_session()
             result = session.run("1+1")
@@ -90,16 +117,32 @@ def main() -> None:
             session.delete()
 
         def e2b_start() -> None:
-            gw.wait_pool_ready(POOL)
+            gw.wait_pool_ready(pools)
             t0 = time.perf_counter()
-            sandbox = Sandbox.create()
+            sandbox = Sandbox.create(template="base")
             execution = sandbox.run_code("1+1")
             samples[E2B_START].append((time.perf_counter() - t0) * 1000)
             assert execution.text == "2", execution
             sandbox.kill()
 
+        def bundle_start() -> None:
+            """The E2B default on the code-interpreter image, then its first and
+            second JavaScript cells."""
+            gw.wait_pool_ready(pools)
+            t0 = time.perf_counter()
+            sandbox = Sandbox.create()
+            execution = sandbox.run_code("1+1")
+            samples[BUNDLE_START].append((time.perf_counter() - t0) * 1000)
+            assert execution.text == "2", execution
+            for name in (JS_FIRST, JS_NEXT):
+                t0 = time.perf_counter()
+                execution = sandbox.run_code("1+1", language="js")
+                samples[name].append((time.perf_counter() - t0) * 1000)
+                assert execution.text == "2", execution
+            sandbox.kill()
+
         own = client.create_session()
-        sandbox = Sandbox.create()
+        sandbox = Sandbox.create(template="base")
         try:
             own.run("1+1")
             sandbox.run_code("1+1")
@@ -116,7 +159,7 @@ def main() -> None:
                     sandbox.run_code("1+1")
                     samples[E2B_WARM].append((time.perf_counter() - t0) * 1000)
 
-            steps = [own_start, e2b_start, own_warm, e2b_warm]
+            steps = [own_start, e2b_start, own_warm, e2b_warm, *([bundle_start] if bundle else [])]
             for i in range(args.rounds):
                 random.shuffle(steps)
                 for step in steps:
@@ -131,6 +174,17 @@ def main() -> None:
     warm_rows = [summary(OWN_WARM, samples[OWN_WARM]), summary(E2B_WARM, samples[E2B_WARM])]
     print_table(f"Create + first 1+1 on a warm pool (pool_size={POOL})", start_rows, floor=OWN_START)
     print_table("Warm 1+1 on a running session", warm_rows, floor=OWN_WARM)
+    bundle_rows = []
+    if bundle:
+        bundle_rows = [summary(OWN_START, samples[OWN_START]), summary(BUNDLE_START, samples[BUNDLE_START])]
+        print_table(
+            f"Create + first 1+1 on the code-interpreter image (its pool of {POOL})", bundle_rows, floor=OWN_START
+        )
+        js_rows = [summary(JS_NEXT, samples[JS_NEXT]), summary(JS_FIRST, samples[JS_FIRST])]
+        print_table("JavaScript in a code-interpreter sandbox", js_rows, floor=JS_NEXT)
+        bundle_rows = bundle_rows[1:] + js_rows
+    else:
+        print(f"{BUNDLE} is not built: no code-interpreter rows (kernelgw image build --kernel code-interpreter)")
     ratio = start_rows[1]["p50_ms"] / start_rows[0]["p50_ms"]
     print(f"E2B create + first run_code / kernelgw's own, p50: {ratio:.2f}x (goal: at most 2x)")
     print("E2B's published cloud start: 80-200 ms (their figure, not measured here)")
@@ -145,14 +199,18 @@ def main() -> None:
             "rounds": args.rounds,
             "pool_size": POOL,
             "start_ratio_p50": ratio,
-            "rows": start_rows + warm_rows,
+            "code_interpreter_image": BUNDLE if bundle else None,
+            "rows": start_rows + warm_rows + bundle_rows,
         },
     )
+    groups = [("create + first 1+1 (warm pool)", start_rows), ("warm 1+1", warm_rows)]
+    if bundle:
+        groups += [("code-interpreter image", [start_rows[0], *bundle_rows])]
     draw_bars(
-        [("create + first 1+1 (warm pool)", start_rows), ("warm 1+1", warm_rows)],
+        groups,
         args.chart,
         title="E2B's SDK on kernelgw against kernelgw's own SDK (p50 bars; p95 |, p99 x)",
-        floor_names=(OWN_START, OWN_WARM),
+        floor_names=(OWN_START, OWN_WARM, JS_NEXT),
     )
     print(f"wrote {args.json} and {args.chart}")
 

@@ -371,7 +371,8 @@ async def start(request: Request, sandbox: Sandbox, *, root: bool = False) -> Re
             handle,
             [config.cmd, *config.args],
             CommandConfig(config.cmd, list(config.args), dict(config.envs), config.cwd or HOME, msg.tag),
-            env={"PWD": sandbox_path(rel), **env},  # the shell's pwd names /home/user, as E2B's
+            # the sandbox's create-time envs too: a pooled kernel's container started without them
+            env={"PWD": sandbox_path(rel), **sandbox.session.spec.env, **env},  # pwd names /home/user, as E2B's
             cwd=f"{WORKSPACE_DIR}/{rel}" if rel else WORKSPACE_DIR,
             stdin=msg.stdin is not False,  # envd: absent is open (a terminal's input always is)
             timeout_s=deadline,

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+from pathlib import Path
 
+import docker
 import httpx
 import pytest
 from e2b import CommandExitException, InvalidArgumentException, SandboxException, SandboxState, TimeoutException
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 from kernelgw.runtime.commands import OUTPUT_RING_BYTES
+from tests.integration.conftest import assert_nothing_left, gateway_settings, start_gateway
 from tests.integration.e2b.conftest import E2BGateway
+from tests.support.metrics import metric
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -172,3 +177,29 @@ def test_a_pause_ends_running_commands_and_a_command_wakes_the_sandbox(sbx: Sand
     assert sbx.commands.run("echo awake").stdout == "awake\n"
     assert sbx.get_info().state == SandboxState.RUNNING
     assert sbx.commands.list() == []
+
+
+def test_a_pooled_sandbox_s_commands_get_its_create_time_envs(
+    docker_client: docker.DockerClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sandbox from the warm pool: its container started before the create
+    named any env var, and the kernel's were set after; its commands get them
+    (and E2B's HOME) all the same. (Keys are off here: /metrics is open.)"""
+    name = f"e2bp{os.getpid()}"
+    gw = start_gateway(gateway_settings(gateway_name=name, data_dir=tmp_path, pool_size=1))
+    try:
+        for var, value in E2BGateway(gw, "kgw_any").env().items():
+            monkeypatch.setenv(var, value)
+        with httpx.Client(base_url=gw.url, timeout=30) as http:
+            wait_until(lambda: metric(http, "kernelgw_pool_ready") == 1, "a warm kernel", timeout=120)
+            sbx = Sandbox.create(envs={"FROM_CREATE": "made"})
+            try:
+                assert metric(http, "kernelgw_pool_hits_total") == 1  # the create took the warm kernel
+                env = sbx.run_code("import os; os.environ['FROM_CREATE'], os.environ['HOME']").text
+                assert env == "('made', '/home/user')"
+                assert sbx.commands.run("echo $FROM_CREATE $HOME").stdout == "made /home/user\n"
+            finally:
+                sbx.kill()
+    finally:
+        gw.stop()
+        assert_nothing_left(docker_client, name)
