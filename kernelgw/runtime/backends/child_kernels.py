@@ -117,9 +117,10 @@ class OnThreads(Protocol):
 class ChildOps(Protocol):
     """What `ChildKernels` needs of its backend's engine."""
 
-    async def start_process(self, host: KernelHandle, argv: list[str]) -> CommandProcess:
+    async def start_process(self, host: KernelHandle, argv: list[str], env: dict[str, str]) -> CommandProcess:
         """Start ``argv`` in ``host``'s container as the kernel does (the sandbox's
-        uid, no capabilities), its stdin the gateway's connection, its pid known."""
+        uid, no capabilities), with ``env`` over the container's, its stdin the
+        gateway's connection, its pid known."""
         ...
 
     async def signal_process(self, host: KernelHandle, pid: int, signum: int, *, group: bool) -> None:
@@ -201,7 +202,8 @@ class ChildKernels:
         uid, gid = await self._run(self._ids, spec.session_id)
         await self._run(make_child_dir, host.handle.conn_dir, name, key, container_conn_dir, uid, gid)
         try:
-            process = await self._ops.start_process(host.handle, wrapped(argv, host.cwd))
+            # the session's env: a pooled sandbox's container started without it
+            process = await self._ops.start_process(host.handle, wrapped(argv, host.cwd), dict(spec.env))
         except BaseException:
             await self._run(shutil.rmtree, conn_dir, True)
             raise

@@ -831,7 +831,7 @@ class DockerBackend:
         finally:
             await process.close()
 
-    async def start_process(self, host: KernelHandle, argv: list[str]) -> DockerCommand:
+    async def start_process(self, host: KernelHandle, argv: list[str], env: dict[str, str]) -> DockerCommand:
         """A child kernel's process (`ChildOps.start_process`): started as root and
         dropped to the sandbox's uid by the same ``setpriv`` as the main kernel
         (an exec as the uid would keep the container's capabilities in its
@@ -841,7 +841,8 @@ class DockerBackend:
         user = "0:0" if self._init_apart(uid) else f"{uid}:{self._gid(uid)}"
         drop = command_privileges(uid, self._gid(uid), root=False) if self._init_apart(uid) else []
         full = ["/bin/sh", "-c", COMMAND_WRAPPER, "sh", "/", "/", *drop, *argv]
-        sock, exec_id = await self._run(self._exec_start_sync, host, full, user, "/", HELPER_LOADER_RESET, True)
+        env = {**env, **HELPER_LOADER_RESET}
+        sock, exec_id = await self._run(self._exec_start_sync, host, full, user, "/", env, True)
         command = DockerCommand(self, exec_id, sock)
         self._commands.add(host.container_id, command)
         try:

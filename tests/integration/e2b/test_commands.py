@@ -179,12 +179,13 @@ def test_a_pause_ends_running_commands_and_a_command_wakes_the_sandbox(sbx: Sand
     assert sbx.commands.list() == []
 
 
-def test_a_pooled_sandbox_s_commands_get_its_create_time_envs(
+def test_a_pooled_sandbox_s_commands_and_contexts_get_its_create_time_envs(
     docker_client: docker.DockerClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sandbox from the warm pool: its container started before the create
-    named any env var, and the kernel's were set after; its commands get them
-    (and E2B's HOME) all the same. (Keys are off here: /metrics is open.)"""
+    named any env var, and the kernel's were set after; its commands and its
+    other contexts get them (and E2B's HOME) all the same. (Keys are off here:
+    /metrics is open.)"""
     name = f"e2bp{os.getpid()}"
     gw = start_gateway(gateway_settings(gateway_name=name, data_dir=tmp_path, pool_size=1))
     try:
@@ -198,6 +199,11 @@ def test_a_pooled_sandbox_s_commands_get_its_create_time_envs(
                 env = sbx.run_code("import os; os.environ['FROM_CREATE'], os.environ['HOME']").text
                 assert env == "('made', '/home/user')"
                 assert sbx.commands.run("echo $FROM_CREATE $HOME").stdout == "made /home/user\n"
+                context = sbx.create_code_context(language="python")  # another kernel in that container
+                assert (
+                    sbx.run_code("import os; os.environ['FROM_CREATE'], os.environ['HOME']", context=context).text
+                    == "('made', '/home/user')"
+                )
             finally:
                 sbx.kill()
     finally:
