@@ -462,8 +462,10 @@ class Execution:
         Python kernel adds one to each matplotlib figure with data (not to a
         blank one, nor past 10,000 points); other kernels send none.
 
+        ```pycon
         >>> execution.charts[0]["type"], execution.charts[0]["title"]  # doctest: +SKIP
         ('line', 'Growth')
+        ```
         """
         return cast(list[Chart], self._shown(CHART_MIME))
 
@@ -473,8 +475,10 @@ class Execution:
         cell's value), in order, as columns of values (`TableData`); a DataFrame of
         more than 10,000 cells has none (its text and HTML are still shown).
 
+        ```pycon
         >>> execution.data[0]["price"]  # doctest: +SKIP
         [9.5, 12.0, None]
+        ```
         """
         return cast(list[TableData], self._shown(DATA_MIME))
 

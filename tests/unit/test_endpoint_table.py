@@ -1,4 +1,4 @@
-"""README.md's endpoint table against the app's routes, both ways: every
+"""The endpoint table of docs/reference/rest-api.md against the app's routes, both ways: every
 documented route exists, and every API route is documented."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from kernelgw.server import create_app
 from tests.support.routes import endpoints
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "rest-api.md"
 UNDOCUMENTED = {"/", "/favicon.ico", "/static/{}", "/openapi.json", "/docs", "/redoc"}
 """The web page and FastAPI's own docs pages: not API endpoints (the table points to /docs)."""
 
@@ -20,9 +20,9 @@ def _shape(path: str) -> str:
 
 
 def documented() -> set[tuple[str, str]]:
-    """(method, path shape) of every row of the table after "Endpoints"."""
-    lines = README.read_text(encoding="utf-8").splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("Endpoints"))
+    """(method, path shape) of every row of the table headed "method and path"."""
+    lines = PAGE.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| method and path |"))
     rows = []
     for line in lines[start + 1 :]:
         if rows and not line.startswith("|"):
@@ -36,7 +36,7 @@ def documented() -> set[tuple[str, str]]:
     return found
 
 
-def test_the_readme_table_is_found_and_parsed() -> None:
+def test_the_table_is_found_and_parsed() -> None:
     table = documented()
     assert ("POST", "/v1/sessions") in table and ("WS", "/v1/sessions/{}/ws") in table
     assert len(table) >= 15
@@ -45,10 +45,10 @@ def test_the_readme_table_is_found_and_parsed() -> None:
 def test_every_documented_endpoint_exists() -> None:
     served = {(e.method, _shape(e.path)) for e in endpoints(create_app())}
     missing = sorted(documented() - served)
-    assert not missing, f"README.md documents endpoints the app does not serve: {missing}"
+    assert not missing, f"docs/reference/rest-api.md documents endpoints the app does not serve: {missing}"
 
 
 def test_every_api_endpoint_is_documented() -> None:
     served = {(e.method, _shape(e.path)) for e in endpoints(create_app()) if _shape(e.path) not in UNDOCUMENTED}
     missing = sorted(served - documented())
-    assert not missing, f"add these to the Endpoints table in README.md: {missing}"
+    assert not missing, f"add these to the endpoint table in docs/reference/rest-api.md: {missing}"
