@@ -72,7 +72,7 @@ def test_session_limit_gives_429(gateway: RunningGateway) -> None:
             resp = http.post("/v1/sessions", json={})
             assert resp.status_code == 429
             assert "maximum of 2 sessions" in resp.json()["error"]["message"]
-            assert int(resp.headers["Retry-After"]) > 0  # as the README promises
+            assert int(resp.headers["Retry-After"]) > 0  # as docs/reference/rest-api.md promises
             http.delete(f"/v1/sessions/{ids[0]}")
             assert http.post("/v1/sessions", json={}).status_code == 201
     finally:

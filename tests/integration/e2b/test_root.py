@@ -5,7 +5,7 @@ keeps none; under runc, where root would be the host's uid 0, it is refused
 even when allowed (docs/security.md, "Root in a sandbox"). Both gateways run
 their runtime whatever the pass (runsc is installed before either pass).
 No ``ls`` here: runsc 20221219 answers coreutils' ``statx`` with EINVAL
-(README, gVisor), for root and the user alike."""
+(docs/security.md, gVisor), for root and the user alike."""
 
 from __future__ import annotations
 

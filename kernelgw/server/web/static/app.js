@@ -1,6 +1,6 @@
 // kernelgw web page: sessions, cells and their live output over the WebSocket.
 //
-// Protocol (README "WebSocket"): the page connects to /v1/sessions/{id}/ws with
+// Protocol (docs/reference/events.md): the page connects to /v1/sessions/{id}/ws with
 // ?last_seq=N (0 on first open, so the replay buffer shows the session's earlier
 // cells), sends {"type": "execute", ...} and {"type": "interrupt"}, and renders
 // every event by its execution_id. Cells run by other tabs or clients arrive as
