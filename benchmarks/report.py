@@ -1464,7 +1464,9 @@ def main() -> None:
 
     if core:
         w("## Core (bench_core.py)\n")
-        w("The original core benchmark (transports in blocks per round), kept for continuity with the first release's numbers in benchmark-headlines.md.\n")
+        w(
+            "The original core benchmark (transports in blocks per round), kept for continuity with the first release's numbers in benchmark-headlines.md.\n"
+        )
         w(table(core["rows"], row(core["rows"], "1+1 raw")["name"]))
         w(f"\n![core]({rel(d / 'core.png', out)})\n")
 
