@@ -54,6 +54,7 @@ class PoolProfileSettings(BaseModel):
     cpus: float | None = None
     runtime: Literal["runc", "runsc"] | None = None
     size: int = Field(1, ge=0)
+    """Kernels this pool keeps warm."""
     max_size: int | None = Field(None, ge=0)
 
 
@@ -70,7 +71,9 @@ class Settings(BaseSettings):
 
     # --- network of the gateway itself
     host: str = "127.0.0.1"
+    """The address the gateway listens on (``kernelgw serve --host``). Without API keys it refuses anything but loopback (``allow_remote_without_auth``)."""
     port: int = 8000
+    """The TCP port the gateway listens on (``kernelgw serve --port``)."""
     header_timeout_s: float = Field(10.0, gt=0)
     """Time a connection has to send a request's complete headers (from opening, or
     from its previous response) before it is closed: slow-header clients cannot
@@ -136,6 +139,7 @@ class Settings(BaseSettings):
     max_ws_message_bytes: int | None = Field(None, gt=0)
     """Largest WebSocket frame a client may send; None: ``max_code_bytes`` + 64 KiB."""
     audit_retention_days: float = Field(365.0, ge=0)
+    """Audit records (executions, lifecycle events, key changes) are kept this long."""
     policy_deny_imports: list[str] = Field(default_factory=list)
     """Static code policy (defence in depth; off when all three are empty): modules a
     cell may not import, e.g. ``["subprocess", "ctypes"]``."""
@@ -186,6 +190,7 @@ class Settings(BaseSettings):
 
     # --- kernels
     image: str = DEFAULT_IMAGE
+    """The kernel image of a session that names none (``kernelgw image build`` makes it)."""
     allowed_images: list[str] = Field(default_factory=list)
     """Images a session may ask for besides ``image``; empty means only ``image``."""
     kernels: list[str] = Field(default_factory=lambda: [DEFAULT_KERNEL])
@@ -196,6 +201,7 @@ class Settings(BaseSettings):
     """Image per kernel name where it is not ``kernelgw/<name>:latest`` (python3's
     is ``image``)."""
     runtime: Literal["runc", "runsc"] = "runc"
+    """The container runtime of the kernels: ``runc``, or ``runsc`` for gVisor (``scripts/ensure-runsc.sh`` installs it)."""
     allowed_runtimes: list[Literal["runc", "runsc"]] = Field(default_factory=list)
     """Runtimes a session may ask for besides ``runtime`` (``{"runtime": "runsc"}``
     on create); empty means only ``runtime``."""
@@ -207,6 +213,7 @@ class Settings(BaseSettings):
     most hosts), so nothing on the host is theirs. The image names it ``kernel``;
     the gateway warns at start if a host account has it."""
     kernel_gid: int = Field(DEFAULT_KERNEL_UID, gt=0)
+    """The group id the kernels run as."""
     kernel_uid_range: str = DEFAULT_KERNEL_UID_RANGE
     """Host uids given to sessions, ``START-END`` (both included): each session's
     kernel runs as one of its own (group the same number), so nothing the Linux
@@ -226,16 +233,25 @@ class Settings(BaseSettings):
     memory_mb: int = 2048
     """tmpfs pages (/tmp, /workspace, packages, shm) count against this limit."""
     max_memory_mb: int = 4096
+    """The most memory (MiB) a session may ask for with ``memory_mb``."""
     cpus: float = 1.0
+    """CPUs a session gets when it asks for none."""
     max_cpus: float = 2.0
+    """The most CPUs a session may ask for."""
     pids_limit: int = 256
+    """Processes and threads a kernel's container may hold at once."""
     tmp_size_mb: int = 128
+    """Size of each session's ``/tmp`` (tmpfs)."""
     workspace_size_mb: int = 512
+    """Size of each session's ``/workspace`` (tmpfs), the kernel's working directory."""
     shm_size_mb: int = 64
+    """Size of each session's ``/dev/shm``."""
 
     # --- sessions
     max_sessions: int = 50
+    """Sessions this gateway process runs at once (per worker with ``workers``); past it new sessions get 429."""
     idle_timeout_s: float = 1800.0
+    """A session with no execution and no WebSocket (or Jupyter channels) for this long is ended, or paused with ``idle_action=pause``."""
     idle_action: Literal["end", "pause"] = "end"
     """What happens to a session idle for ``idle_timeout_s`` with nobody watching:
     ``end`` it, or ``pause`` it (container freed, state kept on disk, resumed by
@@ -253,12 +269,14 @@ class Settings(BaseSettings):
     history and the audit log) and its snapshot deleted; 0: paused sessions are
     kept until deleted. Checked every ``reap_interval_s``."""
     reap_interval_s: float = 30.0
+    """How often idle sessions are looked for and reaped (ended, or paused with ``idle_action=pause``)."""
     max_lease_s: float = Field(86400.0, gt=0)
     """Longest lease (E2B's sandbox timeout) a session may be given at once, in
     seconds; it can be extended by that much again. A session under a lease ends
     (or pauses) when it runs out, within about a second, and is not reaped as idle
     before."""
     kernel_start_timeout_s: float = 60.0
+    """How long a starting kernel has to answer (``kernel_info`` on shell and iopub) before its start fails."""
     on_shutdown: Literal["keep", "stop"] = "keep"
     """``keep``: a gateway that stops leaves its kernels running for the next one
     of its name, which reattaches them; ``stop``: it removes them."""
@@ -267,7 +285,9 @@ class Settings(BaseSettings):
 
     # --- executions
     exec_timeout_s: float = 300.0
+    """An execution's timeout when it asks for none: the cell is interrupted, and its kernel restarted if it ignores the interrupt."""
     max_exec_timeout_s: float = 3600.0
+    """The longest timeout an execution or session may ask for."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     """On SIGTERM, how long running cells have to finish before the gateway exits."""
     interrupt_grace_s: float = 5.0
@@ -276,6 +296,7 @@ class Settings(BaseSettings):
     max_output_bytes: int = 16 * 1024 * 1024
     """Per execution; output past it is dropped behind a ``truncated`` event."""
     max_code_bytes: int = 1024 * 1024
+    """The largest cell accepted; larger ones get 413."""
     replay_buffer: int = 2000
     """Events kept per session for WebSocket clients that resume."""
     replay_buffer_bytes: int = 4 * 1024 * 1024
@@ -344,6 +365,7 @@ class Settings(BaseSettings):
     packages_size_mb: int = Field(256, gt=0)
     """Size of each session's package tmpfs (counts against its memory)."""
     package_install_timeout_s: float = Field(300.0, gt=0)
+    """Resolving plus installing one request's packages; past it the install fails."""
 
     # --- E2B's API (/e2b)
     e2b_templates: dict[str, str] = Field(default_factory=dict)

@@ -82,10 +82,15 @@ def _documented_fields(source: str, class_name: str) -> list[tuple[str, str, str
     previous_end = cls.lineno
     for i, node in enumerate(cls.body):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            comment: list[str] = []
             for line in lines[previous_end : node.lineno - 1]:
-                match = re.match(r"\s*# --- (.*)", line)
-                if match:
-                    section = match.group(1)
+                match = re.match(r"\s*#( --- | )(.*)", line)
+                if match and (match.group(1) == " --- " or comment):
+                    comment.append(match.group(2).strip())
+                else:
+                    comment = []
+            if comment:
+                section = " ".join(comment)
             doc = ""
             following = cls.body[i + 1] if i + 1 < len(cls.body) else None
             if (
@@ -99,9 +104,12 @@ def _documented_fields(source: str, class_name: str) -> list[tuple[str, str, str
     return fields
 
 
-def _section_title(section: str) -> str:
-    title = section.split(":", 1)[0].strip()
-    return title[:1].upper() + title[1:]
+def _section_parts(section: str) -> tuple[str, str]:
+    """A ``# --- `` comment as a heading (up to a colon or parenthesis) and, when the
+    comment says more, the whole comment as the section's note."""
+    title = re.split(r"[:(]", section, maxsplit=1)[0].strip()
+    note = "" if section.strip() == title else section[:1].upper() + section[1:].rstrip(".") + "."
+    return title[:1].upper() + title[1:], note
 
 
 def settings_markdown() -> str:
@@ -114,10 +122,10 @@ def settings_markdown() -> str:
     for section, name, annotation, doc in _documented_fields(source, "Settings"):
         if section != current:
             current = section
-            out.append(f"\n## {_section_title(section)}\n")
-            rest = section.split(":", 1)[1].strip() if ":" in section else ""
-            if rest:
-                out.append(f"{rest[:1].upper() + rest[1:]}.\n")
+            title, note = _section_parts(section)
+            out.append(f"\n## {title}\n")
+            if note:
+                out.append(f"{note}\n")
             out.append("| setting | environment variable | type | default | meaning |")
             out.append("|---|---|---|---|---|")
         field = model_fields[name]
