@@ -90,6 +90,10 @@ echo "==> Chromium for the web page tests"
 bash scripts/ensure-chromium.sh
 echo "==> HAProxy for the many-gateways test"
 bash scripts/ensure-haproxy.sh
+echo "==> curl and jq for the documentation's examples (tests/integration/test_docs_examples.py)"
+if ! command -v curl >/dev/null 2>&1 || ! command -v jq >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl jq
+fi
 echo "==> Node, @jupyterlab/services and E2B's JavaScript SDK for their client tests"
 bash scripts/ensure-node-clients.sh
 echo "==> Enterprise Gateway (its own tool venv) for its GatewayClient's test"
