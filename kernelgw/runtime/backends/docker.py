@@ -421,12 +421,25 @@ class DockerBackend:
             return await self.children.start(spec, CONTAINER_CONN_DIR)
         uid = await self._run(self._acquire_uid, spec.session_id)
         try:
-            if not self.workspaces.keeps(spec):
-                return await self._run(self._start_sync, spec, None, uid)
-            return await self._run(self._start_sync, spec, await self.workspaces.volumes(spec), uid)
+            volumes = await self.workspaces.volumes(spec) if self.workspaces.keeps(spec) else None
+            return await self._start_container(spec, volumes, uid)
         finally:
             # the kernel's container (if made) now carries the uid in its label
             await self._run(self._release_uid, spec.session_id)
+
+    async def _start_container(self, spec: KernelSpec, volumes: dict[str, str] | None, uid: int) -> KernelHandle:
+        """``_start_sync`` on the pool, through a cancellation of the caller (a
+        pool closing while it refills, a gateway stopping): the thread makes the
+        container whatever the caller does, and the caller cancelled meanwhile
+        removes it once made. Left to the thread, it ran on after the gateway
+        stopped (seen: a warm kernel of a stopped test gateway, found later)."""
+        made = asyncio.ensure_future(self._run(self._start_sync, spec, volumes, uid))
+        try:
+            return await asyncio.shield(made)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await self.stop(await made)
+            raise
 
     async def keep_workspace(self, spec: KernelSpec) -> None:
         # a child's files are its host's, and so is their keeping (its spec names the host's session)
