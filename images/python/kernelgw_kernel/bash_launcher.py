@@ -41,6 +41,12 @@ bash_kernel's kernel with these changes, made from outside its source:
   and the kernel sent no reply at all; it is now an ``IncompleteInput`` error,
   and nothing of the cell ran (the group was never closed).
 
+- **bash ending under a cell.** ``exit 3``, ``exec ...``, a kill or an
+  out-of-memory kill of the shell made bash_kernel start a new shell and end the
+  cell ``ok`` with ``state_lost=false``, its variables gone. The kernel now
+  ends as bash ended (`kernelgw_kernel.ending`), and the gateway ends the cell
+  ``dead`` with the cause and ``state_lost``, as for Python's kernel.
+
 ``python -m kernelgw_kernel.bash_launcher --check`` starts bash the kernel's
 way, runs one command and says how long it took (the image build's self-check).
 """
@@ -59,6 +65,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from kernelgw_kernel.ending import end_as, fence
 
 MAX_PENDING = 1 << 20
 """Bytes of stderr read but not sent yet, at most (a background job's output
@@ -399,6 +407,9 @@ def kernel_class() -> type:
             self._kgw_stderr = StderrRelay(self._kgw_outlet, tempfile.mkdtemp(prefix="kernelgw-bash-"))
 
         def _start_bash(self) -> None:
+            if self._kgw_in_cell:
+                # bash_kernel restarts a shell that ended under a cell: not here
+                self._kgw_lost()
             super()._start_bash()
             child = self.bashwrapper.child
             child.sendintr = lambda: interrupt_foreground(child)
@@ -435,6 +446,25 @@ def kernel_class() -> type:
                 # interrupted: answer as IPython does (bash_kernel sent no error)
                 reply = self._error_reply(INTERRUPTED, silent)
             return reply
+
+        def _kgw_lost(self) -> None:
+            """bash ended under the cell (``exit``, ``exec``, a kill, out of memory):
+            send what it wrote, then end this kernel the way bash ended, so the
+            gateway ends the cell ``dead`` with the real cause and ``state_lost``
+            (bash_kernel started a new shell instead, and the cell ended ``ok``)."""
+            child = self.bashwrapper.child
+            self.process_output(child.before or "")
+            child.close(force=True)
+            code, sig = child.exitstatus, child.signalstatus
+            how = f"was killed by signal {sig}" if sig else f"exited with code {code}"
+            self._kgw_stdout.flush()
+            if self._kgw_stderr is not None:
+                self._kgw_stderr.end()
+            self._kgw_outlet.publish(
+                "stream", {"name": "stderr", "text": f"bash {how}: its variables, functions and directory are lost\n"}
+            )
+            fence(getattr(self, "iopub_thread", None))
+            end_as(code, sig)
 
         def process_output(self, output: str) -> None:
             """A line of the terminal's output (bash_kernel's callback): into the batch."""

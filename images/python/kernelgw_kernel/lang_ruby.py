@@ -13,9 +13,10 @@ and objects with ``to_html``), except ``nil`` and cells ending with ``;``.
 
 An interrupt sends SIGINT to the Ruby process group: Ruby raises ``Interrupt``
 in the running cell and keeps its state. A cell that ignores it is killed at the
-second interrupt (after :data:`KILL_AFTER_S`), which loses the state; so does a
-Ruby process that exits (``exit!``) or dies: the cell fails with
-``RubyExited`` and the next cell starts a new process.
+second interrupt (after :data:`KILL_AFTER_S`), which loses the state. A Ruby
+process that exits (``exit!``, ``exec``) or dies (a kill, out of memory) under a
+cell ends this kernel the same way (`kernelgw_kernel.ending`): the cell ends
+``dead`` with the cause and ``state_lost``, as Python's does.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import subprocess
 import time
 from typing import Any
 
+from kernelgw_kernel.ending import end_as, fence
 from kernelgw_kernel.lang_kernel import CellError, LangKernel, OutputPump, kill_group, launch, spawn
 
 DRIVER = os.environ.get("KERNELGW_RUBY_DRIVER", "/opt/kernelgw/ruby/kernelgw_driver.rb")
@@ -204,6 +206,10 @@ class RubyKernel(LangKernel):
         """The driver's record pipe ended: the process exited or was killed."""
         if ruby.closed:
             return
+        try:
+            ruby.proc.wait(timeout=2)  # its pipes close as it exits: its own status, not our kill's
+        except subprocess.TimeoutExpired:
+            pass
         self._kill(ruby)
         if self.ruby is ruby:
             self.ruby = None
@@ -213,9 +219,11 @@ class RubyKernel(LangKernel):
             f"the Ruby process {how}: its state (variables, methods, classes) is lost; the next cell starts a new one"
         )
         if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(
-                {"type": "done", "status": "error", "ename": "RubyExited", "evalue": evalue, "traceback": [evalue]}
-            )
+            # under a cell: this kernel ends as Ruby did (`kernelgw_kernel.ending`),
+            # so the cell ends dead with the cause and state_lost
+            self.publish_stream("stderr", evalue.replace("; the next cell starts a new one", "") + "\n")
+            fence(getattr(self, "iopub_thread", None))
+            end_as(status if status > 0 else None, -status if status < 0 else None)
 
     def _kill(self, ruby: RubyProcess) -> None:
         """End the process and its group, hand on what its pipes still hold, close them."""
