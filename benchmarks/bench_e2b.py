@@ -142,7 +142,7 @@ def main() -> None:
             sandbox.kill()
 
         own = client.create_session()
-        sandbox = Sandbox.create(template="base")
+        sandbox = Sandbox.create(template="base", timeout=3600)  # lives through every round
         try:
             own.run("1+1")
             sandbox.run_code("1+1")
