@@ -76,6 +76,9 @@ class Case:
     fork_bomb: str
     xfail: dict[str, str] = field(default_factory=dict)
     """Promise (test name, or test name/parameter) -> exactly what happens instead."""
+    xfail_at_times: dict[str, str] = field(default_factory=dict)
+    """As ``xfail``, for a gap that shows or not with the timing of the run (a
+    leftover line of an interrupted loop): not strict, so it never fails a run."""
 
 
 CASES: dict[str, Case] = {
@@ -144,6 +147,9 @@ CASES: dict[str, Case] = {
             "huge_output/system": "system()'s bytes written to the R process's own stdout (file descriptor 1) reach no one: the cell ends ok with no stream and no truncated event (they go to the container's log)",
             "exit/exit": "IRkernel answers quit(status = 3) as an ok cell and the R process goes on",
         },
+        xfail_at_times={
+            "loops": "after an endless printing loop is interrupted, the next cell's output may begin with a line of it",
+        },
     ),
     "bash": Case(
         say="echo said",
@@ -188,8 +194,10 @@ CASES: dict[str, Case] = {
             ),
         },
         fork_bomb=f'new ProcessBuilder("bash", "-c", "{FORK_BOMB}").start();',
+        xfail_at_times={
+            "loops": "after an endless printing loop is interrupted, the next cell's output may begin with lines of it",
+        },
         xfail={
-            "loops": "the next cell's output begins with lines of the interrupted printing loop",
             "huge_output/raw": "A FileOutputStream on FileDescriptor.out's bytes written to the JVM process's own stdout (file descriptor 1) reach no one: the cell ends ok with no stream and no truncated event (they go to the container's log)",
             "huge_output/subprocess": "An inheritIO() child's bytes written to the JVM process's own stdout (file descriptor 1) reach no one: the cell ends ok with no stream and no truncated event (they go to the container's log)",
         },
@@ -267,7 +275,9 @@ def params(test: str, items: list[tuple[str, str]] | None = None) -> list[Any]:
         for item in [None] if items is None else [i for k, i in items if k == kernel]:
             key = test if item is None else f"{test}/{item}"
             why = case.xfail.get(key) or case.xfail.get(test)
+            at_times = case.xfail_at_times.get(key) or case.xfail_at_times.get(test)
             marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+            marks += [pytest.mark.xfail(strict=False, reason=at_times)] if at_times else []
             values = kernel if item is None else (kernel, item)
             out.append(pytest.param(values, marks=marks, id=key.replace(test, kernel, 1) if item else kernel))
     return out
