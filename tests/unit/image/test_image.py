@@ -193,6 +193,7 @@ def test_public_api() -> None:
         "ImageBuildError",
         "ImageBuildResult",
         "WheelDownloadError",
+        "build_bundle_image",
         "build_image",
         "build_kernel_image",
         "language_dir",
