@@ -43,6 +43,8 @@ OUTPUT_CAP = 1024 * 1024
 HUGE = 4_000_000
 BOMB_MEMORY_MB = 384
 TIMEOUT_S = 3
+WRITE_TIMEOUT_S = 20
+"""A huge write's cell: every kernel but bash (its terminal) writes the 4 MB in a few seconds."""
 YES = f"yes | head -c {HUGE}"
 FORK_BOMB = ":(){ :|:& };:"
 
@@ -171,6 +173,10 @@ CASES: dict[str, Case] = {
         xfail={
             "huge_output/print": "4 MB through bash_kernel's terminal (pexpect) takes over 60 s: the cell times out",
             "huge_output/subprocess": "4 MB through bash_kernel's terminal (pexpect) takes over 60 s: the cell times out (its output capped)",
+        },
+        xfail_at_times={
+            "fork_bomb": "a fork bomb that backgrounds itself outlives its cell and holds the pids limit: later cells fail "
+            "('fork: retry: Resource temporarily unavailable') until a restart",
         },
     ),
     "java": Case(
@@ -395,7 +401,7 @@ def test_huge_output_through_every_writer_arrives_capped(http: httpx.Client, wri
     kernel, how = writer
     s = Session(http, kernel)
     try:
-        result = s.run(s.case.writers[how], timeout=60)
+        result = s.run(s.case.writers[how], timeout=WRITE_TIMEOUT_S)
         assert done(result)["status"] == "ok", f"{kernel} {how}: {result['events'][-3:]}"
         size = len(out(result).encode())
         assert truncated(result), f"{kernel} {how}: {size} bytes of stdout and no truncated event"
