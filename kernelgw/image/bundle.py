@@ -13,31 +13,22 @@ context starts from) and restores Python's, the sandbox's own kernel.
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
-import time
 from pathlib import Path
 
 import docker
 from rich.console import Console
 
-from kernelgw.image.builder import ImageBuildResult, build_image
-from kernelgw.image.cache import build_lock, cache_dir
-from kernelgw.image.context import compute_build_hash
-from kernelgw.image.engine import connect, get_image, id_of
+from kernelgw.image.builder import ImageBuildResult
 from kernelgw.image.language import (
     BUILD_FORMAT,
-    LanguageContext,
+    Timings,
+    build_committed,
     fetch_debs,
     fetch_wheels,
-    install_and_commit,
     read_language_context,
-    remove_quietly,
+    write_context,
 )
-from kernelgw.image.names import DEFAULT_TAG, HASH_LABEL
-from kernelgw.image.progress import say
-from kernelgw.image.wheels import packages_from_wheels
+from kernelgw.image.names import DEFAULT_TAG
 from kernelgw.kernels import BUNDLE_START_DIR, BUNDLES, bundle_image
 
 BUNDLE_FORMAT = b"1"
@@ -79,81 +70,33 @@ def build_bundle_image(
     """Build bundle ``name``'s image unless it is up to date."""
     console = console or Console(stderr=True)
     kernels = BUNDLES[name]
-    tag = tag or bundle_image(name)
-    t_start = time.monotonic()
-    timings: list[tuple[str, float]] = []
-    base = build_image(tag=python_image, console=console)
     contexts = [read_language_context(kernel) for kernel in kernels[1:]]
     script = bundle_script(kernels)
     files = {f"{ctx.name}/{rel}": data for ctx in contexts for rel, data in ctx.files.items()}
     files |= {"install.sh": script.encode(), "\0bundle-build-format": BUILD_FORMAT + BUNDLE_FORMAT}
-    build_hash = compute_build_hash(files, base.image_id)
-    client = connect()
-    try:
-        with build_lock():
-            existing = get_image(client, tag)
-            if existing is not None and not force and (existing.labels or {}).get(HASH_LABEL) == build_hash:
-                say(console, f"{tag} is up to date ({existing.short_id}, on {python_image})")
-                return ImageBuildResult(tag, id_of(existing), False, python_image, time.monotonic() - t_start)
-            say(console, f"building {tag} ({', '.join(kernels)}) on {python_image}")
-            python = get_image(client, python_image)
-            labels = (python.labels or {}) if python is not None else {}
-            root = cache_dir()
-            root.mkdir(parents=True, exist_ok=True)
-            context = Path(tempfile.mkdtemp(prefix=f"build-{name}-", dir=root))
-            try:
-                (context / "install.sh").write_text(script)
-                debs: list[str] = []
-                wheels: list[str] = []
-                for ctx in contexts:
-                    debs += _fetch(client, ctx, context, python_image, labels, root, console, timings, wheels)
-                t0 = time.monotonic()
-                image_id = install_and_commit(
-                    client,
-                    python_image,
-                    context,
-                    tag=tag,
-                    labels={
-                        HASH_LABEL: build_hash,
-                        "kernelgw.image": name,
-                        "kernelgw.kernel": kernels[0],
-                        "kernelgw.kernels": " ".join(kernels),
-                        "kernelgw.base": python_image,
-                        "kernelgw.base-id": base.image_id,
-                        "kernelgw.debs": json.dumps(sorted({d.split("_", 1)[0] for d in debs}), separators=(",", ":")),
-                        "kernelgw.packages": json.dumps(packages_from_wheels(wheels), separators=(",", ":")),
-                    },
-                    console=console,
-                )
-                timings.append(("install", time.monotonic() - t0))
-                if existing is not None and id_of(existing) != image_id:
-                    remove_quietly(client, id_of(existing))
-            finally:
-                shutil.rmtree(context, ignore_errors=True)
-            seconds = time.monotonic() - t_start
-            say(console, f"built {tag} ({image_id[7:19]}) in {seconds:.0f} s")
-            return ImageBuildResult(tag, image_id, True, python_image, seconds, tuple(timings))
-    finally:
-        client.close()
 
+    def fill(
+        client: docker.DockerClient, context: Path, labels: dict[str, str], root: Path, timings: Timings
+    ) -> tuple[list[str], list[str]]:
+        """Each language's context in ``context/<kernel>``, its packages and wheels beside it."""
+        (context / "install.sh").write_text(script)
+        debs: list[str] = []
+        wheels: list[str] = []
+        for ctx in contexts:
+            own = context / ctx.name
+            write_context(ctx, own)
+            debs += fetch_debs(client, ctx, python_image, own, root, console, timings)
+            wheels += fetch_wheels(ctx, labels, own, root, console, timings)
+        return debs, wheels
 
-def _fetch(
-    client: docker.DockerClient,
-    ctx: LanguageContext,
-    context: Path,
-    python_image: str,
-    labels: dict[str, str],
-    root: Path,
-    console: Console,
-    timings: list[tuple[str, float]],
-    wheels: list[str],
-) -> list[str]:
-    """Write ``ctx``'s files into ``context/<kernel>`` with its Debian packages
-    and wheels beside them; returns the packages (the wheels go into ``wheels``)."""
-    own = context / ctx.name
-    for rel, data in ctx.files.items():
-        (own / rel).parent.mkdir(parents=True, exist_ok=True)
-        (own / rel).write_bytes(data)
-    debs = fetch_debs(client, ctx, python_image, own, root, console, timings)
-    wheels += fetch_wheels(ctx, labels, own, root, console, timings)
-    return debs
+    return build_committed(
+        tag=tag or bundle_image(name),
+        name=name,
+        what=", ".join(kernels),
+        files=files,
+        python_image=python_image,
+        force=force,
+        console=console,
+        fill=fill,
+        labels={"kernelgw.kernel": kernels[0], "kernelgw.kernels": " ".join(kernels)},
+    )

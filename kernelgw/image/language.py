@@ -28,6 +28,7 @@ import tarfile
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import docker
@@ -98,11 +99,60 @@ def build_kernel_image(
     if name == DEFAULT_KERNEL:
         return build_image(tag=tag or python_image, force=force, console=console)
     tag = tag or profile(name).image
-    t_start = time.monotonic()
-    timings: list[tuple[str, float]] = []
-    base = build_image(tag=python_image, console=console)
     ctx = read_language_context(name, directory)
-    build_hash = compute_build_hash({**ctx.files, "\0language-build-format": BUILD_FORMAT}, base.image_id)
+
+    def fill(
+        client: docker.DockerClient, context: Path, labels: dict[str, str], root: Path, timings: Timings
+    ) -> tuple[list[str], list[str]]:
+        write_context(ctx, context)
+        debs = fetch_debs(client, ctx, python_image, context, root, console, timings)
+        return debs, fetch_wheels(ctx, labels, context, root, console, timings)
+
+    return build_committed(
+        tag=tag,
+        name=name,
+        what=f"kernel {name}",
+        files={**ctx.files, "\0language-build-format": BUILD_FORMAT},
+        python_image=python_image,
+        force=force,
+        console=console,
+        fill=fill,
+        labels={"kernelgw.kernel": name},
+    )
+
+
+Timings = list[tuple[str, float]]
+Fill = Callable[[docker.DockerClient, Path, dict[str, str], Path, Timings], tuple[list[str], list[str]]]
+"""Writes a build's context into the directory given (what ``install.sh`` sees as
+``/build``) with its Debian packages and wheels; returns their file names."""
+
+
+def write_context(ctx: LanguageContext, context: Path) -> None:
+    for rel, data in ctx.files.items():
+        (context / rel).parent.mkdir(parents=True, exist_ok=True)
+        (context / rel).write_bytes(data)
+
+
+def build_committed(
+    *,
+    tag: str,
+    name: str,
+    what: str,
+    files: Mapping[str, bytes],
+    python_image: str,
+    force: bool,
+    console: Console,
+    fill: Fill,
+    labels: dict[str, str],
+) -> ImageBuildResult:
+    """Build ``tag`` on the Python image by ``install.sh`` in a network-less
+    container of it (the context ``fill`` writes), unless an image of that tag
+    carries the hash of ``files`` and the Python image already; ``labels`` go on
+    it besides the build's own."""
+    t_start = time.monotonic()
+    timings: Timings = []
+    base = build_image(tag=python_image, console=console)
+    build_hash = compute_build_hash(files, base.image_id)
     client = connect()
     try:
         with build_lock():
@@ -110,18 +160,14 @@ def build_kernel_image(
             if existing is not None and not force and (existing.labels or {}).get(HASH_LABEL) == build_hash:
                 say(console, f"{tag} is up to date ({existing.short_id}, on {python_image})")
                 return ImageBuildResult(tag, id_of(existing), False, python_image, time.monotonic() - t_start)
-            say(console, f"building {tag} (kernel {name}) on {python_image}")
+            say(console, f"building {tag} ({what}) on {python_image}")
             python = get_image(client, python_image)
-            labels = (python.labels or {}) if python is not None else {}
+            python_labels = (python.labels or {}) if python is not None else {}
             root = cache_dir()
             root.mkdir(parents=True, exist_ok=True)
             context = Path(tempfile.mkdtemp(prefix=f"build-{name}-", dir=root))
             try:
-                for rel, data in ctx.files.items():
-                    (context / rel).parent.mkdir(parents=True, exist_ok=True)
-                    (context / rel).write_bytes(data)
-                debs = fetch_debs(client, ctx, python_image, context, root, console, timings)
-                wheels = fetch_wheels(ctx, labels, context, root, console, timings)
+                debs, wheels = fill(client, context, python_labels, root, timings)
                 t0 = time.monotonic()
                 image_id = install_and_commit(
                     client,
@@ -131,10 +177,10 @@ def build_kernel_image(
                     labels={
                         HASH_LABEL: build_hash,
                         "kernelgw.image": name,
-                        "kernelgw.kernel": name,
+                        **labels,
                         "kernelgw.base": python_image,
                         "kernelgw.base-id": base.image_id,
-                        "kernelgw.debs": json.dumps(sorted(d.split("_", 1)[0] for d in debs), separators=(",", ":")),
+                        "kernelgw.debs": json.dumps(sorted({d.split("_", 1)[0] for d in debs}), separators=(",", ":")),
                         "kernelgw.packages": json.dumps(packages_from_wheels(wheels), separators=(",", ":")),
                     },
                     console=console,
