@@ -818,8 +818,21 @@ def e2b_section(d: Path, out: Path, e2b: dict[str, Any] | None) -> list[str]:
         table(start_rows, start_rows[0]["name"] if start_rows else None),
         "",
         table(warm_rows, warm_rows[0]["name"] if warm_rows else None),
-        f"\n![E2B's SDK on kernelgw]({rel(d / 'e2b.png', out)})\n",
     ]
+    bundle_rows = [r for r in rows if "code-interpreter image" in r["name"]]
+    js_rows = sorted((r for r in rows if "JavaScript" in r["name"]), key=lambda r: "floor" not in r["name"])
+    if own and bundle_rows:
+        lines += [
+            "",
+            f"The rows above create from `base` (the Python image). On the code-interpreter image "
+            f"(`{e2b.get('code_interpreter_image')}`, every language of E2B's code interpreter, which an unmapped "
+            "`code-interpreter-v1` runs where the engine has it), from a pool of that image, and its first JavaScript "
+            "cell (the Deno context starts then) against the next one:\n",
+            table([own, *bundle_rows], own["name"]),
+            "",
+            table(js_rows, js_rows[0]["name"] if js_rows else None),
+        ]
+    lines.append(f"\n![E2B's SDK on kernelgw]({rel(d / 'e2b.png', out)})\n")
     if own and theirs and own.get("p50_ms") and theirs.get("p50_ms"):
         ratio = theirs["p50_ms"] / own["p50_ms"]
         lines.append(
