@@ -126,11 +126,14 @@ def test_exit_is_an_error_and_exit_bang_ends_the_kernel_with_its_status(kernel: 
     assert r.reply["ename"] == "SystemExit"
     assert kernel.execute("kept").data == [{"text/plain": "41"}]
     # the Ruby process gone, its state is: the kernel ends as it did, and the
-    # gateway ends the cell dead with state_lost (test_promises.py)
-    kernel.client.execute("exit!(3)")
-    wait_until(lambda: kernel.state() != "running", "the kernel container to end")
-    container = docker.from_env().containers.get(kernel.handle.container_id)
-    assert container.attrs["State"]["ExitCode"] == 3
+    # gateway ends the cell dead with state_lost (test_promises.py); a kernel of
+    # its own, as the module's goes on to the next tests
+    with start_kernel(IMAGE) as started:
+        own = started.kernel
+        own.client.execute("exit!(3)")
+        wait_until(lambda: own.state() != "running", "the kernel container to end")
+        container = docker.from_env().containers.get(own.handle.container_id)
+        assert container.attrs["State"]["ExitCode"] == 3
 
 
 def test_a_file_written_to_the_workspace_is_an_artifact(kernel: Kernel) -> None:
