@@ -43,7 +43,8 @@ def e2b_gateway(docker_client: docker.DockerClient, tmp_path_factory: pytest.Tem
         f"{IMAGE} is not built (kernelgw image build --kernel code-interpreter)"
     )
     data_dir: Path = tmp_path_factory.mktemp("ci-data")
-    with gateway_with_key(docker_client, data_dir, f"ci{os.getpid()}", e2b_templates={}) as (gw, key):
+    # the gateway's default memory (2048 MB), not the tests' 512: six kernels take about 500 MB
+    with gateway_with_key(docker_client, data_dir, f"ci{os.getpid()}", e2b_templates={}, memory_mb=2048) as (gw, key):
         yield E2BGateway(gw, key)
 
 
@@ -74,9 +75,9 @@ def test_every_language_runs_in_one_sandbox_sharing_its_files_and_home(sbx: Sand
         if len(out) > 2:  # the working directory, where the language names it: the workspace /home/user is
             assert out[2] in ("/home/user", "/workspace"), (language, out)
     # state stays in each language's context
-    sbx.run_code("let kept = 41", language="javascript")
+    assert sbx.run_code("let kept = 41", language="javascript").error is None
     assert sbx.run_code("kept + 1", language="javascript").text == "42"
-    sbx.run_code("kept <- 6 * 7", language="r")
+    assert sbx.run_code("kept <- 6 * 7", language="r").error is None
     assert "42" in "".join(sbx.run_code("cat(kept)", language="r").logs.stdout)
     languages = sorted(c.language for c in sbx.list_code_contexts())
     assert languages == sorted(["python", *READS]), languages
