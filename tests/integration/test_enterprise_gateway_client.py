@@ -93,8 +93,10 @@ def test_enterprise_gateway_client_runs_its_python_kernel_workload(eg_gateway: R
     assert seen["interrupted_cell_ended"], "the interrupted cell never ended"
     assert seen["interrupted"] is not None, "the interrupted cell returned nothing"
     text, has_error = seen["interrupted"]
-    assert has_error and text.startswith("begin\nKeyboardInterrupt:")  # 'end' never printed
-    assert "end" not in text.split("\n")
+    # the kernel says busy before the cell's first line runs: the interrupt may
+    # land before print('begin') (CI#21, under load) or after it; never after 'end'
+    assert has_error and text.removeprefix("begin\n").startswith("KeyboardInterrupt:"), text
+    assert "end" not in text.split("\n"), text
     assert seen["after_interrupt"] == ["124\n", False]  # the state survived
 
     # restart: a fresh kernel, the state gone
