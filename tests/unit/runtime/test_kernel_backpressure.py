@@ -27,7 +27,10 @@ from kernelgw.runtime.kernel_link import IOPUB_WAITS_FEATURE
 from tests.support.local_backend import LocalBackend, image_helper
 from tests.unit.runtime.conftest import spec
 
-PROGRESS_EVERY = 200
+PROGRESS_EVERY = 20
+"""Small beside what may be queued before a send blocks (the kernel's 32, the
+subscriber's 16, the socket buffers): at 200, a display flood could block before
+its first progress was written, and the test saw "never waited" (CI#22, once)."""
 FLOODS = {
     "print": "print('x' * 99)",
     "display": "display(n)",
