@@ -28,6 +28,14 @@ class E2BGateway:
         """``E2B_API_URL`` and ``E2B_SANDBOX_URL``: the face's one base URL."""
         return f"{self.gateway.url}/e2b"
 
+    def use(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Point E2B's SDK here: the environment variables a user sets to move to
+        kernelgw, and none of theirs from the machine running the tests."""
+        for name in E2B_ENV:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in self.env().items():
+            monkeypatch.setenv(name, value)
+
     def env(self) -> dict[str, str]:
         return {
             "E2B_API_URL": self.url,
@@ -49,10 +57,7 @@ def e2b_gateway(docker_client: docker.DockerClient, tmp_path_factory: pytest.Tem
 def e2b_env(e2b_gateway: E2BGateway, monkeypatch: pytest.MonkeyPatch) -> E2BGateway:
     """The environment variables an E2B user sets to move to kernelgw (and none of
     theirs from the machine running the tests)."""
-    for name in E2B_ENV:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in e2b_gateway.env().items():
-        monkeypatch.setenv(name, value)
+    e2b_gateway.use(monkeypatch)
     return e2b_gateway
 
 

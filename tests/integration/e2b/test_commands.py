@@ -189,8 +189,7 @@ def test_a_pooled_sandbox_s_commands_and_contexts_get_its_create_time_envs(
     name = f"e2bp{os.getpid()}"
     gw = start_gateway(gateway_settings(gateway_name=name, data_dir=tmp_path, pool_size=1))
     try:
-        for var, value in E2BGateway(gw, "kgw_any").env().items():
-            monkeypatch.setenv(var, value)
+        E2BGateway(gw, "kgw_any").use(monkeypatch)
         with httpx.Client(base_url=gw.url, timeout=30) as http:
             wait_until(lambda: metric(http, "kernelgw_pool_ready") == 1, "a warm kernel", timeout=120)
             sbx = Sandbox.create(envs={"FROM_CREATE": "made"})

@@ -35,7 +35,7 @@ from tests.integration.conftest import (
     remove_everything,
     start_gateway,
 )
-from tests.integration.e2b.conftest import E2B_ENV, E2BGateway
+from tests.integration.e2b.conftest import E2BGateway
 
 pytestmark = pytest.mark.integration
 
@@ -72,13 +72,6 @@ def _gateway(
             assert not runtime.exists() or not any(runtime.iterdir()), f"left in {runtime}: {list(runtime.iterdir())}"
         finally:
             remove_everything(docker_client, name)
-
-
-def _use(monkeypatch: pytest.MonkeyPatch, gw: E2BGateway) -> None:
-    for name in E2B_ENV:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in gw.env().items():
-        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture
@@ -217,7 +210,7 @@ def test_contexts_under_gvisor(
 ) -> None:
     assert "runsc" in docker_client.info().get("Runtimes", {}), "gVisor is not registered: run scripts/ensure-runsc.sh"
     for gw in _gateway(docker_client, tmp_path_factory, f"ctg{os.getpid()}", runtime="runsc"):
-        _use(monkeypatch, gw)
+        gw.use(monkeypatch)
         sbx = Sandbox.create(timeout=300)
         try:
             assert _container(docker_client, sbx.sandbox_id).attrs["HostConfig"]["Runtime"] == "runsc"
@@ -244,7 +237,7 @@ def test_contexts_do_not_outlive_a_gateway_restart(
     try:
         first = start_gateway(settings)
         try:
-            _use(monkeypatch, E2BGateway(first, key))
+            E2BGateway(first, key).use(monkeypatch)
             sbx = Sandbox.create(timeout=600)
             sbx.run_code("x = 41")
             ctx = sbx.create_code_context()
@@ -254,7 +247,7 @@ def test_contexts_do_not_outlive_a_gateway_restart(
         conn_dir = Path(conn_dir_of(_container(docker_client, sbx.sandbox_id)))
         second = start_gateway(settings)
         try:
-            _use(monkeypatch, E2BGateway(second, key))
+            E2BGateway(second, key).use(monkeypatch)
             again = Sandbox.connect(sbx.sandbox_id, timeout=60)
             assert again.run_code("x + 1").text == "42"
             assert again.run_code(f"import os; os.path.exists('/proc/{pid}')").text == "False"

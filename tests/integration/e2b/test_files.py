@@ -22,7 +22,7 @@ from e2b.exceptions import FileNotFoundException
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 from tests.integration.conftest import assert_nothing_left, gateway_settings, make_key, start_gateway
-from tests.integration.e2b.conftest import E2B_ENV, E2BGateway
+from tests.integration.e2b.conftest import E2BGateway
 
 pytestmark = pytest.mark.integration
 
@@ -49,10 +49,7 @@ def files_gateway(docker_client: docker.DockerClient, tmp_path_factory: pytest.T
 @pytest.fixture
 def e2b(files_gateway: E2BGateway, monkeypatch: pytest.MonkeyPatch) -> E2BGateway:
     """Only the environment variables a user sets to move to kernelgw."""
-    for name in E2B_ENV:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in files_gateway.env().items():
-        monkeypatch.setenv(name, value)
+    files_gateway.use(monkeypatch)
     return files_gateway
 
 

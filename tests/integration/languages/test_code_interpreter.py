@@ -18,7 +18,7 @@ from e2b_code_interpreter import Sandbox
 
 from kernelgw.kernels import CODE_INTERPRETER_BUNDLE, bundle_image
 from tests.integration.conftest import gateway_with_key
-from tests.integration.e2b.conftest import E2B_ENV, E2BGateway
+from tests.integration.e2b.conftest import E2BGateway
 
 pytestmark = pytest.mark.integration
 IMAGE = bundle_image(CODE_INTERPRETER_BUNDLE)
@@ -50,10 +50,7 @@ def e2b_gateway(docker_client: docker.DockerClient, tmp_path_factory: pytest.Tem
 
 @pytest.fixture
 def sbx(e2b_gateway: E2BGateway, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandbox]:
-    for name in E2B_ENV:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in e2b_gateway.env().items():
-        monkeypatch.setenv(name, value)
+    e2b_gateway.use(monkeypatch)
     sandbox = Sandbox.create(timeout=300)
     try:
         yield sandbox
