@@ -30,6 +30,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
@@ -116,24 +117,23 @@ def main() -> None:
             assert result.status == "ok", result
             session.delete()
 
-        def e2b_start() -> None:
+        def first_run(name: str, **create: Any) -> Any:
+            """A sandbox created from a refilled pool and its first ``1+1``, timed as ``name``."""
             gw.wait_pool_ready(pools)
             t0 = time.perf_counter()
-            sandbox = Sandbox.create(template="base")
+            sandbox = Sandbox.create(**create)
             execution = sandbox.run_code("1+1")
-            samples[E2B_START].append((time.perf_counter() - t0) * 1000)
+            samples[name].append((time.perf_counter() - t0) * 1000)
             assert execution.text == "2", execution
-            sandbox.kill()
+            return sandbox
+
+        def e2b_start() -> None:
+            first_run(E2B_START, template="base").kill()
 
         def bundle_start() -> None:
             """The E2B default on the code-interpreter image, then its first and
             second JavaScript cells."""
-            gw.wait_pool_ready(pools)
-            t0 = time.perf_counter()
-            sandbox = Sandbox.create()
-            execution = sandbox.run_code("1+1")
-            samples[BUNDLE_START].append((time.perf_counter() - t0) * 1000)
-            assert execution.text == "2", execution
+            sandbox = first_run(BUNDLE_START)
             for name in (JS_FIRST, JS_NEXT):
                 t0 = time.perf_counter()
                 execution = sandbox.run_code("1+1", language="js")
