@@ -181,11 +181,13 @@ run_languages_pass() {
   local status=0
   KERNELGW_TEST_OUTPUT=test-output/languages run_pytest -p no:cacheprovider --durations=10 "${language_tests[@]}" "$@" ||
     status=$?
-  # every kernel through the gateway once more, in gVisor (the Bash kernel's
-  # interrupt failed there only: gVisor's terminal made no signal of ^C)
+  # every kernel through the gateway once more, in gVisor, and the Bash kernel's
+  # own suite (its interrupts failed there only: gVisor's terminal made no signal
+  # of ^C, and does not say its foreground process group)
   echo "==> the languages through the gateway again, kernels on gVisor (runsc)"
   KERNELGW_TEST_RUNTIME=runsc KERNELGW_TEST_OUTPUT=test-output/languages/runsc \
-    run_pytest -p no:cacheprovider --durations=5 tests/integration/test_languages.py "$@" || status=$?
+    run_pytest -p no:cacheprovider --durations=5 tests/integration/test_languages.py \
+    tests/integration/languages/test_bash.py "$@" || status=$?
   # the deployment as an operator runs it: compose.yaml up (PostgreSQL, the gateway
   # container, HAProxy), sessions through the load balancer, a re-created gateway
   # container, down; after the languages, so its image builds do not delay them

@@ -37,6 +37,10 @@ bash_kernel's kernel with these changes, made from outside its source:
   (`interrupt_foreground`): bash_kernel wrote the terminal's ^C, and gVisor's
   terminal (runsc 20221219) turned it into no signal, so under runsc an endless
   loop ran on until the gateway restarted the kernel.
+  It is passed on only once bash has started the cell, and a cell it reached
+  ends by reading bash's output up to its prompt again (`bash_interrupt`): an
+  interrupt pressed while the cell was being typed, or pressed twice, left pexpect
+  a prompt behind, and every later cell read the one before it.
   A cell bash could not finish reading (an unclosed quote) made pexpect raise
   and the kernel sent no reply at all; it is now an ``IncompleteInput`` error,
   and nothing of the cell ran (the group was never closed).
@@ -64,8 +68,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from kernelgw_kernel.bash_interrupt import InterruptGate, RunMarker, marked_wrapper, resync
 from kernelgw_kernel.ending import end_as, fence
 
 MAX_PENDING = 1 << 20
@@ -380,7 +385,10 @@ class StderrRelay:
 def interrupt_foreground(child: Any) -> None:
     """SIGINT the foreground process group of bash's terminal, as the terminal
     itself does on ^C (bash, or the command it runs in the foreground); the ^C
-    written to the terminal when that cannot be done."""
+    written to the terminal when that cannot be done. Under gVisor (runsc
+    20221219) the terminal does not say its foreground group (ENOTTY) and bash's
+    own group is signalled: with job control off (the kernel's bash), that is
+    where a foreground command runs."""
     try:
         group = os.tcgetpgrp(child.child_fd)
     except OSError:
@@ -394,12 +402,14 @@ def interrupt_foreground(child: Any) -> None:
 def kernel_class() -> type:
     """bash_kernel's BashKernel with the changes of the module doc."""
     from bash_kernel.kernel import BashKernel
+    from pexpect import EOF
 
     class KernelgwBashKernel(BashKernel):  # type: ignore[misc]
         implementation = "bash_kernel (kernelgw)"
 
         def __init__(self, **kwargs: Any) -> None:
             self._kgw_in_cell = False
+            self._kgw_gate = InterruptGate()
             self._kgw_outlet = Outlet(self)
             self._kgw_stdout = StdoutBatch(self._kgw_outlet)
             self._kgw_stderr: StderrRelay | None = None
@@ -411,9 +421,32 @@ def kernel_class() -> type:
                 # bash_kernel restarts a shell that ended under a cell: not here
                 self._kgw_lost()
             super()._start_bash()
-            child = self.bashwrapper.child
+            wrapper = self.bashwrapper
+            child = wrapper.child
             child.sendintr = lambda: interrupt_foreground(child)
+            marker = RunMarker(self.unique_prompt)
+            marked_wrapper(wrapper, marker, self._kgw_started)
+            # job control off: a foreground command runs in bash's own process
+            # group, which an interrupt signals (gVisor's terminal cannot say
+            # which group is in the foreground: `interrupt_foreground`), and
+            # background jobs ignore SIGINT, as they would not get a terminal's ^C
+            wrapper.run_command(f"{marker.setting()}; set +m")
 
+        # ------------------------------------------------------ interrupts
+        def pre_handler_hook(self) -> None:
+            """SIGINT goes to `_kgw_sigint` while a request is handled, instead of
+            raising KeyboardInterrupt wherever the kernel is (`bash_interrupt`)."""
+            self.saved_sigint_handler = signal.signal(signal.SIGINT, self._kgw_sigint)
+
+        def _kgw_sigint(self, signum: int, frame: Any) -> None:
+            if self._kgw_gate.interrupt():
+                interrupt_foreground(self.bashwrapper.child)
+
+        def _kgw_started(self) -> None:
+            if self._kgw_gate.started():
+                interrupt_foreground(self.bashwrapper.child)
+
+        # -------------------------------------------------------- the cell
         def do_execute(
             self,
             code: str,
@@ -426,28 +459,51 @@ def kernel_class() -> type:
             relay = self._kgw_stderr
             if relay is None or not code.strip() or code.strip().endswith("\\"):
                 return super().do_execute(code, silent, store_history, user_expressions, allow_stdin)
+            self.silent = silent
             self._kgw_outlet.parent, self._kgw_outlet.silent = self.get_parent("shell"), silent
             relay.begin()
             self._kgw_in_cell = True
             try:
-                reply = super().do_execute(wrap(code, relay.path), silent, store_history, user_expressions, allow_stdin)
+                return self._kgw_run(wrap(code, relay.path), silent)
+            finally:
+                self._kgw_in_cell = False
+                self._kgw_stdout.flush()
+                relay.end()
+
+        def _kgw_run(self, command: str, silent: bool) -> dict[str, Any]:
+            """bash_kernel's do_execute, with interrupts passed on by the gate."""
+            gate = self._kgw_gate
+            gate.typing()
+            try:
+                self.bashwrapper.run_command(command, timeout=None)
             except ValueError as exc:
+                gate.ended()
                 if not str(exc).startswith("Continuation prompt found"):
                     raise
                 # pexpect's replwrap saw bash ask for more input after the last
                 # line and sent it SIGINT: nothing of the cell ran (the group was
                 # never closed), bash is at its prompt again
-                reply = self._error_reply(INCOMPLETE, silent)
-            finally:
-                self._kgw_in_cell = False
+                return self._error_reply(INCOMPLETE, silent)
+            except EOF:
+                gate.ended()
+                self._kgw_lost()  # bash ended under the cell: this kernel ends too
+            if gate.ended():
+                # the prompt an interrupt may have left behind is read here, not
+                # by the next cell; answered as IPython does (bash_kernel: abort)
+                resync(self.bashwrapper)
+                return self._error_reply(INTERRUPTED, silent)
+            try:
+                status = int(self.bashwrapper.run_command("{ echo $?; } 2>/dev/null").rstrip().split("\r\n")[0])
+            except Exception:
+                status = 1
+            if status:
+                # its error content says the status and the cell's last line of stderr
                 self._kgw_stdout.flush()
-                relay.end()
-            if isinstance(reply, dict) and reply.get("status") == "abort":
-                # interrupted: answer as IPython does (bash_kernel sent no error)
-                reply = self._error_reply(INTERRUPTED, silent)
-            return reply
+                assert self._kgw_stderr is not None
+                return self._error_reply(exit_error(status, self._kgw_stderr.flush()), silent)
+            return {"status": "ok", "execution_count": self.execution_count, "payload": [], "user_expressions": {}}
 
-        def _kgw_lost(self) -> None:
+        def _kgw_lost(self) -> NoReturn:
             """bash ended under the cell (``exit``, ``exec``, a kill, out of memory):
             send what it wrote, then end this kernel the way bash ended, so the
             gateway ends the cell ``dead`` with the real cause and ``state_lost``
@@ -477,17 +533,6 @@ def kernel_class() -> type:
             if not silent:
                 self.send_response(self.iopub_socket, "error", dict(content))
             return {**content, "status": "error", "execution_count": self.execution_count}
-
-        def send_response(self, stream: Any, msg_or_type: Any, content: Any = None, *args: Any, **kwargs: Any) -> Any:
-            relay = self._kgw_stderr
-            if self._kgw_in_cell and relay is not None and msg_or_type == "error" and isinstance(content, dict):
-                self._kgw_stdout.flush()
-                last = relay.flush()
-                evalue = str(content.get("evalue", ""))
-                if content.get("ename") == "" and evalue.isdigit():
-                    # bash_kernel's exit status error: the same dict becomes its reply
-                    content.update(exit_error(int(evalue), last))
-            return super().send_response(stream, msg_or_type, content, *args, **kwargs)
 
     return KernelgwBashKernel
 
