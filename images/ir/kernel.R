@@ -55,6 +55,21 @@ local({
     execute@.Data <- execute_fn
     assign("execute", execute, envir = executor_methods)
 
+    # quit() and q() ended the cell ok and R went on: IRkernel asks the frontend
+    # to shut the kernel down (an ask_exit payload), which the gateway, as
+    # JupyterLab, does not do. R now ends as it does outside a kernel, with the
+    # status given (after .Last, unless runLast = FALSE); the gateway ends the
+    # cell dead with that exit code and state_lost, as for Python's os._exit(3).
+    real_quit <- base::quit
+    quit_method <- executor_methods$quit
+    quit_fn <- quit_method@.Data
+    body(quit_fn) <- bquote({
+        if (identical(save, "ask")) save <- "no"
+        .(real_quit)(save = save, status = status, runLast = runLast)
+    })
+    quit_method@.Data <- quit_fn
+    assign("quit", quit_method, envir = executor_methods)
+
     # One that lands outside any request (after a reply, before the next poll)
     # is dropped: the main loop polls again.
     run <- kernel_methods$run

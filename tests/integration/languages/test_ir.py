@@ -9,8 +9,11 @@ it is missing the tests fail and say how to build it.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import queue
 import struct
+import time
 from collections.abc import Iterator
 
 import docker
@@ -155,6 +158,27 @@ def test_the_kernel_logged_no_traceback(kernel: Kernel) -> None:
     finally:
         client.close()
     assert "Traceback" not in logs, logs
+
+
+def test_quit_ends_r_with_its_status_after_what_the_cell_printed() -> None:
+    """IRkernel answered ``quit(status = 3)`` as an ok cell and R went on (it asks
+    the frontend to shut the kernel down, which no gateway does): R now ends as
+    it does outside a kernel, and the gateway ends the cell dead with code 3."""
+    with start_kernel(IMAGE) as fresh:
+        k = fresh.kernel
+        msg_id = k.client.execute('cat("bye\\n")\nquit(save = "no", status = 3)\ncat("not reached\\n")')
+        deadline = time.monotonic() + 30
+        printed = ""
+        while (state := asyncio.run(k.backend.state(k.handle))).alive or k.client.iopub_channel.msg_ready():
+            assert time.monotonic() < deadline, f"R still runs after quit(status = 3): {printed!r}"
+            try:
+                msg = k.client.get_iopub_msg(timeout=0.1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                printed += msg["content"]["text"]
+        assert state.exit_code == 3, state
+        assert printed == "bye\n"
 
 
 def test_starts_with_its_directories_under_tmp_and_leaves_nothing_behind() -> None:

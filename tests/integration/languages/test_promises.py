@@ -147,7 +147,6 @@ CASES: dict[str, Case] = {
         fork_bomb=f"system({('bash -c ' + repr(FORK_BOMB))!r}, wait = FALSE)",
         xfail={
             "huge_output/system": "system()'s bytes written to the R process's own stdout (file descriptor 1) reach no one: the cell ends ok with no stream and no truncated event (they go to the container's log)",
-            "exit/exit": "IRkernel answers quit(status = 3) as an ok cell and the R process goes on",
         },
         xfail_at_times={
             "loops": "after an endless printing loop is interrupted, the next cell's output may begin with a line of it",
