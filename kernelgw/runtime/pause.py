@@ -159,6 +159,21 @@ async def save_namespace(link: KernelLink, max_bytes: int, timeout: float) -> Na
     return parse_summary(reply, "snapshot", "saved")
 
 
+def refuse_if_nothing_saved(summary: NamespaceSummary) -> None:
+    """A pause whose variables could not be written at all (``failed["*"]``: the
+    workspace, through which they pass, was full, or even an empty snapshot was
+    past the limit) is refused: it answered 200 and the resume brought back none
+    of them, ``y = 7`` beside 512 MiB of data included."""
+    reason = summary.failed.get("*")
+    if reason is not None:
+        raise SnapshotTooLarge(
+            f"The session cannot be paused: its variables could not be saved ({reason}). They are written into "
+            f"the workspace on their way out, so they must fit in it (workspace_size_mb) beside its files; "
+            "delete large variables or files, or ask for a larger workspace. "
+            "It was not paused and goes on running as it was."
+        )
+
+
 async def load_namespace(link: KernelLink, timeout: float) -> NamespaceSummary:
     expression = f"__import__('kernelgw_kernel.namespace', fromlist=['load']).load({NAMESPACE_FILE!r})"
     reply = await link.silent_request("", {"snapshot": expression}, timeout=timeout)

@@ -50,6 +50,7 @@ from kernelgw.runtime.pause import (
     SnapshotBudget,
     discard_namespace,
     load_namespace,
+    refuse_if_nothing_saved,
     remove_snapshot,
     restore_files,
     save_files,
@@ -456,6 +457,7 @@ class KernelSession:
                 started = time.perf_counter()
                 try:
                     namespace = await save_namespace(self._link, max_bytes, timeout)
+                    refuse_if_nothing_saved(namespace)
                     stored = await save_files(self.backend, handle, directory, timeout, tree_caps(self.spec), budget)
                 except BaseException:
                     # the session goes on as it was

@@ -316,6 +316,30 @@ def test_a_snapshot_past_the_tmpfs_sizes_is_refused_and_the_session_runs_on(smal
             http.delete(f"/v1/sessions/{sid}")
 
 
+def test_variables_that_do_not_fit_the_workspace_are_refused_not_lost(small: RunningGateway) -> None:
+    """The pickled variables pass through the workspace: 20 MiB of them in a
+    16 MiB workspace answered 200 with ``failed: {"*": "No space left on
+    device"}``, and the resume brought back none of them, ``kept`` included."""
+    with httpx.Client(base_url=small.url, timeout=120) as http:
+        sid = http.post("/v1/sessions", json={}).json()["id"]
+        try:
+            assert run(http, sid, "import os\nbig = os.urandom(20 << 20)\nkept = 7")["status"] == "ok"
+            resp = http.post(f"/v1/sessions/{sid}/pause")
+            assert resp.status_code == 413, resp.text
+            error = resp.json()["error"]
+            assert error["code"] == "snapshot_too_large", error
+            assert "No space left on device" in error["message"] and "goes on running" in error["message"], error
+            assert not (Path(small.settings.data_dir) / "paused" / sid).exists()
+            assert http.get(f"/v1/sessions/{sid}").json()["state"] == "idle"
+            assert stdout(run(http, sid, "print(len(big) >> 20, kept, os.listdir('.'))")) == "20 7 []\n"
+            # without the big one it pauses, and comes back with the rest
+            assert run(http, sid, "del big")["status"] == "ok"
+            assert http.post(f"/v1/sessions/{sid}/pause").status_code == 200
+            assert stdout(run(http, sid, "print(kept)")) == "7\n"
+        finally:
+            http.delete(f"/v1/sessions/{sid}")
+
+
 def test_a_pause_past_the_gateway_budget_is_a_507_and_the_session_runs_on(docker_client: docker.DockerClient) -> None:
     name = f"{gateway_settings().gateway_name}pb"
     small = start_gateway(gateway_settings(gateway_name=name, data_dir=f"/tmp/kgwt-data-{name}", paused_budget_mb=4))
