@@ -31,6 +31,9 @@ the gateway asks which workspace files a cell wrote. The shim:
 - with ``--fence CODE`` (code in the kernel's language that prints
   ``{marker}``), holds each cell's idle until all of the cell's output is out,
   for kernels that publish some of it after the idle (Deno; see `Fences`);
+- starts the kernel with its fd 1 and fd 2 on pipes and publishes what comes
+  as the running cell's ``stream`` output, before the cell's reply and idle;
+  while no cell runs it goes to the container's log (`kernelgw_kernel.fdrelay`);
 - on SIGTERM ends the kernel (SIGTERM, then SIGKILL after a grace); exits with
   the kernel's status once the kernel has exited.
 
@@ -54,6 +57,8 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+from kernelgw_kernel.fdrelay import FdRelay, log_fd
 
 if TYPE_CHECKING:
     import zmq
@@ -629,7 +634,14 @@ def private_connection(front: dict[str, Any], transport: str) -> tuple[str, dict
 
 
 class Shim:
-    def __init__(self, front: dict[str, Any], back: dict[str, Any], interrupt: str, fence: str = "") -> None:
+    def __init__(
+        self,
+        front: dict[str, Any],
+        back: dict[str, Any],
+        interrupt: str,
+        fence: str = "",
+        pipes: dict[str, int] | None = None,
+    ) -> None:
         self.interrupt_mode = interrupt
         self.signer = Signer(str(front.get("key", "")).encode(), str(front.get("signature_scheme", "hmac-sha256")))
         self.session = os.urandom(8).hex()
@@ -665,6 +677,9 @@ class Shim:
         self.expressions = Expressions(self.signer, kernelgw_kernel.snapshot, kernelgw_kernel.changes)
         self.routes = Routes()
         self.fences = Fences(self.signer, fence, self.session) if fence else None
+        logs = {"stdout": log_fd(1), "stderr": log_fd(2)}
+        self.output = FdRelay(self.signer, self.session, pipes or {}, logs)
+        """The kernel's fd 1 and fd 2 (``pipes``: stream name -> read end) as the running cell's output."""
         self.peer: dict[zmq.Socket[bytes], zmq.Socket[bytes]] = {}
         self.channel: dict[zmq.Socket[bytes], str] = {}
         for ch in CHANNELS:
@@ -705,8 +720,23 @@ class Shim:
             except Exception:  # anything odd is forwarded as it came
                 out = [frames]
             for message in out:
-                self._send(target, message)
+                if target is self.front["iopub"]:
+                    self.publish(message)
+                else:
+                    if channel == "shell" and not from_front:
+                        self._publish(self.output.before(message, "shell"))
+                    self._send(target, message)
             self.send_probes()
+
+    def publish(self, message: list[bytes]) -> None:
+        """A kernel's iopub message to the gateway, after what the kernel wrote
+        to its fd 1 and 2 before it (when it belongs to the running cell)."""
+        self._publish(self.output.before(message))
+        self._send(self.front["iopub"], message)
+
+    def _publish(self, messages: list[list[bytes]]) -> None:
+        for message in messages:
+            self._send(self.front["iopub"], message)
 
     def send_probes(self) -> None:
         """The fences' probes to the kernel's shell (a cell's reply or idle started one)."""
@@ -725,7 +755,7 @@ class Shim:
         """A fence whose marker did not come in time ends anyway."""
         if self.fences is not None and self.fences.deadline is not None and time.monotonic() >= self.fences.deadline:
             for message in self.fences.finish():
-                self._send(self.front["iopub"], message)
+                self.publish(message)
             self.send_probes()
 
     def route(self, frames: list[bytes], channel: str, from_front: bool) -> list[list[bytes]]:
@@ -745,6 +775,7 @@ class Shim:
             frames = self.routes.inbound(frames)
             if channel == "shell":
                 frames = self.expressions.request(frames)
+                self.output.request(frames)
                 if self.fences is not None:
                     self.fences.request(frames)
             return [frames]
@@ -793,6 +824,8 @@ class Shim:
         if self.interrupter is not None:
             poller.register(self.interrupter, zmq.POLLIN)
         poller.register(wakeup, zmq.POLLIN)
+        for fd in self.output.fds:
+            poller.register(fd, zmq.POLLIN)
         status: int | None = None
         kill_at: float | None = None
         drain_until = 0.0
@@ -820,6 +853,10 @@ class Shim:
                     _discard(s)  # the interrupt_reply is ours, not the gateway's
                 elif isinstance(s, zmq.Socket):
                     self.forward(s)
+                else:
+                    self._publish(self.output.readable(s))
+                    if s not in self.output.fds:  # every writer is gone
+                        poller.unregister(s)
             self.expire()
             if status is None:
                 status = _reap(pid)
@@ -831,7 +868,8 @@ class Shim:
             elif not events or time.monotonic() >= drain_until:
                 if self.fences is not None:
                     for message in self.fences.finish():
-                        self._send(self.front["iopub"], message)
+                        self.publish(message)
+                self._publish(self.output.drain())
                 return status
 
     def close(self) -> None:
@@ -911,19 +949,33 @@ def main(args: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: None)
 
     command = substitute(options.argv, kernel_file)
+    # the kernel's fd 1 and 2 on pipes the relay reads (`kernelgw_kernel.fdrelay`)
+    out_r, out_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    for w in (out_w, err_w):
+        os.set_blocking(w, True)  # the kernel's writes wait for the relay, as on any pipe
+    pipes = {"stdout": out_r, "stderr": err_r}
     try:
         # the kernel first, the relay while it starts (zmq connects when the
         # kernel has bound; a signal meanwhile waits in the pipe). The kernel
         # gets the default dispositions back (posix_spawn resets handled
         # signals to SIG_DFL in the child)
-        pid = os.posix_spawnp(command[0], command, dict(os.environ))
+        pid = os.posix_spawnp(
+            command[0],
+            command,
+            dict(os.environ),
+            file_actions=[(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)],
+        )
     except OSError as exc:
         print(f"kernelgw shim: cannot start {command[0]!r}: {exc}", file=sys.stderr)
         _remove(directory)
         return 127
+    finally:
+        os.close(out_w)
+        os.close(err_w)
     try:
         _import_zmq()
-        shim = Shim(front, back, options.interrupt, options.fence)
+        shim = Shim(front, back, options.interrupt, options.fence, pipes)
     except BaseException:
         _kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

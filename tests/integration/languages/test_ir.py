@@ -192,3 +192,12 @@ def test_starts_with_its_directories_under_tmp_and_leaves_nothing_behind() -> No
         assert cell.stdout == "/tmp/home\n/tmp\n/tmp/R/library\n/workspace\n"
     print(f"ready {fresh.ready_s:.2f} s after the container's start")
     # cold start printed, not asserted: benchmarks/bench_languages.py measures it (create (cold))
+
+
+def test_system_output_is_the_cells_in_order(kernel: Kernel) -> None:
+    """system()'s child writes to R's own fd 1 and 2: the cell's stream output,
+    before its end, in order with what R prints (the shim relays the kernel's
+    fd 1 and 2: kernelgw_kernel.fdrelay)."""
+    r = kernel.execute("system('echo sys-1; echo sys-err >&2')\ncat('cat-2\\n')")
+    assert r.status == "ok" and r.stdout == "sys-1\ncat-2\n", r.messages
+    assert r.stderr == "sys-err\n", r.messages

@@ -185,3 +185,21 @@ def test_cold_start_and_warm_round_trip() -> None:
             f"warm 1+1 p50 {p50(samples) * 1000:.1f} ms"
         )
         # cold start printed, not asserted: benchmarks/bench_languages.py measures it (create (cold))
+
+
+def test_raw_writes_and_an_inherit_io_childs_output_are_the_cells_in_order(kernel: Kernel) -> None:
+    """What the JVM writes to its own fd 1 and 2 (a FileOutputStream on
+    FileDescriptor.out, an inheritIO() child) is the cell's stream output,
+    before its end, in order with what it prints (the shim relays the kernel's
+    fd 1 and 2: kernelgw_kernel.fdrelay)."""
+    r = kernel.execute(
+        'new java.io.FileOutputStream(java.io.FileDescriptor.out).write("raw-1\\n".getBytes());\n'
+        'System.out.println("print-2");'
+    )
+    assert r.status == "ok" and r.stdout == "raw-1\nprint-2\n", r.messages
+    child = kernel.execute(
+        'new ProcessBuilder("sh", "-c", "echo child-out; echo child-err >&2").inheritIO().start().waitFor();\n'
+        'new java.io.FileOutputStream(java.io.FileDescriptor.err).write("raw-err\\n".getBytes());'
+    )
+    assert child.status == "ok" and child.stdout == "child-out\n", child.messages
+    assert child.stderr == "child-err\nraw-err\n", child.messages
