@@ -282,6 +282,7 @@ def main() -> None:
     kernels = [k for k in args.kernels.split(",") if k]
     rounds, warm = (2, 5) if args.quick else (5, 20)
     started = now_iso()
+    machine = machine_info(args.image)  # before the run: its activity_start is the load at the start
     dc = docker.from_env()
     sizes = {}
     for kernel in kernels:
@@ -342,7 +343,7 @@ def main() -> None:
         {
             "benchmark": "languages",
             "date": started,
-            "machine": machine_info(args.image),
+            "machine": machine,
             "rounds": rounds,
             "warm": warm,
             "quick": args.quick,
