@@ -863,7 +863,9 @@ def languages_section(d: Path, out: Path, lang: dict[str, Any] | None) -> list[s
         f"`benchmarks/bench_languages.py` ({_when(lang)}): one gateway offers every kernel; per kernel "
         f"{lang['rounds']} sessions, each created cold (no pool), then its first trivial cell and "
         f"{lang['warm']} more (`1+1`, `echo $((1+1))` in Bash; in Go and C++ a whole program compiled and run), "
-        "and the kernel container's memory after them (working set). Python is the floor.\n",
+        "and the kernel container's memory after them (working set). Python is the floor."
+        + (" **A `--quick` run: few samples per kernel, percentiles are rough.**" if lang.get("quick") else "")
+        + "\n",
         "| kernel | image MB (+ on Python's) | idle kernel MB | create p50 ms | first cell p50 ms | warm cell p50 ms "
         "| warm p95 ms |",
         "|---|---|---|---|---|---|---|",
@@ -895,6 +897,66 @@ def languages_section(d: Path, out: Path, lang: dict[str, Any] | None) -> list[s
         "snippet; Go and C++ compile with their caches prepared at build time (Go's standard library without cgo; "
         "C++'s precompiled headers for `<iostream>` and `<bits/stdc++.h>`).\n",
     ]
+    interrupts = [r for r in rows if r["name"].endswith(": interrupt")]
+    if interrupts:
+        lines += [
+            "### Interrupt\n",
+            "In each session, after its trivial cells, an endless cell that prints `looping` first is interrupted "
+            "(`POST .../interrupt`) once that line reached a WebSocket watcher: the time from the interrupt to the "
+            "cell's answer (`interrupted`).\n",
+            table(interrupts, "python3: interrupt", "Python"),
+            "",
+        ]
+    lines += languages_oom(lang)
+    return lines
+
+
+def languages_oom(lang: dict[str, Any]) -> list[str]:
+    """The out-of-memory rows of bench_languages (``<kernel>: memory bomb`` and
+    ``<kernel>: after the bomb``): two tables against Python's, how each bomb ended,
+    and every kernel that did not come back by itself, named."""
+    rows = lang["rows"]
+    bombs = [r for r in rows if r["name"].endswith(": memory bomb")]
+    after = [r for r in rows if ": after the bomb" in r["name"]]
+    if not bombs:
+        return []
+    after_floor = next((r["name"] for r in after if r.get("kernel") == "python3"), None)
+    lines = [
+        "### Out of memory\n",
+        f"Per round, a session of its own (`memory_mb` {lang.get('bomb_memory_mb')}, `auto_replay`: the session "
+        "restarts a kernel that died under a cell by itself; without it the session stays `dead` until "
+        "`POST .../restart`) runs the memory bomb of the promise suite (`tests/support/language_cells.py`), then a "
+        "cell that prints `said`. The bomb's time runs from the request to its `done`; with `auto_replay` the "
+        "gateway restarts the kernel before it answers, so a restart is in it (the engine's out-of-memory event "
+        "splits it below). Recovery is from that `done` to the next cell's `ok`.\n",
+        table(bombs, "python3: memory bomb", "Python"),
+        "",
+        table(after, after_floor, "Python"),
+        "",
+        "| kernel | how the bomb's cell ended | engine's out-of-memory kill, p50 ms after the request "
+        "| kill to the cell's end, p50 ms |",
+        "|---|---|---|---|",
+    ]
+    for r in bombs:
+        killed = r.get("killed_p50_ms")
+        to_end = f"{r['p50_ms'] - killed:.0f}" if killed is not None and r.get("n") else ""
+        kill_text = "no out-of-memory event" if killed is None else f"{killed:.0f}"
+        lines.append(f"| `{r['kernel']}` | {r.get('outcome') or 'did not end'} | {kill_text} | {to_end} |")
+    stuck = [r for r in after if not r.get("n") or "did not recover" in r["name"]]
+    lines.append("")
+    if stuck:
+        for r in stuck:
+            why = r.get("error") or "; ".join(r.get("not_recovered") or [])
+            lines.append(f"- **`{r['kernel']}` did not recover by itself**: {why}")
+    else:
+        lines.append("- Every kernel's session ran the next cell by itself after its memory bomb.")
+    kept = [f"`{r['kernel']}` ({r['outcome']})" for r in bombs if (r.get("outcome") or "").startswith("error")]
+    if kept:
+        lines.append(
+            "- A bomb's cell that ended `error` did not lose its kernel: " + ", ".join(kept) + ". `state kept`: the "
+            "language caught it (its interpreter lives on); `no state`: a whole program per cell, that program died."
+        )
+    lines.append("")
     return lines
 
 

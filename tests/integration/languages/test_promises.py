@@ -35,13 +35,13 @@ import pytest
 
 from kernelgw.kernels import PROFILES
 from tests.integration.conftest import RunningGateway, assert_nothing_left, gateway_settings, run, start_gateway
+from tests.support.language_cells import BOMB_MEMORY_MB, MEMORY_BOMBS, SAID, SAY, cpp, go
 
 pytestmark = pytest.mark.integration
 
 OUTPUT_CAP = 1024 * 1024
 """The gateway's ``max_output_bytes`` here: every huge write below is 4 MB."""
 HUGE = 4_000_000
-BOMB_MEMORY_MB = 384
 TIMEOUT_S = 3
 WRITE_TIMEOUT_S = 20
 """A huge write's cell: every kernel but bash (its terminal) writes the 4 MB in a few seconds."""
@@ -55,18 +55,6 @@ DENO_FD = (
     "not the container's log); the cell ends ok with no stream and no truncated event"
 )
 """Why Deno's own-fd writes are lost even with the shim relaying the kernel's fd 1 and 2."""
-
-
-def go(body: str, imports: str = '"fmt"') -> str:
-    return f"package main\n\nimport ({imports})\n\nfunc main() {{\n{body}\n}}\n"
-
-
-def cpp(body: str) -> str:
-    return (
-        "#include <cstdio>\n#include <cstdlib>\n#include <string>\n#include <vector>\n"
-        "#include <unistd.h>\n#include <signal.h>\n\n"
-        f"int main() {{\n{body}\n}}\n"
-    )
 
 
 @dataclass(frozen=True)
@@ -93,8 +81,8 @@ class Case:
 
 CASES: dict[str, Case] = {
     "python3": Case(
-        say="print('said')",
-        said="said\n",
+        say=SAY["python3"],
+        said=SAID,
         keep=("kept = 41", "print(kept + 1)"),
         loop="while True:\n    pass",
         print_loop="while True:\n    print('x' * 100)",
@@ -103,7 +91,7 @@ CASES: dict[str, Case] = {
             "raw": f"import os\nos.write(1, b'x' * {HUGE})",
             "subprocess": f"import subprocess\nsubprocess.run({YES!r}, shell=True)",
         },
-        memory_bomb="chunks = []\nwhile True:\n    chunks.append(b'x' * (50 * 1024 * 1024))",
+        memory_bomb=MEMORY_BOMBS["python3"],
         exits={
             "exit": ("import os\nos._exit(3)", "code 3"),
             "exec": ("import os\nos.execv('/bin/sh', ['sh', '-c', 'exit 0'])", "exited"),
@@ -112,8 +100,8 @@ CASES: dict[str, Case] = {
         fork_bomb=f"import subprocess\nsubprocess.Popen(['bash', '-c', {FORK_BOMB!r}])",
     ),
     "deno": Case(
-        say="console.log('said');",
-        said="said\n",
+        say=SAY["deno"],
+        said=SAID,
         keep=("const kept: number = 41;", "console.log(kept + 1);"),
         loop="while (true) {}",
         print_loop="for (;;) console.log('x'.repeat(100));",
@@ -123,7 +111,7 @@ CASES: dict[str, Case] = {
             "raw-async": f"await Deno.stdout.write(new TextEncoder().encode('x'.repeat({HUGE})));",
             "subprocess": f"await new Deno.Command('sh', {{ args: ['-c', {YES!r}], stdout: 'inherit' }}).spawn().status;",
         },
-        memory_bomb="const chunks: Uint8Array[] = [];\nwhile (true) chunks.push(new Uint8Array(50 * 1024 * 1024).fill(1));",
+        memory_bomb=MEMORY_BOMBS["deno"],
         exits={
             "exit": ("Deno.exit(3);", "code 3"),
             "kill": ("Deno.kill(Deno.pid, 'SIGKILL');", "signal 9"),
@@ -137,8 +125,8 @@ CASES: dict[str, Case] = {
         },
     ),
     "ir": Case(
-        say="cat('said\\n')",
-        said="said\n",
+        say=SAY["ir"],
+        said=SAID,
         keep=("kept <- 41", "cat(kept + 1, '\\n', sep = '')"),
         loop="while (TRUE) {}",
         print_loop="repeat cat(strrep('x', 100), '\\n')",
@@ -147,7 +135,7 @@ CASES: dict[str, Case] = {
             "raw": f"writeLines(strrep('x', {HUGE}), stdout())",
             "system": f"system({YES!r})",
         },
-        memory_bomb="chunks <- list()\nrepeat chunks[[length(chunks) + 1]] <- runif(5e6)",
+        memory_bomb=MEMORY_BOMBS["ir"],
         exits={
             "exit": ("quit(save = 'no', status = 3)", "code 3"),
             "kill": ("tools::pskill(Sys.getpid(), 9)", "signal 9"),
@@ -158,8 +146,8 @@ CASES: dict[str, Case] = {
         },
     ),
     "bash": Case(
-        say="echo said",
-        said="said\n",
+        say=SAY["bash"],
+        said=SAID,
         keep=("kept=41", "echo $((kept + 1))"),
         loop="while true; do :; done",
         print_loop="while true; do echo " + "x" * 100 + "; done",
@@ -167,7 +155,7 @@ CASES: dict[str, Case] = {
             "print": f"s=$(printf '%{HUGE}s' ''); echo \"$s\"",
             "subprocess": YES,
         },
-        memory_bomb="s=x; while true; do s=$s$s; done",
+        memory_bomb=MEMORY_BOMBS["bash"],
         exits={
             "exit": ("exit 3", "code 3"),
             "exec": ("exec sh -c 'exit 0'", "exited"),
@@ -184,8 +172,8 @@ CASES: dict[str, Case] = {
         },
     ),
     "java": Case(
-        say='System.out.println("said");',
-        said="said\n",
+        say=SAY["java"],
+        said=SAID,
         keep=("int kept = 41;", "System.out.println(kept + 1);"),
         loop="while (true) {}",
         print_loop='while (true) System.out.println("x".repeat(100));',
@@ -194,8 +182,7 @@ CASES: dict[str, Case] = {
             "raw": f'new java.io.FileOutputStream(java.io.FileDescriptor.out).write("x".repeat({HUGE}).getBytes());',
             "subprocess": f'new ProcessBuilder("sh", "-c", "{YES}").inheritIO().start().waitFor();',
         },
-        memory_bomb="java.util.List<long[]> chunks = new java.util.ArrayList<>();\n"
-        "while (true) chunks.add(new long[5_000_000]);",
+        memory_bomb=MEMORY_BOMBS["java"],
         exits={
             "exit": ("System.exit(3);", "code 3"),
             "kill": (
@@ -209,8 +196,8 @@ CASES: dict[str, Case] = {
         },
     ),
     "go": Case(
-        say=go('\tfmt.Println("said")'),
-        said="said\n",
+        say=SAY["go"],
+        said=SAID,
         keep=None,
         loop=go("\tfor {\n\t}", ""),
         print_loop=go('\tfor {\n\t\tfmt.Println("' + "x" * 100 + '")\n\t}'),
@@ -221,11 +208,7 @@ CASES: dict[str, Case] = {
                 f'\tc := exec.Command("sh", "-c", "{YES}")\n\tc.Stdout = os.Stdout\n\tc.Run()', '"os"; "os/exec"'
             ),
         },
-        memory_bomb=go(
-            "\tvar chunks [][]byte\n\tfor {\n\t\tb := make([]byte, 50<<20)\n\t\tfor i := range b {\n\t\t\tb[i] = 1\n"
-            "\t\t}\n\t\tchunks = append(chunks, b)\n\t}",
-            "",
-        ),
+        memory_bomb=MEMORY_BOMBS["go"],
         exits={
             "exit": (go("\tos.Exit(3)", '"os"'), "3"),
             "kill": (go("\tsyscall.Kill(os.Getppid(), 9)", '"os"; "syscall"'), "signal 9"),
@@ -233,8 +216,8 @@ CASES: dict[str, Case] = {
         fork_bomb=go(f'\texec.Command("bash", "-c", "{FORK_BOMB}").Start()', '"os/exec"'),
     ),
     "cpp": Case(
-        say=cpp('    std::puts("said");'),
-        said="said\n",
+        say=SAY["cpp"],
+        said=SAID,
         keep=None,
         loop=cpp("    for (;;) {}"),
         print_loop=cpp('    for (;;) std::puts("' + "x" * 100 + '");'),
@@ -243,7 +226,7 @@ CASES: dict[str, Case] = {
             "raw": cpp(f"    std::string s({HUGE}, 'x');\n    (void)!write(1, s.data(), s.size());"),
             "system": cpp(f'    return std::system("{YES}") ? 1 : 0;'),
         },
-        memory_bomb=cpp("    std::vector<std::vector<char>> chunks;\n    for (;;) chunks.emplace_back(50 << 20, 'x');"),
+        memory_bomb=MEMORY_BOMBS["cpp"],
         exits={
             "exit": (cpp("    std::exit(3);"), "3"),
             "kill": (cpp("    kill(getppid(), 9);"), "signal 9"),
@@ -251,8 +234,8 @@ CASES: dict[str, Case] = {
         fork_bomb=cpp(f"    return std::system(\"bash -c '{FORK_BOMB}' &\");"),
     ),
     "ruby": Case(
-        say="puts 'said'",
-        said="said\n",
+        say=SAY["ruby"],
+        said=SAID,
         keep=("kept = 41", "puts kept + 1"),
         loop="loop {}",
         print_loop="loop { puts 'x' * 100 }",
@@ -261,7 +244,7 @@ CASES: dict[str, Case] = {
             "raw": f"$stdout.syswrite('x' * {HUGE})",
             "system": f"system({YES!r})",
         },
-        memory_bomb="chunks = []\nloop { chunks << 'x' * (50 * 1024 * 1024) }",
+        memory_bomb=MEMORY_BOMBS["ruby"],
         exits={
             "exit": ("exit!(3)", "code 3"),
             "exec": ("exec('sh', '-c', 'exit 0')", "exited"),
