@@ -52,9 +52,11 @@ def test_argv_substitution_and_options(shim: ModuleType) -> None:
         "/conn/kernel.json",
         "",
         ["k", "{connection_file}"],
+        "always",
     )
     options = ["--transport=ipc", "--interrupt", "message", "--connection-file", "c.json", "--fence", "p('{marker}')"]
-    assert shim.parse_args([*options, "--", "k"]) == ("ipc", "message", "c.json", "p('{marker}')", ["k"])
+    assert shim.parse_args([*options, "--", "k"]) == ("ipc", "message", "c.json", "p('{marker}')", ["k"], "always")
+    assert shim.parse_args([*options, "--fence-when", "interrupted", "--", "k"]).fence_when == "interrupted"
     bad_args: list[list[str]] = [
         [],
         ["--"],
@@ -62,6 +64,7 @@ def test_argv_substitution_and_options(shim: ModuleType) -> None:
         ["--interrupt"],
         ["--bogus", "--", "k"],
         ["--fence", "print()", "--", "k"],
+        ["--fence-when", "sometimes", "--", "k"],
     ]
     for bad in bad_args:
         with pytest.raises(ValueError):
@@ -329,6 +332,48 @@ def test_a_fence_puts_the_idle_after_late_output(shim: ModuleType) -> None:
     probe_reply = kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=probe_header))
     assert fences.reply(probe_reply) is True and fences.take_probes() == []
     assert fences.iopub(other) == [other]
+
+
+def test_with_fence_when_interrupted_only_an_interrupted_cell_is_fenced(shim: ModuleType) -> None:
+    """JJava and IRkernel publish what an interrupted printing loop left in their
+    buffers under the next request: the probe's, so the interrupted cell's."""
+    gateway, kernel = Session(key=KEY), Session(key=KEY)
+    fences = shim.Fences(shim.Signer(KEY), "p('{marker}')", "s9", only_interrupted=True)
+
+    def cell_of(code: str) -> dict[str, Any]:
+        request = gateway.serialize(gateway.msg("execute_request", {"code": code, "silent": False}))
+        fences.request(request)
+        return parsed(kernel, request)["header"]
+
+    # a cell nobody interrupted: its reply and idle go on, no probe
+    plain = cell_of("1")
+    assert not fences.reply(kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=plain)))
+    assert fences.take_probes() == [] and fences.deadline is None
+    idle = pub(kernel, "status", {"execution_state": "idle"}, plain)
+    assert fences.iopub(idle) == [idle]
+    # an idle that overtakes the reply of a cell nobody interrupted goes on too
+    early = cell_of("2")
+    early_idle = pub(kernel, "status", {"execution_state": "idle"}, early)
+    assert fences.iopub(early_idle) == [early_idle] and fences.take_probes() == []
+    # an interrupted cell is fenced: the loop's leftover line is its own
+    looping = cell_of("repeat print('x')")
+    fences.interrupted_cell(looping["msg_id"])
+    error_reply = {"status": "error", "ename": "KeyboardInterrupt"}
+    assert not fences.reply(kernel.serialize(kernel.msg("execute_reply", error_reply, parent=looping)))
+    (probe,) = fences.take_probes()
+    probe_msg = kernel.deserialize(probe[1:], content=True)
+    marker = probe_msg["content"]["code"][len("p('") : -2]
+    looping_idle = pub(kernel, "status", {"execution_state": "idle"}, looping)
+    assert fences.iopub(looping_idle) == []
+    leftover = pub(kernel, "stream", {"name": "stdout", "text": f"x\n{marker}\n"}, probe_msg["header"])
+    moved, released = fences.iopub(leftover)
+    moved_msg = parsed(gateway, moved)
+    assert moved_msg["parent_header"]["msg_id"] == looping["msg_id"]
+    assert moved_msg["content"]["text"] == "x\n" and released == looping_idle
+    # the next cell is not fenced again
+    after = cell_of("3")
+    assert not fences.reply(kernel.serialize(kernel.msg("execute_reply", {"status": "ok"}, parent=after)))
+    assert fences.take_probes() == []
 
 
 def test_a_fence_ends_on_its_marker_alone_or_when_finished(shim: ModuleType) -> None:

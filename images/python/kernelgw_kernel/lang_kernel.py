@@ -55,6 +55,9 @@ MAX_TRACEBACK_LINES = 200
 EOF_GRACE_S = 1.0
 """After a child and its process group are gone, how long to wait for the ends
 of its pipes (only a process that left the group can still hold them)."""
+GROUP_GONE_S = 5.0
+"""How long a cell's end waits for the killed processes of its group to be
+reaped (`group_gone`); then it ends anyway."""
 
 
 @dataclass
@@ -240,6 +243,22 @@ def kill_group(pgid: int, signum: int = signal.SIGKILL) -> None:
         pass
 
 
+async def group_gone(pgid: int, timeout: float = GROUP_GONE_S) -> bool:
+    """Wait until no process of the group ``pgid`` is left, zombies included.
+    Killed processes count against the pids limit until the container's init
+    reaps them: a fork bomb a cell left behind, killed with its group, made the
+    next cell's compiler fail to start (EAGAIN) a few milliseconds later."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return True
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+
+
 def spawn(
     argv: Sequence[str], *, cwd: str, env: dict[str, str], pass_fds: Sequence[int] = ()
 ) -> tuple[subprocess.Popen[bytes], int, int]:
@@ -411,6 +430,7 @@ class LangKernel(Kernel):
             if proc.returncode is None:
                 proc.kill()
                 proc.wait()
+            await group_gone(proc.pid)
         return returncode
 
     # -------------------------------------------------------------- execution

@@ -1,7 +1,8 @@
 """A relay in front of a kernel that cannot serve kernelgw's sockets itself.
 
 ``python -m kernelgw_kernel.shim [--transport tcp|ipc] [--interrupt signal|message]
-[--connection-file /conn/kernel.json] [--fence CODE] -- ARGV...``
+[--connection-file /conn/kernel.json] [--fence CODE [--fence-when always|interrupted]]
+-- ARGV...``
 
 The gateway connects to five ipc sockets named in ``/conn/kernel.json``. Some
 kernels cannot bind them: Deno rejects an ipc address, JJava's JeroMQ only
@@ -31,6 +32,8 @@ the gateway asks which workspace files a cell wrote. The shim:
 - with ``--fence CODE`` (code in the kernel's language that prints
   ``{marker}``), holds each cell's idle until all of the cell's output is out,
   for kernels that publish some of it after the idle (Deno; see `Fences`);
+  with ``--fence-when interrupted`` too, only the idle of a cell it interrupted
+  (JJava, IRkernel: what a printing loop left in their buffers);
 - starts the kernel with its fd 1 and fd 2 on pipes and publishes what comes
   as the running cell's ``stream`` output, before the cell's reply and idle;
   while no cell runs it goes to the container's log (`kernelgw_kernel.fdrelay`);
@@ -107,11 +110,18 @@ class Options(NamedTuple):
     connection_file: str
     fence: str
     argv: list[str]
+    fence_when: str = "always"
 
 
 def parse_args(args: list[str]) -> Options:
     """The command line's options; raises ValueError with a usage message."""
-    values = {"--transport": "tcp", "--interrupt": "signal", "--connection-file": "/conn/kernel.json", "--fence": ""}
+    values = {
+        "--transport": "tcp",
+        "--interrupt": "signal",
+        "--connection-file": "/conn/kernel.json",
+        "--fence": "",
+        "--fence-when": "always",
+    }
     i = 0
     while i < len(args) and args[i] != "--":
         opt, eq, value = args[i].partition("=")
@@ -130,10 +140,19 @@ def parse_args(args: list[str]) -> Options:
         raise ValueError("--interrupt is signal or message")
     if values["--fence"] and "{marker}" not in values["--fence"]:
         raise ValueError("--fence is code that prints {marker}")
+    if values["--fence-when"] not in ("always", "interrupted"):
+        raise ValueError("--fence-when is always or interrupted")
     argv = args[i + 1 :]
     if not argv:
         raise ValueError("no kernel command after --")
-    return Options(values["--transport"], values["--interrupt"], values["--connection-file"], values["--fence"], argv)
+    return Options(
+        values["--transport"],
+        values["--interrupt"],
+        values["--connection-file"],
+        values["--fence"],
+        argv,
+        values["--fence-when"],
+    )
 
 
 def addresses(info: dict[str, Any]) -> dict[str, str]:
@@ -405,12 +424,21 @@ class Fences:
     when the result is sent, which can be the probe: it is the cell's too. The
     probe prints only: no result of its own.)
 
-    Probes wait in `outbox` for the relay to send them to the kernel's shell."""
+    Probes wait in `outbox` for the relay to send them to the kernel's shell.
 
-    def __init__(self, signer: Signer, template: str, session: str) -> None:
+    ``only_interrupted`` (``--fence-when interrupted``): only a cell the shim
+    interrupted is fenced. JJava and IRkernel publish what an interrupted
+    printing loop left in their output buffers with the parent of the next
+    request: without a fence that was the next cell's first output; with one it
+    is the probe's, which is the interrupted cell's. Other cells pay nothing."""
+
+    def __init__(self, signer: Signer, template: str, session: str, *, only_interrupted: bool = False) -> None:
         self.signer = signer
         self.template = template
         self.session = session
+        self.only_interrupted = only_interrupted
+        self.interrupted: OrderedDict[str, None] = OrderedDict()
+        """Cells (msg_id) the shim interrupted (`interrupted_cell`)."""
         self.cells: OrderedDict[str, bytes] = OrderedDict()
         """msg_id of non-silent execute_requests not fenced yet -> their header frame."""
         self.probes: OrderedDict[str, None] = OrderedDict()
@@ -419,6 +447,22 @@ class Fences:
         """Probes for the kernel's shell socket, not sent yet."""
         self.count = 0
         self.active: dict[str, Any] | None = None
+
+    def interrupted_cell(self, msg_id: str) -> None:
+        """The shim interrupted ``msg_id``: it is fenced, whatever the mode."""
+        self.interrupted[msg_id] = None
+        while len(self.interrupted) > PENDING_MAX:
+            self.interrupted.popitem(last=False)
+
+    def _wanted(self, cell: str) -> bool:
+        """Whether ``cell`` (not fenced yet) gets a fence; if not, it is forgotten."""
+        if not self.only_interrupted:
+            return True
+        if cell in self.interrupted:
+            del self.interrupted[cell]
+            return True
+        self.cells.pop(cell, None)
+        return False
 
     @property
     def deadline(self) -> float | None:
@@ -459,7 +503,8 @@ class Fences:
             return False
         if json.loads(frames[i + 2]).get("msg_type") != "execute_reply":
             return False
-        self._start(msg_id)
+        if self._wanted(msg_id):
+            self._start(msg_id)
         return False
 
     def take_probes(self) -> list[list[bytes]]:
@@ -514,6 +559,8 @@ class Fences:
             if parent_id in self.probes:
                 return []
             if isinstance(parent_id, str) and parent_id in self.cells and _is_idle(frames, i):
+                if not self._wanted(parent_id):
+                    return [frames]
                 self._start(parent_id)  # the idle overtook the reply: fence now
                 assert self.active is not None
                 self.active["idle"] = frames
@@ -641,6 +688,7 @@ class Shim:
         interrupt: str,
         fence: str = "",
         pipes: dict[str, int] | None = None,
+        fence_when: str = "always",
     ) -> None:
         self.interrupt_mode = interrupt
         self.signer = Signer(str(front.get("key", "")).encode(), str(front.get("signature_scheme", "hmac-sha256")))
@@ -676,7 +724,9 @@ class Shim:
 
         self.expressions = Expressions(self.signer, kernelgw_kernel.snapshot, kernelgw_kernel.changes)
         self.routes = Routes()
-        self.fences = Fences(self.signer, fence, self.session) if fence else None
+        self.fences = (
+            Fences(self.signer, fence, self.session, only_interrupted=fence_when == "interrupted") if fence else None
+        )
         logs = {"stdout": log_fd(1), "stderr": log_fd(2)}
         self.output = FdRelay(self.signer, self.session, pipes or {}, logs)
         """The kernel's fd 1 and fd 2 (``pipes``: stream name -> read end) as the running cell's output."""
@@ -802,6 +852,8 @@ class Shim:
         self._interrupt(pid)
 
     def _interrupt(self, pid: int) -> None:
+        if self.fences is not None and self.expressions.running is not None:
+            self.fences.interrupted_cell(self.expressions.running)
         if self.interrupter is None:
             try:
                 os.kill(pid, signal.SIGINT)
@@ -929,7 +981,8 @@ def main(args: list[str] | None = None) -> int:
         print(f"kernelgw shim: {exc}", file=sys.stderr)
         print(
             "usage: python -m kernelgw_kernel.shim [--transport tcp|ipc] [--interrupt signal|message] "
-            "[--connection-file PATH] [--fence CODE] -- ARGV... ({connection_file} in ARGV is the "
+            "[--connection-file PATH] [--fence CODE [--fence-when always|interrupted]] -- ARGV... "
+            "({connection_file} in ARGV is the "
             "kernel's own file; CODE prints {marker})",
             file=sys.stderr,
         )
@@ -975,7 +1028,7 @@ def main(args: list[str] | None = None) -> int:
         os.close(err_w)
     try:
         _import_zmq()
-        shim = Shim(front, back, options.interrupt, options.fence, pipes)
+        shim = Shim(front, back, options.interrupt, options.fence, pipes, options.fence_when)
     except BaseException:
         _kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
