@@ -164,6 +164,10 @@ CASES: dict[str, Case] = {
             "kill": ("kill -9 $$", "signal 9"),
         },
         fork_bomb=FORK_BOMB,
+        xfail_at_times={
+            "fork_bomb": "a fork bomb that backgrounds itself outlives its cell and holds the pids limit: a later "
+            "cell may fail ('fork: retry: Resource temporarily unavailable', exit status 254) until a restart",
+        },
         xfail={
             "huge_output/print": "4 MB through bash_kernel's terminal (pexpect) takes over 60 s: the cell times out",
             "huge_output/subprocess": "4 MB through bash_kernel's terminal (pexpect) takes over 60 s: the cell times out (its output capped)",
