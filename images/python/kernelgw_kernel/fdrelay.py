@@ -35,10 +35,10 @@ import codecs
 import json
 import os
 import stat
-import time
-from typing import Any, Protocol
+from typing import Protocol
 
-DELIM = b"<IDS|MSG>"
+from kernelgw_kernel.wire import DELIM, dumps, is_idle, own_header, split
+
 READ_CHUNK = 64 * 1024
 """Bytes per read, and so at most per ``stream`` message (a pipe's default capacity)."""
 MAX_READ_PER_WAKEUP = 1024 * 1024
@@ -86,7 +86,7 @@ class FdRelay:
         """A shell request on its way to the kernel (identities taken off): a
         non-silent execute_request starts a cell, after what came before it
         went to the log."""
-        i = _split(frames)
+        i = split(frames)
         if i is None:
             return
         try:
@@ -113,7 +113,7 @@ class FdRelay:
         by what the pipes hold; after the cell's idle no cell runs."""
         if self.cell is None:
             return []
-        i = _split(frames)
+        i = split(frames)
         if i is None:
             return []
         try:
@@ -123,7 +123,7 @@ class FdRelay:
         if not isinstance(parent, dict) or parent.get("msg_id") != self.cell:
             return []
         out = self.drain()
-        if channel == "iopub" and _is_idle(frames, i):
+        if channel == "iopub" and is_idle(frames, i):
             out += self._flush_decoders()
             self.cell, self.cell_header = None, b""
         return out
@@ -182,16 +182,9 @@ class FdRelay:
     def stream(self, name: str, text: str) -> list[bytes]:
         """A signed ``stream`` message of the running cell."""
         self.count += 1
-        header = {
-            "msg_id": f"{self.session}_fd_{self.count}",
-            "msg_type": "stream",
-            "username": "kernelgw",
-            "session": self.session,
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
-            "version": "5.3",
-        }
+        made = own_header(f"{self.session}_fd_{self.count}", "stream", self.session)
         content = {"name": name, "text": text}
-        parts = [_dumps(header), self.cell_header or b"{}", b"{}", _dumps(content)]
+        parts = [dumps(made), self.cell_header or b"{}", b"{}", dumps(content)]
         return [b"kernel.shim.stream", DELIM, self.signer.sign(parts), *parts]
 
     def _log(self, name: str, data: bytes) -> None:
@@ -220,28 +213,3 @@ def log_fd(fd: int) -> int:
     except OSError:
         pass
     return fd
-
-
-def _split(frames: list[bytes]) -> int | None:
-    try:
-        i = frames.index(DELIM)
-    except ValueError:
-        return None
-    return i if len(frames) >= i + 6 else None
-
-
-def _is_idle(frames: list[bytes], i: int) -> bool:
-    try:
-        header, content = json.loads(frames[i + 2]), json.loads(frames[i + 5])
-    except ValueError:
-        return False
-    return (
-        isinstance(header, dict)
-        and header.get("msg_type") == "status"
-        and isinstance(content, dict)
-        and content.get("execution_state") == "idle"
-    )
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")

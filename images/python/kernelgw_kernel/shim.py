@@ -62,13 +62,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kernelgw_kernel.fdrelay import FdRelay, log_fd
+from kernelgw_kernel.wire import DELIM, dumps, is_idle, own_header, split
 
 if TYPE_CHECKING:
     import zmq
 # else: imported by `main` once the kernel is on its way (`_import_zmq`), so
 # the kernel's start does not wait for pyzmq's (about 40 ms)
 
-DELIM = b"<IDS|MSG>"
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 HWM = 100_000
 """Messages queued per peer and direction, as the gateway and ipykernel use
@@ -180,20 +180,6 @@ class Signer:
 
     def verify(self, signature: bytes, parts: list[bytes]) -> bool:
         return hmac.compare_digest(signature, self.sign(parts))
-
-
-def split(frames: list[bytes]) -> int | None:
-    """Index of the delimiter in a multipart message that has the four parts
-    after its signature; None when it is not one."""
-    try:
-        i = frames.index(DELIM)
-    except ValueError:
-        return None
-    return i if len(frames) >= i + 6 else None
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 class Expressions:
@@ -321,7 +307,7 @@ class Expressions:
 
     def _with_content(self, frames: list[bytes], i: int, content: dict[str, Any]) -> list[bytes]:
         """``frames`` (delimiter at ``i``) with ``content`` in place of theirs, signed again."""
-        new_content = _dumps(content)
+        new_content = dumps(content)
         signature = self.signer.sign([frames[i + 2], frames[i + 3], frames[i + 4], new_content])
         return [*frames[: i + 1], signature, frames[i + 2], frames[i + 3], frames[i + 4], new_content, *frames[i + 6 :]]
 
@@ -516,14 +502,7 @@ class Fences:
         """Fence ``cell``: a probe into the outbox, its idle held from now on."""
         self.count += 1
         marker = f"kernelgw-fence-{self.session}-{self.count}"
-        header = {
-            "msg_id": f"{self.session}_fence_{self.count}",
-            "msg_type": "execute_request",
-            "username": "kernelgw",
-            "session": self.session,
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
-            "version": "5.3",
-        }
+        header = own_header(f"{self.session}_fence_{self.count}", "execute_request", self.session)
         content = {
             "code": self.template.replace("{marker}", marker),
             "silent": True,
@@ -532,7 +511,7 @@ class Fences:
             "allow_stdin": False,
             "stop_on_error": False,
         }
-        parts = [_dumps(header), b"{}", b"{}", _dumps(content)]
+        parts = [dumps(header), b"{}", b"{}", dumps(content)]
         self.probes[header["msg_id"]] = None
         while len(self.probes) > PENDING_MAX:
             self.probes.popitem(last=False)
@@ -558,7 +537,7 @@ class Fences:
         if fence is None:
             if parent_id in self.probes:
                 return []
-            if isinstance(parent_id, str) and parent_id in self.cells and _is_idle(frames, i):
+            if isinstance(parent_id, str) and parent_id in self.cells and is_idle(frames, i):
                 if not self._wanted(parent_id):
                     return [frames]
                 self._start(parent_id)  # the idle overtook the reply: fence now
@@ -569,7 +548,7 @@ class Fences:
         header = json.loads(frames[i + 2])
         msg_type = header.get("msg_type") if isinstance(header, dict) else None
         if parent_id == fence["cell"]:
-            if _is_idle(frames, i):
+            if is_idle(frames, i):
                 fence["idle"] = frames
                 return []
             return [frames]
@@ -584,7 +563,7 @@ class Fences:
             content["text"] = str(content["text"]).replace(fence["marker"] + "\n", "").replace(fence["marker"], "")
             if not content["text"]:
                 return self.finish()
-        out = [*frames[: i + 3], fence["cell_header"], frames[i + 4], _dumps(content), *frames[i + 6 :]]
+        out = [*frames[: i + 3], fence["cell_header"], frames[i + 4], dumps(content), *frames[i + 6 :]]
         out[i + 1] = self.signer.sign(out[i + 2 : i + 6])
         return [out, *self.finish()] if done else [out]
 
@@ -605,15 +584,6 @@ class Fences:
         return out
 
 
-def _is_idle(frames: list[bytes], i: int) -> bool:
-    """Whether the message (delimiter at ``i``) is a status ``idle``."""
-    header = json.loads(frames[i + 2])
-    if not isinstance(header, dict) or header.get("msg_type") != "status":
-        return False
-    content = json.loads(frames[i + 5])
-    return isinstance(content, dict) and content.get("execution_state") == "idle"
-
-
 def _value(text: str) -> dict[str, Any]:
     """A user_expression's result as IPython gives it."""
     return {"status": "ok", "data": {"text/plain": text}, "metadata": {}}
@@ -629,7 +599,7 @@ def interrupt_message(signer: Signer, session: str, n: int) -> list[bytes]:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
         "version": "5.3",
     }
-    parts = [_dumps(header), b"{}", b"{}", b"{}"]
+    parts = [dumps(header), b"{}", b"{}", b"{}"]
     return [DELIM, signer.sign(parts), *parts]
 
 
