@@ -27,8 +27,10 @@ def test_a_start_cancelled_while_its_container_is_made_leaves_none(docker_client
     async def scenario() -> None:
         spec = kernel_spec(IMAGE)
         starting = asyncio.create_task(backend.start(spec))
-        # cancelled once the engine is making it (its container exists), before the start returned
-        while not docker_client.containers.list(all=True, filters=label):
+        # cancelled once the engine is making it (its container exists), before the start returned;
+        # sparse: a full list inspects each container it found, and the start may remove it meanwhile
+        # (CI#26: NotFound from the list itself)
+        while not docker_client.containers.list(all=True, sparse=True, filters=label):
             assert not starting.done(), "the start ended before it could be cancelled midway"
             await asyncio.sleep(0.005)
         starting.cancel()
@@ -40,7 +42,8 @@ def test_a_start_cancelled_while_its_container_is_made_leaves_none(docker_client
 
     try:
         asyncio.run(scenario())
-        assert docker_client.containers.list(all=True, filters=label) == [], "the cancelled start left its container"
+        left = docker_client.containers.list(all=True, sparse=True, filters=label)
+        assert left == [], "the cancelled start left its container"
     finally:
         remove_everything(docker_client, name)
     assert_nothing_left(docker_client, name)
