@@ -417,9 +417,8 @@ def kernel_class() -> type:
             self._kgw_stderr = StderrRelay(self._kgw_outlet, tempfile.mkdtemp(prefix="kernelgw-bash-"))
 
         def _start_bash(self) -> None:
-            if self._kgw_in_cell:
-                # bash_kernel restarts a shell that ended under a cell: not here
-                self._kgw_lost()
+            # bash ending under a cell is `_kgw_run`'s EOF: bash_kernel's own
+            # restart of the shell there is never reached
             super()._start_bash()
             wrapper = self.bashwrapper
             child = wrapper.child
